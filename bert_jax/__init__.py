@@ -1,0 +1,3 @@
+"""bert_jax: pure-function Flax Transformers and BERT for research."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,235 @@
+"""Attention: boolean masks, scaled dot-product attention, multi-head attention.
+
+Conventions:
+  * masks are boolean, True where a query may attend to a key, with shape
+    `[batch, 1 | heads, q_length, kv_length]` (broadcastable);
+  * projected queries/keys/values are `[batch, length, heads, head_dim]`;
+  * attention probabilities are `[batch, heads, q_length, kv_length]`.
+
+Scores are `Q Kᵀ / √head_dim` accumulated and soft-maxed in float32 whatever the
+compute dtype. Masked scores are replaced (not added to) by the most negative
+float32, so a row with no visible key (a padding query) gives uniform weights
+rather than NaN.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from bert_jax.modeling.initializers import Initializer, partitioned
+
+Array = jax.Array
+
+
+# ----------------------------------------------------------------------------
+# Masks.
+
+
+def padding_mask(query_valid: Array, key_valid: Array) -> Array:
+    """`[batch, q_len]`, `[batch, kv_len]` bool -> `[batch, 1, q_len, kv_len]`."""
+    return query_valid[:, None, :, None] & key_valid[:, None, None, :]
+
+
+def causal_mask(length: int) -> Array:
+    """Look-ahead mask: query i sees keys j <= i. -> `[1, 1, length, length]`."""
+    idx = jnp.arange(length)
+    return (idx[None, :] <= idx[:, None])[None, None]
+
+
+def segment_mask(query_segments: Array, key_segments: Array) -> Array:
+    """Packed sequences: attend only within the same segment id.
+
+    `[batch, q_len]`, `[batch, kv_len]` int -> `[batch, 1, q_len, kv_len]`.
+    """
+    return query_segments[:, None, :, None] == key_segments[:, None, None, :]
+
+
+def combine_masks(*masks: Array | None) -> Array | None:
+    """Logical AND of broadcastable masks; `None` entries are ignored."""
+    present = [m for m in masks if m is not None]
+    if not present:
+        return None
+    return functools.reduce(jnp.logical_and, present)
+
+
+# ----------------------------------------------------------------------------
+# Scaled dot-product attention.
+
+
+def dot_product_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    mask: Array | None = None,
+    *,
+    head_mask: Array | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng: Array | None = None,
+    deterministic: bool = True,
+    impl: str = "einsum",
+    return_weights: bool = False,
+) -> tuple[Array, Array | None]:
+    """softmax(Q Kᵀ / √d) V over `[batch, length, heads, head_dim]` inputs.
+
+    Args:
+      query: `[batch, q_len, heads, head_dim]`.
+      key, value: `[batch, kv_len, heads, head_dim]`.
+      mask: bool, broadcastable to `[batch, heads, q_len, kv_len]`.
+      head_mask: `[heads]`, multiplies each head's attention probabilities
+        (0 removes a head; differentiable, for head-importance scores).
+      dropout_rate, dropout_rng, deterministic: attention-probability dropout.
+      impl: 'einsum' (explicit) or 'fused' (`jax.nn.dot_product_attention`,
+        the cuDNN kernel on GPU; it applies no dropout).
+      return_weights: also return the probabilities (einsum only).
+
+    Returns:
+      `[batch, q_len, heads, head_dim]` outputs, and `[batch, heads, q_len,
+      kv_len]` float32 probabilities (after head mask and dropout) or None.
+    """
+    depth = query.shape[-1]
+    use_dropout = not deterministic and dropout_rate > 0.0
+    if impl == "fused" and not return_weights:
+        if use_dropout:
+            raise ValueError(
+                "attention_impl='fused' applies no attention dropout, but "
+                f"attention_dropout_rate={dropout_rate} in a training step: set "
+                "attention_dropout_rate=0 or attention_impl='einsum'.")
+        out = jax.nn.dot_product_attention(
+            query, key, value, mask=mask, scale=1.0 / math.sqrt(depth))
+        if head_mask is not None:
+            # Scaling a head's probabilities scales its output by the same factor.
+            out = out * head_mask.astype(out.dtype)[None, None, :, None]
+        return out, None
+    if impl not in ("einsum", "fused"):
+        raise ValueError(f"unknown attention impl {impl!r}; use 'einsum' or 'fused'.")
+
+    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
+                        preferred_element_type=jnp.float32)
+    scores = scores / jnp.sqrt(jnp.float32(depth))
+    if mask is not None:
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1)
+    if head_mask is not None:
+        weights = weights * head_mask.astype(jnp.float32)[None, :, None, None]
+    if use_dropout:
+        if dropout_rng is None:
+            raise ValueError("attention dropout needs a dropout_rng.")
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+        weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+    return out, (weights if return_weights else None)
+
+
+# ----------------------------------------------------------------------------
+# Multi-head attention.
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention for self- and cross-attention.
+
+    Parameters: `query`, `key`, `value` kernels `[embed, heads, kv]` and an
+    output projection `out` `[heads, kv, embed]`, each with a bias.
+
+    With `decode=True` the module keeps a key/value cache (collection `cache`)
+    for incremental decoding: initialise it by calling `init` with inputs of the
+    full target length, then feed one position at a time. The cache is only used
+    for self-attention (`inputs_kv is inputs_q`).
+
+    Attention probabilities are recorded with `sow('intermediates',
+    'attention_weights')` when that collection is mutable; the fused kernel
+    cannot expose them, so such calls use the einsum path.
+    """
+
+    num_heads: int
+    head_dim: int
+    out_features: int
+    dropout_rate: float = 0.0
+    kernel_init: Initializer = nn.initializers.xavier_uniform()
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+    attention_impl: str = "einsum"
+    decode: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs_q: Array,
+        inputs_kv: Array,
+        mask: Array | None = None,
+        *,
+        head_mask: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """`[batch, q_len, embed]`, `[batch, kv_len, embed]` -> `[batch, q_len, embed]`."""
+        projection = functools.partial(
+            nn.DenseGeneral,
+            features=(self.num_heads, self.head_dim),
+            axis=-1,
+            kernel_init=partitioned(self.kernel_init, ("embed", "heads", "kv")),
+            bias_init=partitioned(nn.initializers.zeros, ("heads", "kv")),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )
+        query = projection(name="query")(inputs_q)
+        key = projection(name="key")(inputs_kv)
+        value = projection(name="value")(inputs_kv)
+
+        if self.decode:
+            key, value, cache_mask = self._update_cache(key, value)
+            mask = combine_masks(mask, cache_mask)
+
+        record = self.is_mutable_collection("intermediates")
+        dropout_rng = None
+        if not deterministic and self.dropout_rate > 0.0:
+            dropout_rng = self.make_rng("dropout")
+        out, weights = dot_product_attention(
+            query, key, value, mask,
+            head_mask=head_mask,
+            dropout_rate=self.dropout_rate,
+            dropout_rng=dropout_rng,
+            deterministic=deterministic,
+            impl=self.attention_impl,
+            return_weights=record,
+        )
+        if weights is not None:
+            self.sow("intermediates", "attention_weights", weights)
+        return nn.DenseGeneral(
+            features=self.out_features,
+            axis=(-2, -1),
+            kernel_init=partitioned(self.kernel_init, ("heads", "kv", "embed")),
+            bias_init=partitioned(nn.initializers.zeros, ("embed",)),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="out",
+        )(out)
+
+    def _update_cache(self, key: Array, value: Array):
+        """Writes `[batch, steps, heads, head_dim]` keys/values at the cache index.
+
+        Returns the full cached keys and values `[batch, max_len, heads, head_dim]`
+        and a mask `[1, 1, steps, max_len]` hiding positions not yet written.
+        """
+        initialized = self.has_variable("cache", "cached_key")
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape,
+                                     value.dtype)
+        cache_index = self.variable("cache", "cache_index",
+                                    lambda: jnp.array(0, dtype=jnp.int32))
+        if not initialized:  # `init` call: shapes only, full-length causal mask.
+            return key, value, causal_mask(key.shape[1])
+        steps = key.shape[1]
+        max_len = cached_key.value.shape[1]
+        index = cache_index.value
+        start = (0, index, 0, 0)
+        cached_key.value = lax.dynamic_update_slice(cached_key.value, key, start)
+        cached_value.value = lax.dynamic_update_slice(cached_value.value, value, start)
+        cache_index.value = index + steps
+        query_positions = index + jnp.arange(steps)
+        visible = jnp.arange(max_len)[None, :] <= query_positions[:, None]
+        return cached_key.value, cached_value.value, visible[None, None]

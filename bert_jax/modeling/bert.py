@@ -1,0 +1,241 @@
+"""BERT (Devlin et al. 2018): embeddings, encoder, pooler and task heads.
+
+Inputs follow Hugging Face's names: `input_ids`, `attention_mask` (1 for real
+tokens, 0 for padding; all ones when omitted), `token_type_ids` (segment A/B,
+zeros when omitted), `position_ids` (0..length-1 when omitted), each
+`[batch, length]`.
+
+Parameter tree (what `bert_jax.convert.hf_bert` maps to and from):
+  bert/embeddings/{word_embeddings, position_embeddings, token_type_embeddings, norm}
+  bert/encoder/layer_<i>/{attention/{query,key,value,out}, attention_norm,
+                          mlp/{intermediate,output}, mlp_norm}
+  bert/pooler
+  mlm/{transform, transform_norm, output_bias}, nsp           (pretraining)
+  classifier                                                 (sequence, token)
+  qa_outputs                                                 (span QA)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from bert_jax.modeling.attention import padding_mask
+from bert_jax.modeling.configs import BertConfig
+from bert_jax.modeling.embeddings import PositionEmbedding, token_embedding
+from bert_jax.modeling.initializers import partitioned
+from bert_jax.modeling.layers import ACTIVATION_FNS, EncoderStack, dense, layer_norm
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class BertOutput:
+    """sequence_output `[batch, length, hidden]`, pooled_output `[batch, hidden]`
+    (tanh(W h_[CLS] + b)), hidden_states: embeddings and every layer's output,
+    `num_layers + 1` arrays `[batch, length, hidden]`, when requested."""
+
+    sequence_output: Array
+    pooled_output: Array
+    hidden_states: tuple[Array, ...] | None = None
+
+
+@flax.struct.dataclass
+class PreTrainingOutput:
+    """mlm_logits `[batch, predictions, vocab]` (float32) at the masked
+    positions, nsp_logits `[batch, 2]` (0 = B follows A, 1 = random B)."""
+
+    mlm_logits: Array
+    nsp_logits: Array
+    bert: BertOutput
+
+
+class BertEmbeddings(nn.Module):
+    """word + position + token type embeddings, then LayerNorm and dropout."""
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+        self.word_embeddings = token_embedding(cfg, cfg.vocab_size)
+        self.position_embeddings = PositionEmbedding(cfg, "learned")
+        self.token_type_embeddings = token_embedding(cfg, cfg.type_vocab_size,
+                                                     axis_name="type_vocab")
+        self.norm = layer_norm(cfg)
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def __call__(self, input_ids: Array, token_type_ids: Array, position_ids: Array, *,
+                 deterministic: bool = True) -> Array:
+        """`[batch, length]` ids -> `[batch, length, hidden]`."""
+        x = (self.word_embeddings(input_ids)
+             + self.position_embeddings(position_ids)
+             + self.token_type_embeddings(token_type_ids))
+        return self.dropout(self.norm(x), deterministic=deterministic)
+
+    def attend(self, x: Array) -> Array:
+        """`[..., hidden]` -> `[..., vocab]` logits against the word embeddings."""
+        return self.word_embeddings.attend(x)
+
+
+class BertModel(nn.Module):
+    """The BERT encoder with its pooler."""
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+        self.embeddings = BertEmbeddings(cfg)
+        self.encoder = EncoderStack(cfg)
+        self.pooler = dense(cfg, cfg.hidden_size, ("embed", "mlp"))
+
+    def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+                 token_type_ids: Array | None = None, position_ids: Array | None = None,
+                 *, head_mask: Array | None = None, layer_mask: Array | None = None,
+                 deterministic: bool = True,
+                 output_hidden_states: bool = False) -> BertOutput:
+        """Encodes `[batch, length]` ids.
+
+        Args:
+          head_mask: `[layers, heads]` multipliers of attention probabilities.
+          layer_mask: `[layers]` bool; False skips that layer (identity).
+          output_hidden_states: also return embeddings and every layer's output.
+        Attention probabilities are sown in `intermediates` (see attention.py).
+        """
+        self.config.check_length(input_ids.shape[1])
+        if attention_mask is None:
+            attention_mask = jnp.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        if position_ids is None:
+            position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1]),
+                                            input_ids.shape)
+        x = self.embeddings(input_ids, token_type_ids, position_ids,
+                            deterministic=deterministic)
+        valid = attention_mask.astype(bool)
+        # Padding keys are hidden; padding queries still attend (as in BERT).
+        mask = padding_mask(jnp.ones_like(valid), valid)
+        sequence_output, hidden_states = self.encoder(
+            x, mask, head_mask=head_mask, layer_mask=layer_mask,
+            deterministic=deterministic, output_hidden_states=output_hidden_states)
+        pooled_output = jnp.tanh(self.pooler(sequence_output[:, 0]))
+        return BertOutput(sequence_output, pooled_output, hidden_states)
+
+    def attend(self, x: Array) -> Array:
+        """Logits against the word embeddings (the tied MLM decoder)."""
+        return self.embeddings.attend(x)
+
+
+def gather_positions(sequence: Array, positions: Array) -> Array:
+    """`[batch, length, hidden]`, `[batch, predictions]` -> `[batch, predictions, hidden]`."""
+    return jnp.take_along_axis(sequence, positions[..., None], axis=1)
+
+
+class MaskedLMHead(nn.Module):
+    """transform (Dense + activation + LayerNorm), then logits against the word
+    embeddings plus an output bias (the decoder is tied, as in BERT)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, hidden: Array, attend) -> Array:
+        """`[..., hidden]` -> float32 `[..., vocab]`; `attend` maps to vocabulary."""
+        cfg = self.config
+        h = dense(cfg, cfg.hidden_size, ("embed", "mlp"), "transform")(hidden)
+        h = ACTIVATION_FNS[cfg.activation](h)
+        h = layer_norm(cfg, "transform_norm")(h)
+        bias = self.param("output_bias", partitioned(nn.initializers.zeros, ("vocab",)),
+                          (cfg.vocab_size,), cfg.params_dtype)
+        return (attend(h) + bias).astype(jnp.float32)
+
+
+class _BertWithHead(nn.Module):
+    """A BertModel named `bert`, for task models to add heads to."""
+
+    config: BertConfig
+
+    def setup(self):
+        self.bert = BertModel(self.config)
+        self.dropout = nn.Dropout(self.config.dropout_rate)
+
+    def encode(self, input_ids, attention_mask=None, token_type_ids=None, *,
+               deterministic: bool = True, **bert_kwargs: Any) -> BertOutput:
+        return self.bert(input_ids, attention_mask, token_type_ids,
+                         deterministic=deterministic, **bert_kwargs)
+
+
+class BertForPreTraining(_BertWithHead):
+    """Masked-LM and next-sentence-prediction heads."""
+
+    def setup(self):
+        super().setup()
+        self.mlm = MaskedLMHead(self.config)
+        self.nsp = dense(self.config, 2, ("embed", "classes"))
+
+    def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+                 token_type_ids: Array | None = None,
+                 masked_positions: Array | None = None, *,
+                 deterministic: bool = True, **bert_kwargs: Any) -> PreTrainingOutput:
+        """`masked_positions` `[batch, predictions]`: the MLM head runs only there
+        (the original BERT); None runs it at every position."""
+        out = self.encode(input_ids, attention_mask, token_type_ids,
+                          deterministic=deterministic, **bert_kwargs)
+        hidden = out.sequence_output
+        if masked_positions is not None:
+            hidden = gather_positions(hidden, masked_positions)
+        mlm_logits = self.mlm(hidden, self.bert.attend)
+        nsp_logits = self.nsp(out.pooled_output).astype(jnp.float32)
+        return PreTrainingOutput(mlm_logits, nsp_logits, out)
+
+
+class BertForSequenceClassification(_BertWithHead):
+    """A Dense head on the pooled [CLS] output: classes, or `num_labels=1` for
+    regression. Returns float32 `[batch, num_labels]`."""
+
+    num_labels: int = 2
+
+    def setup(self):
+        super().setup()
+        self.classifier = dense(self.config, self.num_labels, ("embed", "classes"))
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *,
+                 deterministic: bool = True, **bert_kwargs: Any) -> Array:
+        out = self.encode(input_ids, attention_mask, token_type_ids,
+                          deterministic=deterministic, **bert_kwargs)
+        pooled = self.dropout(out.pooled_output, deterministic=deterministic)
+        return self.classifier(pooled).astype(jnp.float32)
+
+
+class BertForTokenClassification(_BertWithHead):
+    """A Dense head on every token. Returns float32 `[batch, length, num_labels]`."""
+
+    num_labels: int = 2
+
+    def setup(self):
+        super().setup()
+        self.classifier = dense(self.config, self.num_labels, ("embed", "classes"))
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *,
+                 deterministic: bool = True, **bert_kwargs: Any) -> Array:
+        out = self.encode(input_ids, attention_mask, token_type_ids,
+                          deterministic=deterministic, **bert_kwargs)
+        hidden = self.dropout(out.sequence_output, deterministic=deterministic)
+        return self.classifier(hidden).astype(jnp.float32)
+
+
+class BertForQuestionAnswering(_BertWithHead):
+    """Span QA: start and end logits for every token, float32 `[batch, length]`."""
+
+    def setup(self):
+        super().setup()
+        self.qa_outputs = dense(self.config, 2, ("embed", "classes"))
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *,
+                 deterministic: bool = True, **bert_kwargs: Any) -> tuple[Array, Array]:
+        out = self.encode(input_ids, attention_mask, token_type_ids,
+                          deterministic=deterministic, **bert_kwargs)
+        logits = self.qa_outputs(out.sequence_output).astype(jnp.float32)
+        return logits[..., 0], logits[..., 1]

@@ -1,0 +1,84 @@
+"""Token, segment and position embeddings.
+
+Position embeddings are either learned (a `[max_len, embed]` table, BERT) or the
+fixed sinusoidal table of Vaswani et al. 2017, section 3.5:
+
+    PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
+    PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.modeling.configs import StackConfig
+from bert_jax.modeling.initializers import embedding_init, partitioned
+
+Array = jax.Array
+
+
+def sinusoidal_table(max_len: int, features: int) -> np.ndarray:
+    """The paper's table, `[max_len, features]` float32 (sin at even, cos at odd)."""
+    positions = np.arange(max_len, dtype=np.float64)[:, None]
+    even = np.arange(0, features, 2, dtype=np.float64)
+    angles = positions / np.power(10000.0, even / features)
+    table = np.zeros((max_len, features), dtype=np.float64)
+    table[:, 0::2] = np.sin(angles)
+    table[:, 1::2] = np.cos(angles[:, : features // 2])
+    return table.astype(np.float32)
+
+
+def token_embedding(config: StackConfig, vocab_size: int, name: str | None = None,
+                    axis_name: str = "vocab") -> nn.Embed:
+    """An `[vocab, embed]` table; `.attend(x)` gives tied output logits."""
+    return nn.Embed(
+        num_embeddings=vocab_size,
+        features=config.hidden_size,
+        embedding_init=partitioned(embedding_init(config), (axis_name, "embed")),
+        dtype=config.compute_dtype,
+        param_dtype=config.params_dtype,
+        name=name,
+    )
+
+
+class PositionEmbedding(nn.Module):
+    """Position embeddings looked up at given positions.
+
+    `kind='learned'` owns a parameter `embedding` `[max_len, embed]`;
+    `kind='sinusoidal'` uses the fixed table and has no parameters.
+    With `decode=True` the positions come from a counter in the `cache`
+    collection (the number of tokens fed so far) instead of the argument.
+    """
+
+    config: StackConfig
+    kind: str = "learned"
+    decode: bool = False
+
+    @nn.compact
+    def __call__(self, positions: Array) -> Array:
+        """`[batch, length]` int positions -> `[batch, length, embed]`."""
+        cfg = self.config
+        if self.decode:
+            positions = self._decode_positions(positions)
+        if self.kind == "sinusoidal":
+            table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.hidden_size))
+        else:
+            table = self.param(
+                "embedding",
+                partitioned(embedding_init(cfg), ("position", "embed")),
+                (cfg.max_len, cfg.hidden_size),
+                cfg.params_dtype,
+            )
+        return jnp.take(table, positions, axis=0).astype(cfg.compute_dtype)
+
+    def _decode_positions(self, positions: Array) -> Array:
+        initialized = self.has_variable("cache", "index")
+        index = self.variable("cache", "index", lambda: jnp.array(0, jnp.int32))
+        if not initialized:  # `init` call: shapes only.
+            return positions
+        start = index.value
+        index.value = start + positions.shape[1]
+        return jnp.broadcast_to(start + jnp.arange(positions.shape[1]), positions.shape)

