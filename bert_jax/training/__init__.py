@@ -1,0 +1,1 @@
+"""Training machinery: mesh and sharding rules, optimizer, train state and step."""

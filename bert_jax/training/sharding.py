@@ -1,0 +1,109 @@
+"""Device mesh and logical-axis sharding rules.
+
+The mesh has three axes: `data` (batch split, parameters replicated), `fsdp`
+(batch split and parameters sharded along `embed`), `tensor` (heads, MLP and
+vocabulary split: Megatron-style tensor parallelism). A size of -1 takes the
+remaining devices. Axis types are `Auto`: recent JAX makes `jax.make_mesh`
+default to `Explicit`, which breaks ordinary gathers in losses.
+
+Parameters carry logical axis names (see `bert_jax.modeling.initializers`);
+`RULES` maps them to mesh axes. A dimension that the mesh axes do not divide is
+replicated instead (so a vocabulary of 30522 still works with tensor=4).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", BATCH_AXES),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("vocab", "tensor"),
+    ("kv", None),
+    ("position", None),
+    ("type_vocab", None),
+    ("classes", None),
+)
+
+
+def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
+    """Resolves one -1 in `(data, fsdp, tensor)` against `num_devices`."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != len(MESH_AXES):
+        raise ValueError(f"mesh shape {shape} must give sizes for {MESH_AXES}.")
+    if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+        raise ValueError(f"mesh shape {shape}: sizes must be positive, with at most "
+                         "one -1 (the rest of the devices).")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if num_devices % known:
+            raise ValueError(f"mesh shape {shape}: {num_devices} devices are not "
+                             f"divisible by {known}.")
+        shape = tuple(num_devices // known if s == -1 else s for s in shape)
+    if math.prod(shape) != num_devices:
+        raise ValueError(f"mesh shape {shape} uses {math.prod(shape)} devices but "
+                         f"{num_devices} are available; use -1 for one axis.")
+    return shape
+
+
+def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
+    """A `(data, fsdp, tensor)` mesh over `devices` (all by default), axis types Auto."""
+    devices = list(devices if devices is not None else jax.devices())
+    resolved = mesh_shape(shape, len(devices))
+    return jax.make_mesh(resolved, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
+                         devices=devices)
+
+
+def _fit(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """Drops mesh axes from dimensions they do not divide evenly."""
+    fitted = []
+    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        size = math.prod(mesh.shape[a] for a in names)
+        fitted.append(axes if names and dim % size == 0 else None)
+    return PartitionSpec(*fitted)
+
+
+def logical_shardings(abstract_tree: Any, mesh: Mesh, rules=RULES) -> Any:
+    """NamedShardings for a tree whose leaves may be boxed with logical names.
+
+    `abstract_tree` is typically `jax.eval_shape(init)`; unboxed leaves (step
+    counters, RNG keys) are replicated.
+    """
+    specs = nn.get_partition_spec(abstract_tree)
+    mesh_specs = nn.logical_to_mesh(specs, rules)
+    shapes = jax.tree.map(lambda x: x.shape, nn.meta.unbox(abstract_tree))
+    return jax.tree.map(
+        lambda spec, shape: NamedSharding(mesh, _fit(spec, shape, mesh)),
+        mesh_specs, shapes, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (batch) dimension split over `data` and `fsdp`."""
+    return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def global_batch(local: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Assembles per-process batch slices into global arrays sharded over the batch.
+
+    Each process passes its own `[local_batch, ...]` rows; the global batch is
+    their concatenation in process order.
+    """
+    sharding = batch_sharding(mesh)
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local)

@@ -1,0 +1,126 @@
+"""One train step on data-parallel, FSDP and tensor-parallel meshes (8 fake CPU
+devices) equals the single-device step; gradient accumulation equals one batch."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from bert_jax.modeling import BertForTokenClassification, bert_preset
+from bert_jax.training.optimizer import adamw, decay_mask, learning_rate_schedule
+from bert_jax.training.sharding import global_batch, make_mesh, mesh_shape
+from bert_jax.training.train_step import (
+    create_train_state, jit_train_step, make_train_step)
+
+CONFIG = bert_preset("tiny", hidden_size=32, num_heads=4, mlp_dim=64, vocab_size=96,
+                     max_len=16, dropout_rate=0.0, attention_dropout_rate=0.0)
+NUM_LABELS = 8
+MODEL = BertForTokenClassification(CONFIG, num_labels=NUM_LABELS)
+
+
+def _batch(rows=16, length=12):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, CONFIG.vocab_size, (rows, length)).astype(np.int32)
+    lengths = rng.integers(4, length + 1, rows)
+    mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
+    labels = rng.integers(0, NUM_LABELS, (rows, length)).astype(np.int32)
+    return {"input_ids": ids * mask, "attention_mask": mask, "labels": labels}
+
+
+def loss_fn(params, batch, rng):
+    logits = MODEL.apply({"params": params}, batch["input_ids"], batch["attention_mask"],
+                         deterministic=False, rngs={"dropout": rng})
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])
+    weights = batch["attention_mask"].astype(jnp.float32)
+    correct = (logits.argmax(-1) == batch["labels"]) * weights
+    return (losses * weights).sum(), weights.sum(), {"accuracy": correct.sum()}
+
+
+def _run(shape, devices, grad_accum_steps=1):
+    mesh = make_mesh(shape, devices)
+    # eps=1e-3 keeps Adam's m / (sqrt(v) + eps) Lipschitz in the gradient: with
+    # eps=1e-6 it maps reduction-order rounding in near-zero gradients of rare
+    # embedding rows to full-size steps, which no layout can reproduce bit-exactly.
+    tx = adamw(learning_rate_schedule("linear", 1e-2, 1, 10), eps=1e-3)
+    ids = jnp.zeros((2, 12), jnp.int32)
+    state, shardings = create_train_state(lambda r: MODEL.init(r, ids), MODEL.apply, tx,
+                                          mesh, jax.random.PRNGKey(0))
+    step = jit_train_step(make_train_step(loss_fn, grad_accum_steps), shardings, mesh)
+    with jax.set_mesh(mesh):
+        state, metrics = step(state, global_batch(_batch(), mesh), jax.random.PRNGKey(1))
+        state, metrics2 = step(state, global_batch(_batch(), mesh), jax.random.PRNGKey(1))
+    return jax.device_get((state.params, metrics, metrics2)), state
+
+
+@pytest.fixture(scope="module")
+def single_device():
+    return _run((1, 1, 1), jax.devices()[:1])[0]
+
+
+@pytest.mark.parametrize("shape", [(8, 1, 1), (1, 8, 1), (2, 1, 4), (2, 2, 2)],
+                         ids=["data", "fsdp", "tensor", "mixed"])
+def test_sharded_step_equals_single_device(shape, single_device):
+    assert len(jax.devices()) == 8, "tests run with 8 fake CPU devices (conftest.py)"
+    (params, metrics, metrics2), state = _run(shape, jax.devices())
+    ref_params, ref_metrics, ref_metrics2 = single_device
+    for key in ("loss", "accuracy", "grad_norm", "weight"):
+        np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=1e-5)
+        np.testing.assert_allclose(metrics2[key], ref_metrics2[key], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-6),
+                 params, ref_params)
+    # The layout is what the mesh asks for, not a replicated copy.
+    kernel = state.params["bert"]["encoder"]["layer_0"]["mlp"]["intermediate"]["kernel"]
+    assert kernel.shape == (32, 64)  # [embed, mlp]: embed over fsdp, mlp over tensor
+    expected = {(8, 1, 1): (32, 64), (1, 8, 1): (4, 64), (2, 1, 4): (32, 16),
+                (2, 2, 2): (16, 32)}[shape]
+    assert kernel.sharding.shard_shape(kernel.shape) == expected
+
+
+def test_gradient_accumulation_equals_one_batch(single_device):
+    (params, metrics, _), _ = _run((2, 2, 2), jax.devices(), grad_accum_steps=2)
+    ref_params, ref_metrics, _ = single_device
+    np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-6),
+                 params, ref_params)
+
+
+def test_padding_never_counts():
+    batch = _batch()
+    params = MODEL.init(jax.random.PRNGKey(0), batch["input_ids"])["params"]
+    loss_sum, weight, _ = loss_fn(params, batch, jax.random.PRNGKey(0))
+    changed = dict(batch, labels=np.where(batch["attention_mask"] == 1, batch["labels"],
+                                          (batch["labels"] + 1) % NUM_LABELS))
+    assert weight == batch["attention_mask"].sum()
+    assert float(loss_fn(params, changed, jax.random.PRNGKey(0))[0]) == float(loss_sum)
+
+
+def test_no_weight_decay_on_biases_and_layer_norm():
+    params = MODEL.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    mask = jax.tree_util.tree_flatten_with_path(decay_mask(params))[0]
+    decayed = {jax.tree_util.keystr(p) for p, m in mask if m}
+    assert any("['kernel']" in k for k in decayed)
+    assert any("['embedding']" in k for k in decayed)
+    assert not any("['bias']" in k or "['scale']" in k for k in decayed)
+
+
+def test_schedules():
+    linear = learning_rate_schedule("linear", 1.0, 10, 110)
+    assert float(linear(0)) == 0.0 and float(linear(5)) == pytest.approx(0.5)
+    assert float(linear(10)) == pytest.approx(1.0) and float(linear(60)) == pytest.approx(0.5)
+    cosine = learning_rate_schedule("cosine", 1.0, 0, 100)
+    assert float(cosine(50)) == pytest.approx(0.5, abs=1e-6)
+    rsqrt = learning_rate_schedule("rsqrt", 1.0, 100, 1000)
+    assert float(rsqrt(100)) == pytest.approx(1.0) and float(rsqrt(400)) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="schedule='step'"):
+        learning_rate_schedule("step", 1.0, 0, 10)
+
+
+def test_mesh_shapes():
+    assert mesh_shape((-1, 2, 1), 8) == (4, 2, 1)
+    with pytest.raises(ValueError, match="at most one -1"):
+        mesh_shape((-1, -1, 1), 8)
+    with pytest.raises(ValueError, match="not divisible by 3"):
+        mesh_shape((-1, 3, 1), 8)
+    with pytest.raises(ValueError, match="uses 4 devices but 8"):
+        mesh_shape((2, 2, 1), 8)
