@@ -94,12 +94,12 @@ def dot_product_attention(
     """
     depth = query.shape[-1]
     use_dropout = not deterministic and dropout_rate > 0.0
+    if impl == "fused" and use_dropout:
+        raise ValueError(
+            "attention_impl='fused' applies no attention dropout, but "
+            f"attention_dropout_rate={dropout_rate} in a training step: set "
+            "attention_dropout_rate=0 or attention_impl='einsum'.")
     if impl == "fused" and not return_weights:
-        if use_dropout:
-            raise ValueError(
-                "attention_impl='fused' applies no attention dropout, but "
-                f"attention_dropout_rate={dropout_rate} in a training step: set "
-                "attention_dropout_rate=0 or attention_impl='einsum'.")
         out = jax.nn.dot_product_attention(
             query, key, value, mask=mask, scale=1.0 / math.sqrt(depth))
         if head_mask is not None:
@@ -138,8 +138,10 @@ class MultiHeadAttention(nn.Module):
 
     With `decode=True` the module keeps a key/value cache (collection `cache`)
     for incremental decoding: initialise it by calling `init` with inputs of the
-    full target length, then feed one position at a time. The cache is only used
-    for self-attention (`inputs_kv is inputs_q`).
+    full target length, then feed one position at a time. Build only
+    self-attention with `decode=True` (the decoder's cross-attention has none).
+    Feeding more positions than the cache holds makes the outputs NaN rather
+    than silently wrong (the overflow is a traced value and cannot raise).
 
     Attention probabilities are recorded with `sow('intermediates',
     'attention_weights')` when that collection is mutable; the fused kernel
@@ -180,8 +182,9 @@ class MultiHeadAttention(nn.Module):
         key = projection(name="key")(inputs_kv)
         value = projection(name="value")(inputs_kv)
 
+        overflow = None
         if self.decode:
-            key, value, cache_mask = self._update_cache(key, value)
+            key, value, cache_mask, overflow = self._update_cache(key, value)
             mask = combine_masks(mask, cache_mask)
 
         record = self.is_mutable_collection("intermediates")
@@ -199,6 +202,8 @@ class MultiHeadAttention(nn.Module):
         )
         if weights is not None:
             self.sow("intermediates", "attention_weights", weights)
+        if overflow is not None:
+            out = jnp.where(overflow, jnp.nan, out)
         return nn.DenseGeneral(
             features=self.out_features,
             axis=(-2, -1),
@@ -212,17 +217,23 @@ class MultiHeadAttention(nn.Module):
     def _update_cache(self, key: Array, value: Array):
         """Writes `[batch, steps, heads, head_dim]` keys/values at the cache index.
 
-        Returns the full cached keys and values `[batch, max_len, heads, head_dim]`
-        and a mask `[1, 1, steps, max_len]` hiding positions not yet written.
+        Returns the full cached keys and values `[batch, max_len, heads, head_dim]`,
+        a mask `[1, 1, steps, max_len]` hiding positions not yet written, and
+        whether this call overflows the cache (a traced bool).
         """
         initialized = self.has_variable("cache", "cached_key")
+        if not initialized and not self.is_initializing():
+            raise ValueError(
+                f"{self.path}: decode=True but no key/value cache was passed: call "
+                "`init` with a full-length target first and pass its 'cache' "
+                "collection (mutable=['cache']).")
         cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
         cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape,
                                      value.dtype)
         cache_index = self.variable("cache", "cache_index",
                                     lambda: jnp.array(0, dtype=jnp.int32))
         if not initialized:  # `init` call: shapes only, full-length causal mask.
-            return key, value, causal_mask(key.shape[1])
+            return key, value, causal_mask(key.shape[1]), None
         steps = key.shape[1]
         max_len = cached_key.value.shape[1]
         index = cache_index.value
@@ -232,4 +243,5 @@ class MultiHeadAttention(nn.Module):
         cache_index.value = index + steps
         query_positions = index + jnp.arange(steps)
         visible = jnp.arange(max_len)[None, :] <= query_positions[:, None]
-        return cached_key.value, cached_value.value, visible[None, None]
+        overflow = index + steps > max_len
+        return cached_key.value, cached_value.value, visible[None, None], overflow

@@ -82,11 +82,14 @@ class StackConfig:
                 raise ConfigError(
                     f"{name}.{field}={value!r}: must be a positive integer.")
         if self.hidden_size % self.num_heads:
+            divisors = [h for h in range(1, self.hidden_size + 1)
+                        if self.hidden_size % h == 0]
+            nearest = min(divisors, key=lambda h: (abs(h - self.num_heads), h))
             raise ConfigError(
                 f"{name}.hidden_size={self.hidden_size} is not divisible by "
                 f"num_heads={self.num_heads}: choose num_heads dividing "
-                f"hidden_size (for example hidden_size // 64 = "
-                f"{max(self.hidden_size // 64, 1)}) or change hidden_size.")
+                f"hidden_size (the nearest is {nearest}; BERT uses hidden_size // 64 "
+                "heads) or change hidden_size.")
         _check_choice(name, "activation", self.activation, ACTIVATIONS)
         _check_choice(name, "norm_position", self.norm_position, NORM_POSITIONS)
         _check_choice(name, "attention_impl", self.attention_impl, ATTENTION_IMPLS)
@@ -95,13 +98,13 @@ class StackConfig:
         _check_choice(name, "param_dtype", self.param_dtype, DTYPES)
         for field in ("dropout_rate", "attention_dropout_rate"):
             value = getattr(self, field)
-            if not 0.0 <= value < 1.0:
+            if not _is_number(value) or not 0.0 <= value < 1.0:
                 raise ConfigError(
                     f"{name}.{field}={value!r}: must be in [0, 1).")
-        if not self.layer_norm_eps > 0:
+        if not _is_number(self.layer_norm_eps) or not self.layer_norm_eps > 0:
             raise ConfigError(
                 f"{name}.layer_norm_eps={self.layer_norm_eps!r}: must be > 0.")
-        if not self.initializer_range > 0:
+        if not _is_number(self.initializer_range) or not self.initializer_range > 0:
             raise ConfigError(
                 f"{name}.initializer_range={self.initializer_range!r}: must be > 0.")
 
@@ -145,6 +148,17 @@ class StackConfig:
         return cls(**values)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_token_id(name: str, field: str, value: Any, vocab_size: int, vocab: str):
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab_size:
+        raise ConfigError(
+            f"{name}.{field}={value!r}: must be an integer token id in [0, {vocab_size}) "
+            f"({vocab}).")
+
+
 def _check_choice(name: str, field: str, value: Any, choices: tuple[str, ...]):
     if value not in choices:
         raise ConfigError(
@@ -170,6 +184,11 @@ class BertConfig(StackConfig):
     _positive_ints: ClassVar[tuple[str, ...]] = StackConfig._positive_ints + (
         "vocab_size", "type_vocab_size")
     max_len_field: ClassVar[str] = "max_len (max_position_embeddings)"
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_token_id("BertConfig", "pad_token_id", self.pad_token_id, self.vocab_size,
+                        "the vocabulary")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -222,12 +241,13 @@ class TransformerConfig(StackConfig):
                 f"but vocab_size={self.vocab_size} and target_vocab_size="
                 f"{self.target_vocab_size}: set share_embeddings=False or use a "
                 "joint vocabulary.")
-        for field in ("pad_id", "bos_id", "eos_id"):
-            value = getattr(self, field)
-            if not 0 <= value < self.output_vocab_size:
-                raise ConfigError(
-                    f"TransformerConfig.{field}={value}: must be a token id in "
-                    f"[0, {self.output_vocab_size}).")
+        # pad_id marks padding on both sides; bos/eos are target tokens.
+        _check_token_id("TransformerConfig", "pad_id", self.pad_id,
+                        min(self.vocab_size, self.output_vocab_size),
+                        "both vocabularies")
+        for field in ("bos_id", "eos_id"):
+            _check_token_id("TransformerConfig", field, getattr(self, field),
+                            self.output_vocab_size, "the target vocabulary")
 
     @property
     def output_vocab_size(self) -> int:

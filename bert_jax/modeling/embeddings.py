@@ -63,6 +63,14 @@ class PositionEmbedding(nn.Module):
         cfg = self.config
         if self.decode:
             positions = self._decode_positions(positions)
+        elif not isinstance(positions, jax.core.Tracer) and positions.size:
+            # Concrete inputs are checked here; under jit an out-of-range
+            # position reads NaN (jnp.take's fill), never a clipped row.
+            largest = int(np.max(positions))
+            if largest >= cfg.max_len or int(np.min(positions)) < 0:
+                raise ValueError(
+                    f"position ids must lie in [0, {cfg.max_len}) "
+                    f"({type(cfg).__name__}.max_len), got up to {largest}.")
         if self.kind == "sinusoidal":
             table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.hidden_size))
         else:
@@ -76,6 +84,10 @@ class PositionEmbedding(nn.Module):
 
     def _decode_positions(self, positions: Array) -> Array:
         initialized = self.has_variable("cache", "index")
+        if not initialized and not self.is_initializing():
+            raise ValueError(
+                f"{self.path}: decode=True but no 'cache' collection was passed: call "
+                "`init` with a full-length target first (mutable=['cache']).")
         index = self.variable("cache", "index", lambda: jnp.array(0, jnp.int32))
         if not initialized:  # `init` call: shapes only.
             return positions

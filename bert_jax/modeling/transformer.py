@@ -134,6 +134,12 @@ class Transformer(nn.Module):
             cross_mask = padding_mask(jnp.ones_like(targets, dtype=bool), source_valid)
         else:
             cfg.check_length(targets.shape[1], "target")
+            if targets_segmentation is not None and (
+                    inputs_segmentation is None or targets_positions is None):
+                raise ValueError(
+                    "packed targets_segmentation needs inputs_segmentation (to "
+                    "mask cross-attention between segments) and targets_positions "
+                    "(to restart positions and BOS at each segment).")
             if targets_positions is None:
                 targets_positions = _default_positions(targets)
             positions = targets_positions
