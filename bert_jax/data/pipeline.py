@@ -1,0 +1,467 @@
+"""Grain input pipelines: static-shape, deterministic, checkpointable batches.
+
+Batches are dicts of numpy arrays. A feature that `preprocess` returns as a
+1-D array becomes `[local_batch, max_length]`, padded with 0 (the pad id);
+a scalar (a class label, a regression target) becomes `[local_batch]`.
+Integer and bool features are int32, floating ones float32.
+
+Training: `train_iterator` (infinite, reshuffled every epoch)
+-------------------------------------------------------------
+The global order is the dataset shuffled with `seed`, epoch after epoch
+(epoch `e` uses its own permutation, derived from `seed` and `e`), a stream of
+positions 0, 1, 2, ... Global batch `k` row `r` (`0 <= r < global_batch_size`)
+takes the `k`-th example of *row stream* `r`: positions
+`r, r + G, r + 2G, ...` (`G = global_batch_size`) with the examples that do
+not fit `max_length` skipped. Process `p` of `P` produces rows
+`[p * L, (p + 1) * L)` (`L = G // P`), and reads only the examples of its own
+rows. So:
+
+- with nothing filtered, global batch `k` is exactly positions
+  `[k * G, (k + 1) * G)` of the shuffled order: "shuffle globally, batch
+  globally, each process takes its rows";
+- a row's content depends only on the seed and the row, never on the
+  process count: the concatenation of the processes' local batches at step
+  `k` is the same for 1, 2 or 8 processes, filtering included;
+- an example longer than `max_length` is dropped (not truncated: a truncated
+  target would teach the model to stop mid-sentence) and its row moves on to
+  the next position of the row stream; drops are logged and counted in the
+  state: `num_filtered(it)` is this process's count up to the last batch
+  returned.
+
+The state is `{"step": k, "skipped": [per-row drop counts], ...}`: plain JSON,
+exact (`set_state` then `next` gives the batch the saved iterator would have
+given), and it works with `grain.checkpoint.CheckpointSave/Restore` in an Orbax
+`CheckpointManager`. It also records the seed, the batch and process layout and
+the dataset size, and `set_state` refuses a state saved with others. Batches
+are prepared `prefetch` steps ahead in a background thread; the state is
+still that of the last batch returned.
+
+Evaluation: `eval_batches` (finite, one pass, in dataset order)
+---------------------------------------------------------------
+Global batch `k` is examples `[k * G, (k + 1) * G)`, process `p` taking rows
+`[p * L, (p + 1) * L)`; positions past the end, and examples that do not fit
+`max_length` (counted and logged: the metric then covers fewer examples), are
+all-zero rows. Every process yields `ceil(len(source) / G)` batches.
+
+All-zero rows: the losses weight pad id 0 as zero, so a task must derive the
+weight of an example from a token feature (e.g. `inputs != 0`), not from a
+scalar label, whose padding value 0 is a valid class.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import copy
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import grain
+import numpy as np
+from absl import logging
+
+Example = Mapping[str, Any]
+Batch = dict[str, np.ndarray]
+Preprocess = Callable[[Example], Mapping[str, Any]]
+MaxLength = int | Mapping[str, int]
+
+_SHUFFLE_PURPOSE = 0x5EED  # mixed into the user seed for the shuffle seed
+
+
+def translation_preprocess(example: Example) -> dict[str, np.ndarray]:
+    """`{'inputs', 'targets'}` as stored (targets end with EOS), as int32."""
+    return {"inputs": np.asarray(example["inputs"], np.int32),
+            "targets": np.asarray(example["targets"], np.int32)}
+
+
+# ----------------------------------------------------------------- examples --
+
+class _Prepare:
+    """`preprocess`, then pad every 1-D feature to its max length.
+
+    Returns `(row, too_long)`; a too-long example gives an all-zero row of the
+    right shapes, so the caller can count it and drop it or keep the zeros.
+    """
+
+    def __init__(self, preprocess: Preprocess, max_length: MaxLength):
+        self.preprocess = preprocess
+        self.max_length = max_length
+
+    def _length(self, key: str) -> int:
+        if isinstance(self.max_length, Mapping):
+            if key not in self.max_length:
+                raise ValueError(
+                    f"max_length has no entry for feature {key!r} (it has "
+                    f"{sorted(self.max_length)}); give one per 1-D feature.")
+            return self.max_length[key]
+        return self.max_length
+
+    def __call__(self, example: Example) -> tuple[Batch, bool]:
+        features = self.preprocess(example)
+        if not isinstance(features, Mapping) or not features:
+            raise TypeError(f"preprocess must return a non-empty dict of arrays, "
+                            f"got {type(features).__name__}")
+        row, too_long = {}, False
+        for key, value in features.items():
+            value = np.asarray(value)
+            if np.issubdtype(value.dtype, np.integer) or value.dtype == np.bool_:
+                dtype = np.int32
+            elif np.issubdtype(value.dtype, np.floating):
+                dtype = np.float32
+            else:
+                raise TypeError(f"feature {key!r}: dtype {value.dtype} is neither "
+                                "integer, bool nor floating.")
+            if value.ndim == 0:
+                row[key] = value.astype(dtype)
+            elif value.ndim == 1:
+                length = self._length(key)
+                padded = np.zeros(length, dtype)
+                if value.shape[0] > length:
+                    too_long = True
+                else:
+                    padded[:value.shape[0]] = value
+                row[key] = padded
+            else:
+                raise ValueError(f"feature {key!r} has shape {value.shape}: "
+                                 "preprocess must return scalars or 1-D arrays.")
+        if too_long:
+            row = {k: np.zeros_like(v) for k, v in row.items()}
+        return row, too_long
+
+
+def _stack(rows: Sequence[Batch]) -> Batch:
+    keys = rows[0].keys()
+    for row in rows:
+        if row.keys() != keys:
+            raise ValueError(f"preprocess returned different features for different "
+                             f"examples: {sorted(keys)} vs {sorted(row.keys())}")
+    return {k: np.stack([row[k] for row in rows]) for k in keys}
+
+
+def _check_layout(global_batch_size: int, process_index: int, process_count: int,
+                  max_length: MaxLength) -> int:
+    if global_batch_size <= 0:
+        raise ValueError(f"global_batch_size must be positive, got {global_batch_size}")
+    if process_count <= 0 or not 0 <= process_index < process_count:
+        raise ValueError(f"need 0 <= process_index < process_count, got "
+                         f"process_index={process_index}, process_count={process_count}")
+    if global_batch_size % process_count:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} is not divisible by "
+            f"process_count={process_count}: every process needs the same local "
+            "batch size; change the batch size.")
+    lengths = max_length.values() if isinstance(max_length, Mapping) else [max_length]
+    if any(int(n) <= 0 for n in lengths):
+        raise ValueError(f"max_length must be positive, got {max_length}")
+    return global_batch_size // process_count
+
+
+class _FilterLog:
+    """Logs dropped examples: the first, then at every power of two."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __call__(self, num_filtered: int, num_seen: int, max_length: MaxLength):
+        if num_filtered & (num_filtered - 1) == 0:  # 1, 2, 4, 8, ...
+            logging.warning(
+                "%s: dropped %d of %d examples so far as longer than max_length=%s "
+                "(after preprocess).", self.what, num_filtered, num_seen, max_length)
+
+
+# ---------------------------------------------------------------- training --
+
+class _TrainDataset(grain.IterDataset):
+    """Row streams over an infinite shuffled `MapDataset` (see module doc)."""
+
+    def __init__(self, examples: grain.MapDataset, *, num_examples: int,
+                 global_batch_size: int, local_batch_size: int, first_row: int,
+                 identity: dict[str, int], max_length: MaxLength):
+        super().__init__()
+        self._examples = examples
+        self._num_examples = num_examples
+        self._global_batch_size = global_batch_size
+        self._local_batch_size = local_batch_size
+        self._first_row = first_row
+        self._identity = identity
+        self._max_length = max_length
+
+    def __iter__(self) -> TrainDatasetIterator:
+        return TrainDatasetIterator(self)
+
+    def __str__(self) -> str:
+        return f"_TrainDataset({self._identity})"
+
+
+class TrainDatasetIterator(grain.DatasetIterator):
+    """Local batches of the row streams; state `{"step", "skipped", ...}`."""
+
+    def __init__(self, ds: _TrainDataset):
+        super().__init__()
+        self._ds = ds
+        self._step = 0
+        self._skipped = [0] * ds._local_batch_size
+        self._log = _FilterLog("train_iterator")
+
+    def __next__(self) -> Batch:
+        ds = self._ds
+        rows, skipped = [], list(self._skipped)
+        for i in range(ds._local_batch_size):
+            row = ds._first_row + i
+            run = 0
+            while True:
+                position = (self._step + skipped[i]) * ds._global_batch_size + row
+                example, too_long = ds._examples[position]
+                if not too_long:
+                    rows.append(example)
+                    break
+                skipped[i] += 1
+                run += 1
+                self._log(sum(skipped),  # of all examples this process read
+                          self._step * ds._local_batch_size + i + sum(skipped),
+                          ds._max_length)
+                if run >= ds._num_examples:
+                    raise ValueError(
+                        f"train_iterator: {run} examples in a row are longer than "
+                        f"max_length={ds._max_length} (after preprocess); raise "
+                        "max_length or check preprocess.")
+        self._skipped = skipped
+        self._step += 1
+        return _stack(rows)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"step": self._step, "skipped": list(self._skipped),
+                **self._ds._identity}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        mismatched = {k: (state.get(k), v) for k, v in self._ds._identity.items()
+                      if state.get(k) != v}
+        if mismatched:
+            raise ValueError(
+                "train_iterator.set_state: the state was saved by a pipeline with "
+                "other settings, (saved, now): " + ", ".join(
+                    f"{k}={a!r} vs {b!r}" for k, (a, b) in mismatched.items()))
+        if len(state["skipped"]) != self._ds._local_batch_size:
+            raise ValueError("train_iterator.set_state: 'skipped' has "
+                             f"{len(state['skipped'])} rows, expected "
+                             f"{self._ds._local_batch_size}")
+        self._step = int(state["step"])
+        self._skipped = [int(n) for n in state["skipped"]]
+
+    def __str__(self) -> str:
+        return f"TrainDatasetIterator(step={self._step})"
+
+
+class _Prefetch(grain.DatasetIterator):
+    """Produces up to `size` batches ahead in one worker thread; the state is
+    that of the last batch returned, so checkpoints stay exact.
+
+    Not grain's `ThreadPrefetchIterDataset`: its daemon thread can still be
+    inside array_record's C++ reader when the interpreter exits, which aborts
+    the process (`terminate called without an active exception`, exit code
+    134) whenever an iterator is alive at exit. A `ThreadPoolExecutor` worker
+    is joined before interpreter teardown.
+    """
+
+    def __init__(self, parent: grain.DatasetIterator, size: int):
+        super().__init__(parent)
+        self._size = size
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: collections.deque[concurrent.futures.Future] = collections.deque()
+        self._state = parent.get_state()
+
+    def _produce(self):
+        element = next(self._parent)
+        return element, copy.deepcopy(self._parent.get_state())
+
+    def start_prefetch(self) -> None:
+        """Starts producing batches (grain's CheckpointRestore calls this)."""
+        self._assert_not_closed()
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="bert_jax-train-prefetch")
+        while len(self._pending) <= self._size:
+            self._pending.append(self._pool.submit(self._produce))
+
+    def __next__(self) -> Batch:
+        self.start_prefetch()
+        element, self._state = self._pending.popleft().result()
+        self.start_prefetch()
+        return element
+
+    def _drain(self) -> None:
+        """Cancels the batches produced ahead; waits for the one in progress."""
+        for future in self._pending:
+            future.cancel()
+        for future in self._pending:
+            if not future.cancelled():
+                try:
+                    future.result()
+                except Exception:  # noqa: BLE001 - discarded work
+                    pass
+        self._pending.clear()
+
+    def get_state(self) -> dict[str, Any]:
+        return copy.deepcopy(self._state)
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._drain()
+        self._parent.set_state(state)
+        self._state = self._parent.get_state()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._drain()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+        except Exception:  # noqa: BLE001 - may run during interpreter teardown
+            pass
+
+    def __str__(self) -> str:
+        return f"_Prefetch(size={self._size})"
+
+
+def num_filtered(it_or_state: grain.DatasetIterator | Mapping[str, Any]) -> int:
+    """Examples this process's `train_iterator` dropped as longer than
+    max_length, up to the last batch it returned."""
+    state = it_or_state if isinstance(it_or_state, Mapping) else it_or_state.get_state()
+    return sum(state["skipped"])
+
+
+def shuffle_seed(seed: int) -> int:
+    """The grain shuffle seed for a user seed.
+
+    Grain seeds epoch `e` with `shuffle_seed + e`, so raw seeds 0 and 1 would
+    share all but one epoch's order; hashing the seed keeps nearby seeds apart.
+    """
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    return int(np.random.SeedSequence([int(seed), _SHUFFLE_PURPOSE]).generate_state(1)[0])
+
+
+def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: int,
+                   process_index: int, process_count: int, preprocess: Preprocess,
+                   max_length: MaxLength, prefetch: int = 2) -> grain.DatasetIterator:
+    """Infinite local batches `[global_batch_size // process_count, max_length]`.
+
+    Args:
+      source: random access (`len`, `source[i]`), e.g. `load_source(...)`.
+      global_batch_size: rows of one step over all processes.
+      seed: shuffle seed (the order of every epoch follows from it).
+      process_index, process_count: this process's share (rows
+        `[p * L, (p + 1) * L)` of every global batch).
+      preprocess: example -> dict of 1-D (or scalar) arrays.
+      max_length: the padded length of every 1-D feature, or a dict of them
+        per feature; longer examples are dropped (see module doc).
+      prefetch: batches prepared ahead in a background thread; 0 for none.
+
+    Returns:
+      A grain `DatasetIterator`: `next(it)`, `it.get_state()` (JSON),
+      `it.set_state(state)`; save it with `grain.checkpoint.CheckpointSave`.
+    """
+    local = _check_layout(global_batch_size, process_index, process_count, max_length)
+    num_examples = len(source)
+    if num_examples == 0:
+        raise ValueError("train_iterator: the source has no examples")
+    examples = (grain.MapDataset.source(source)
+                .shuffle(seed=shuffle_seed(seed))
+                .repeat()
+                .map(_Prepare(preprocess, max_length)))
+    identity = dict(seed=int(seed), global_batch_size=global_batch_size,
+                    process_index=process_index, process_count=process_count,
+                    num_examples=num_examples)
+    ds: grain.IterDataset = _TrainDataset(
+        examples, num_examples=num_examples, global_batch_size=global_batch_size,
+        local_batch_size=local, first_row=process_index * local, identity=identity,
+        max_length=max_length)
+    it = iter(ds)
+    return _Prefetch(it, prefetch) if prefetch > 0 else it
+
+
+# -------------------------------------------------------------- evaluation --
+
+class EvalBatches(Iterator[Batch]):
+    """One pass of local eval batches; `len()` is the number of batches, the
+    same on every process. `num_filtered` counts this process's dropped
+    examples so far."""
+
+    def __init__(self, it: Iterator[Batch], num_batches: int, max_length: MaxLength):
+        self._it = it
+        self.num_batches = num_batches
+        self.max_length = max_length
+        self.num_filtered = 0
+        self._num_real = 0
+        self._log = _FilterLog("eval_batches")
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __next__(self) -> Batch:
+        batch = dict(next(self._it))
+        too_long = batch.pop("_too_long")
+        real = batch.pop("_real")
+        self._num_real += int(real.sum())
+        for _ in range(int(too_long.sum())):
+            self.num_filtered += 1
+            self._log(self.num_filtered, self._num_real, self.max_length)
+        return batch
+
+
+class _EvalRow:
+    """Position -> padded row (zeros past the end or when too long) + flags."""
+
+    def __init__(self, source, prepare: _Prepare, zero_row: Batch):
+        self.source = source
+        self.prepare = prepare
+        self.zero_row = zero_row
+
+    def __call__(self, position: int) -> Batch:
+        if position >= len(self.source):
+            row, too_long, real = dict(self.zero_row), False, False
+        else:
+            row, too_long = self.prepare(self.source[position])
+            real = True
+            if row.keys() != self.zero_row.keys():
+                raise ValueError("preprocess returned different features for "
+                                 f"different examples: {sorted(row)} vs "
+                                 f"{sorted(self.zero_row)}")
+        row["_too_long"] = np.bool_(too_long)
+        row["_real"] = np.bool_(real)
+        return row
+
+
+def eval_batches(source: Sequence[Example], *, global_batch_size: int,
+                 process_index: int, process_count: int, preprocess: Preprocess,
+                 max_length: MaxLength) -> EvalBatches:
+    """Every example exactly once across processes, in dataset order.
+
+    Local batches have the same static shapes as `train_iterator`'s; the last
+    global batch is completed with all-zero rows, and examples longer than
+    `max_length` become all-zero rows too (counted and logged). Every process
+    yields `ceil(len(source) / global_batch_size)` batches.
+    """
+    local = _check_layout(global_batch_size, process_index, process_count, max_length)
+    num_examples = len(source)
+    if num_examples == 0:
+        raise ValueError("eval_batches: the source has no examples")
+    prepare = _Prepare(preprocess, max_length)
+    first, _ = prepare(source[0])
+    zero_row = {k: np.zeros_like(v) for k, v in first.items()}
+    num_batches = math.ceil(num_examples / global_batch_size)
+    first_row = process_index * local
+
+    def position(j: int) -> int:  # j-th local row -> global position
+        step, i = divmod(j, local)
+        return step * global_batch_size + first_row + i
+
+    ds = (grain.MapDataset.range(num_batches * local)
+          .map(position)
+          .map(_EvalRow(source, prepare, zero_row))
+          .batch(local)
+          # Grain's default read-ahead is 500 elements (here: batches).
+          .to_iter_dataset(grain.ReadOptions(num_threads=4, prefetch_buffer_size=8)))
+    return EvalBatches(iter(ds), num_batches, max_length)

@@ -1,0 +1,152 @@
+"""Random-access sources: tfds datasets in `array_record` format, no TensorFlow.
+
+    source = load_source("synthetic_reverse", "train", data_dir, num_train=64)
+    len(source); source[i]  # -> {"inputs": np.ndarray, "targets": np.ndarray}
+
+`load_source` prepares the dataset on first use (`download_and_prepare` with
+`file_format="array_record"`) and reads it with `builder.as_data_source`, the
+reader behind `tfds.data_source`; `tfds.load`/`as_dataset` would need
+TensorFlow.
+
+Concurrent preparation: several processes on one machine may call
+`load_source` for the same dataset at once. The first takes an exclusive
+`fcntl` lock on a file named after the dataset folder in the temp dir
+(`$TMPDIR/bert_jax_tfds_locks/`) and builds (tfds itself writes into a
+temporary folder and renames it into place when complete); the others wait
+on the lock, then read what it built. Without the lock all but one would fail
+(tfds cannot rename onto the folder the first one put in place). The lock is
+per machine: for a `data_dir` shared between machines (NFS, GCS), prepare the
+dataset before starting the job, or let process 0 call `load_source` before
+the others (e.g. behind a barrier).
+
+Also works under `tfds.testing.mock_data` (catalog datasets, offline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow_datasets as tfds
+from absl import logging
+
+# Registers the project's builders with tfds so that they resolve by name.
+from bert_jax.data import synthetic_reverse  # noqa: F401
+
+FILE_FORMAT = "array_record"
+
+
+def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
+                data_dir: str | os.PathLike | None = None,
+                **builder_kwargs: Any) -> Sequence[dict[str, Any]]:
+    """A random-access source of `split`, preparing the dataset if needed.
+
+    Args:
+      builder: a tfds builder instance, or a dataset name as `tfds.builder`
+        takes it (`"synthetic_reverse"`, `"wmt14_translate/de-en"`, ...).
+      split: a tfds split, slices included (`"train"`, `"validation[:100]"`).
+      data_dir: where datasets live, for a name only (an instance has its own);
+        `None` or `""` means the tfds default (`$TFDS_DATA_DIR` or
+        `~/tensorflow_datasets`).
+      **builder_kwargs: for a name only, passed to the builder's constructor
+        (for `synthetic_reverse`: `vocab_size`, `num_train`, ...).
+
+    Returns:
+      A sequence: `len(source)`, and `source[i]` a dict of numpy arrays.
+
+    Raises:
+      ValueError: the split does not exist or has no examples (the message
+        names the dataset and the split).
+    """
+    if isinstance(builder, str):
+        kwargs = dict(builder_kwargs)
+        if data_dir:
+            kwargs["data_dir"] = os.fspath(data_dir)
+        builder = tfds.builder(builder, **kwargs)
+    elif isinstance(builder, tfds.core.DatasetBuilder):
+        if builder_kwargs or data_dir:
+            raise ValueError(
+                f"load_source: data_dir and builder keyword arguments apply to a "
+                f"dataset name; the builder {builder.info.full_name} already has "
+                f"them (data_dir={builder.data_dir}).")
+    else:
+        raise TypeError(f"load_source: builder must be a dataset name or a tfds "
+                        f"DatasetBuilder, got {type(builder).__name__}.")
+    prepare(builder)
+    if not builder.info.splits and is_prepared(builder):
+        # Another process built it while we waited: this builder's info came
+        # from code (no splits), so read the dataset through its files.
+        builder = tfds.builder_from_directory(builder.data_dir)
+    name = builder.info.full_name
+    splits = builder.info.splits
+    if splits:  # unknown only under `tfds.testing.mock_data`
+        try:
+            num_examples = splits[split].num_examples
+        except (KeyError, ValueError) as e:
+            raise ValueError(
+                f"dataset {name} has no split {split!r} (its splits: "
+                f"{sorted(splits.keys())}); data in {builder.data_dir}: {e}") from e
+        if num_examples == 0:  # array_record would fail with an obscure error
+            raise ValueError(
+                f"dataset {name} split {split!r} has no examples: check the split "
+                f"name or slice, and the data in {builder.data_dir}.")
+    source = builder.as_data_source(split, file_format=FILE_FORMAT)
+    if len(source) == 0:
+        raise ValueError(
+            f"dataset {name} split {split!r} has no examples: check the split "
+            f"name or slice, and the data in {builder.data_dir}.")
+    return source
+
+
+def is_prepared(builder: tfds.core.DatasetBuilder) -> bool:
+    """Whether the builder's version folder is complete (tfds renames it into
+    place only after writing `dataset_info.json` and every shard)."""
+    return (builder.data_path / "dataset_info.json").exists()
+
+
+def prepare(builder: tfds.core.DatasetBuilder) -> None:
+    """Builds the dataset in `array_record` format unless it already exists;
+    safe when several processes of one machine call it at once (see module doc)."""
+    if is_prepared(builder):
+        return
+    with _exclusive_lock(_lock_path(builder)):
+        if is_prepared(builder):  # another process built it while we waited
+            logging.info("load_source: %s was prepared by another process",
+                         builder.info.full_name)
+            return
+        logging.info("load_source: preparing %s in %s", builder.info.full_name,
+                     builder.data_dir)
+        builder.download_and_prepare(file_format=FILE_FORMAT)
+
+
+def _lock_path(builder: tfds.core.DatasetBuilder) -> str | None:
+    """A lock file per dataset folder, in the machine's temp dir (so that
+    nothing is written beside the data, nor into tfds's mock folders)."""
+    data_dir = os.fspath(builder.data_dir)
+    if "://" in data_dir:
+        return None
+    digest = hashlib.sha256(os.path.realpath(data_dir).encode()).hexdigest()[:16]
+    stem = builder.info.full_name.replace("/", "-")
+    return os.path.join(tempfile.gettempdir(), "bert_jax_tfds_locks",
+                        f"{stem}-{digest}.lock")
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: str | None):
+    if path is None:  # remote filesystem: no flock; see the module docstring
+        logging.warning("load_source: no inter-process lock on a remote data_dir; "
+                        "prepare the dataset from one process first.")
+        yield
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

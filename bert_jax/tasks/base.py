@@ -1,0 +1,86 @@
+"""The Task interface: what an experiment family gives the one train loop.
+
+A task binds a model to its inputs, its loss and its evaluation. The loop
+(`bert_jax.training.trainer`) never looks inside batches: it asks the task for
+per-process iterators of numpy batches, a loss returning sums, and evaluation
+sums, and divides sums by weights itself so padding never counts.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable, Iterable, Iterator
+
+import flax.linen as nn
+import jax
+import ml_collections
+
+from bert_jax.modeling.configs import StackConfig
+
+Batch = dict[str, Any]
+Sums = dict[str, jax.Array]
+
+_REGISTRY: dict[str, Callable[[ml_collections.ConfigDict], "Task"]] = {}
+
+
+def register(name: str):
+    """Class decorator: makes a Task constructible as `config.task = name`."""
+    def wrap(cls):
+        _REGISTRY[name] = cls
+        return cls
+    return wrap
+
+
+def build_task(config: ml_collections.ConfigDict) -> "Task":
+    if config.task not in _REGISTRY:
+        raise ValueError(f"config.task={config.task!r}: unknown task; registered tasks "
+                         f"are {sorted(_REGISTRY)}.")
+    return _REGISTRY[config.task](config)
+
+
+class Task(abc.ABC):
+    """One experiment family. Subclasses set `model_config` and `model`."""
+
+    model_config: StackConfig
+    model: nn.Module
+
+    def __init__(self, config: ml_collections.ConfigDict):
+        self.config = config
+
+    @abc.abstractmethod
+    def dummy_batch(self) -> Batch:
+        """A batch of the right shapes (one row is enough) for `init`."""
+
+    def init_variables(self, rng: jax.Array) -> Any:
+        """The model's (boxed) variables; the loop derives shardings from them."""
+        batch = self.dummy_batch()
+        return self.model.init(rng, *self.model_inputs(batch))
+
+    @abc.abstractmethod
+    def model_inputs(self, batch: Batch) -> tuple:
+        """Positional model arguments taken from a batch."""
+
+    @abc.abstractmethod
+    def train_iterator(self, process_index: int, process_count: int) -> Iterator[Batch]:
+        """Infinite, deterministic, checkpointable iterator of this process's rows."""
+
+    @abc.abstractmethod
+    def eval_batches(self, process_index: int, process_count: int) -> Iterable[Batch]:
+        """One pass over the evaluation split; the same count on every process."""
+
+    @abc.abstractmethod
+    def loss_fn(self, params: Any, batch: Batch, rng: jax.Array
+                ) -> tuple[jax.Array, jax.Array, Sums]:
+        """Training loss: (loss summed over real targets, their count, other sums)."""
+
+    @abc.abstractmethod
+    def eval_sums(self, params: Any, batch: Batch) -> Sums:
+        """Evaluation sums with a `weight` entry; metrics are `sum / weight`."""
+
+    @abc.abstractmethod
+    def flops_per_step(self) -> float:
+        """Model FLOPs of one training step (see bert_jax.training.flops)."""
+
+    @abc.abstractmethod
+    def tokens_per_step(self) -> float:
+        """Tokens (padded positions included) in one global training batch."""

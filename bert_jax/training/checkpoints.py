@@ -1,0 +1,163 @@
+"""Orbax checkpoints: async saves, exact resume, params-only restore.
+
+Layout of a workdir's checkpoints (one folder per step):
+
+    WORKDIR/checkpoints/<step>/state/   the TrainState (sharded arrays)
+    WORKDIR/checkpoints/<step>/data/    the input iterator's state, per process
+
+Kept: the last `keep_last` checkpoints plus the `keep_best` best by an
+evaluation metric. A save interrupted by `kill -9` leaves a
+`<step>.orbax-checkpoint-tmp*` folder that is never read: resuming takes the
+last complete step.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+from orbax.checkpoint import checkpoint_managers
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be read or does not fit; the message names it."""
+
+
+class Checkpointer:
+    """One CheckpointManager for the train state and the data iterator."""
+
+    def __init__(self, workdir: str, *, keep_last: int = 2, keep_best: int = 0,
+                 best_metric: str = "eval/loss", best_mode: str = "min",
+                 async_saves: bool = True, read_only: bool = False):
+        self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+        policies = [checkpoint_managers.LatestN(n=keep_last)]
+        if keep_best:
+            if best_mode not in ("min", "max"):
+                raise ValueError(f"best_mode={best_mode!r}: use 'min' or 'max'.")
+            policies.append(checkpoint_managers.BestN(
+                get_metric_fn=lambda metrics: metrics[best_metric],
+                reverse=best_mode == "min", n=keep_best,
+                keep_checkpoints_without_metrics=False))
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies),
+            enable_async_checkpointing=async_saves,
+            create=not read_only,
+            read_only=read_only,
+        )
+        self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                             item_names=("state", "data"))
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self.manager.all_steps())
+
+    def save(self, step: int, state: Any, data_iterator: grain.DatasetIterator | None,
+             metrics: dict[str, float] | None = None) -> None:
+        """Starts an (asynchronous) save of `state` and the iterator position."""
+        items = {"state": ocp.args.StandardSave(state)}
+        if data_iterator is not None:
+            items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+        self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
+                          force=True)
+
+    def restore(self, step: int, abstract_state: Any,
+                data_iterator: grain.DatasetIterator | None) -> Any:
+        """The state at `step`, laid out as `abstract_state`'s shardings; the
+        iterator is moved to where it was when that step was saved."""
+        items = {"state": ocp.args.StandardRestore(abstract_state)}
+        if data_iterator is not None:
+            items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        except Exception as e:  # Orbax/TensorStore raise many types
+            raise CheckpointError(
+                f"cannot restore {self.directory}/{step}: {type(e).__name__}: {e}\n"
+                "The checkpoint is corrupted or was written by a different model "
+                "(compare config.json). Nothing was deleted: restore an earlier step "
+                f"(available: {self.all_steps()}) or start a new workdir.") from e
+        return restored["state"]
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def _params_location(path: str) -> tuple[str, tuple[str, ...]]:
+    """(Orbax item directory, key path of the params inside it) for `path`: a
+    bert_jax pretrained folder, a workdir, its checkpoints dir, or one step."""
+    path = os.path.abspath(path)
+    if os.path.isfile(os.path.join(path, "model_config.json")):
+        return os.path.join(path, "params"), ()
+    if os.path.isdir(os.path.join(path, CHECKPOINT_DIR)):
+        path = os.path.join(path, CHECKPOINT_DIR)
+    if os.path.isdir(os.path.join(path, "state")):
+        return os.path.join(path, "state"), ("params",)
+    steps = sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(
+        path) else []
+    if not steps:
+        raise CheckpointError(
+            f"{path} holds no checkpoint: expected a bert_jax pretrained folder, a "
+            "workdir with checkpoints/, or one checkpoint step folder.")
+    return os.path.join(path, str(steps[-1]), "state"), ("params",)
+
+
+def restore_params(path: str, abstract_params: Any) -> tuple[Any, list[str], list[str]]:
+    """Restores the parameters of `abstract_params` that `path` holds.
+
+    `abstract_params` is a tree of `jax.ShapeDtypeStruct` with shardings (the new
+    model's). Parameters the checkpoint lacks (a head the new task adds) are
+    left out of the result for the caller to initialise; a parameter present in
+    both with different shapes is an error naming it.
+
+    Returns (restored subtree, restored paths, missing paths).
+    """
+    from flax import traverse_util
+
+    directory, prefix = _params_location(path)
+    checkpointer = ocp.PyTreeCheckpointer()
+    try:
+        metadata = checkpointer.metadata(directory)
+        saved_tree = metadata.item_metadata.tree if hasattr(
+            metadata, "item_metadata") else metadata.tree
+    except Exception as e:
+        raise CheckpointError(f"cannot read checkpoint metadata in {directory}: {e}") from e
+    saved = traverse_util.flatten_dict(saved_tree)
+    wanted = traverse_util.flatten_dict(abstract_params)
+    restored_paths, missing, mismatched = [], [], []
+    target = {}
+    for key, spec in wanted.items():
+        saved_key = prefix + key
+        if saved_key not in saved:
+            missing.append("/".join(key))
+        elif tuple(saved[saved_key].shape) != tuple(spec.shape):
+            mismatched.append(f"{'/'.join(key)}: checkpoint {tuple(saved[saved_key].shape)}"
+                              f" vs model {tuple(spec.shape)}")
+        else:
+            target[saved_key] = spec
+            restored_paths.append("/".join(key))
+    if mismatched:
+        raise CheckpointError(
+            f"{directory} does not fit this model; mis-shaped parameters:\n  "
+            + "\n  ".join(mismatched))
+    item = traverse_util.unflatten_dict(target)
+    restore_args = jax.tree.map(
+        lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, global_shape=s.shape,
+                                       dtype=s.dtype), item)
+    restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
+        item=item, restore_args=restore_args, partial_restore=True))
+    for key in prefix:
+        restored = restored[key]
+    logging.info("restored %d parameters from %s; %d initialised: %s",
+                 len(restored_paths), path, len(missing), missing)
+    return restored, restored_paths, missing

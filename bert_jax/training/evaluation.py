@@ -1,0 +1,67 @@
+"""Evaluation over a task's eval split, during training or from a checkpoint."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from bert_jax.tasks import Task, build_task
+from bert_jax.training.checkpoints import CHECKPOINT_DIR, CheckpointError, restore_params
+from bert_jax.training.sharding import global_batch, logical_shardings, make_mesh, replicated
+
+
+def abstract_like(tree: Any) -> Any:
+    """ShapeDtypeStructs (with shardings) of a tree of arrays."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def make_evaluator(task: Task, mesh) -> Callable[[Any], dict[str, float]]:
+    """`evaluate(params) -> {'eval/<name>': sum / weight}` over the eval split."""
+    sums_fn = jax.jit(task.eval_sums, out_shardings=replicated(mesh))
+
+    def evaluate(params) -> dict[str, float]:
+        totals = None
+        for batch in task.eval_batches(jax.process_index(), jax.process_count()):
+            sums = sums_fn(params, global_batch(batch, mesh))
+            totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        if totals is None:
+            raise ValueError("the evaluation split produced no batches.")
+        totals = jax.device_get(totals)
+        weight = max(float(totals.pop("weight")), 1e-9)
+        return {f"eval/{k}": float(v) / weight for k, v in totals.items()}
+
+    return evaluate
+
+
+def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
+                        step: int | None = None) -> dict[str, float]:
+    """Restores the parameters of `step` (default: latest) and evaluates them."""
+    directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+    steps = sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(
+        directory) else []
+    if not steps:
+        raise CheckpointError(f"{directory} holds no complete checkpoint.")
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        raise CheckpointError(f"no checkpoint for step {step} in {directory}; "
+                              f"available: {steps}.")
+    task = build_task(config)
+    mesh = make_mesh(tuple(config.mesh.shape))
+    boxed = jax.eval_shape(task.init_variables, jax.random.PRNGKey(0))["params"]
+    shardings = logical_shardings(boxed, mesh)
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        nn.meta.unbox(boxed), shardings)
+    params, _, missing = restore_params(os.path.join(directory, str(step)), abstract)
+    if missing:
+        raise CheckpointError(f"checkpoint step {step} in {directory} lacks parameters "
+                              f"{missing}: it was written by a different model.")
+    with jax.set_mesh(mesh):
+        metrics = make_evaluator(task, mesh)(params)
+    return {"step": step, **metrics}

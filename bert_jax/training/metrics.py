@@ -1,0 +1,154 @@
+"""Metric writers (JSON lines + TensorBoard) and the training progress line.
+
+Only process 0 writes. `WORKDIR/metrics.jsonl` holds one JSON object per line:
+`{"step": N, "train/loss": ..., ...}`; TensorBoard event files go to
+`WORKDIR/tensorboard/` (tensorboardX: no TensorFlow needed).
+
+Model FLOPs utilization (MFU) = model FLOPs per second / (devices x peak FLOP/s
+per device), where model FLOPs count only the matrix multiplications the model
+needs (3x the forward pass for a training step: forward, and backward for
+activations and weights), excluding recomputation. Each task gives its FLOPs
+per step (see `bert_jax.training.flops`). Peak FLOP/s per device comes from
+the config, else a table of known accelerators, else (CPU) a timed matmul.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+# Dense bfloat16 peak FLOP/s per device (vendor figures).
+PEAK_FLOPS = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+    "NVIDIA H100": 989e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA A100": 312e12,
+}
+
+
+def measured_matmul_flops(size: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of a float32 `size x size` matmul on the default device (median)."""
+    x = jnp.ones((size, size), jnp.float32)
+    matmul = jax.jit(lambda a: a @ a)
+    matmul(x).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(x).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2 * size ** 3 / float(np.median(times))
+
+
+def peak_flops_per_device(configured: float = 0.0) -> float:
+    """`configured` if positive, else the table entry for the device, else measured."""
+    if configured > 0:
+        return configured
+    kind = jax.devices()[0].device_kind
+    for name, flops in PEAK_FLOPS.items():
+        if kind.startswith(name):
+            return flops
+    return measured_matmul_flops()
+
+
+class MetricWriter:
+    """Writes scalars to metrics.jsonl and TensorBoard (process 0 only)."""
+
+    def __init__(self, workdir: str, *, resume_step: int = 0):
+        self.enabled = jax.process_index() == 0
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._tensorboard = None
+        if not self.enabled:
+            return
+        self._drop_lines_after(resume_step)
+        from tensorboardX import SummaryWriter
+        self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    def _drop_lines_after(self, step: int) -> None:
+        """On resume, forget metrics logged after the restored checkpoint: the
+        resumed run recomputes (and logs) exactly those steps again."""
+        if not os.path.exists(self.path):
+            return
+        with open(self.path) as f:
+            kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        with open(self.path, "w") as f:
+            f.writelines(kept)
+
+    def write(self, step: int, scalars: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        values = {k: float(v) for k, v in scalars.items()}
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": int(step), **values}) + "\n")
+        for key, value in values.items():
+            self._tensorboard.add_scalar(key, value, step)
+        self._tensorboard.flush()
+
+    def close(self) -> None:
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+
+
+def read_metrics(workdir: str) -> list[dict[str, float]]:
+    """The lines of WORKDIR/metrics.jsonl."""
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class Progress:
+    """Throughput, MFU and ETA between two logging points."""
+
+    def __init__(self, *, total_steps: int, first_step: int, flops_per_step: float,
+                 tokens_per_step: float, peak_flops: float):
+        self.total_steps = total_steps
+        self.flops_per_step = flops_per_step
+        self.tokens_per_step = tokens_per_step
+        self.peak_flops = peak_flops * jax.device_count()
+        self._step = first_step
+        self._time = time.perf_counter()
+
+    def measure(self, step: int) -> dict[str, float]:
+        """Rates since the last call (the caller has synced on this step)."""
+        now = time.perf_counter()
+        steps = max(step - self._step, 1)
+        seconds = max(now - self._time, 1e-9)
+        self._step, self._time = step, now
+        steps_per_second = steps / seconds
+        rates = {
+            "perf/steps_per_second": steps_per_second,
+            "perf/tokens_per_second": steps_per_second * self.tokens_per_step,
+            "perf/mfu": steps_per_second * self.flops_per_step / self.peak_flops,
+            "perf/eta_seconds": (self.total_steps - step) / steps_per_second,
+        }
+        stats = jax.local_devices()[0].memory_stats() or {}
+        if "peak_bytes_in_use" in stats:
+            rates["perf/peak_memory_gb"] = stats["peak_bytes_in_use"] / 1e9
+        return rates
+
+    @staticmethod
+    def line(step: int, total: int, scalars: dict[str, float]) -> str:
+        parts = [f"step {step}/{total}"]
+        if "train/loss" in scalars:
+            parts.append(f"loss {scalars['train/loss']:.4f}")
+        parts.append(f"{scalars['perf/steps_per_second']:.2f} steps/s")
+        parts.append(f"{scalars['perf/tokens_per_second']:,.0f} tokens/s")
+        parts.append(f"MFU {100 * scalars['perf/mfu']:.2f}%")
+        parts.append(f"ETA {scalars['perf/eta_seconds']:.0f}s")
+        if "perf/peak_memory_gb" in scalars:
+            parts.append(f"mem {scalars['perf/peak_memory_gb']:.2f} GB")
+        return " | ".join(parts)
+
+
+def log_progress(step: int, total: int, scalars: dict[str, float]) -> None:
+    if jax.process_index() == 0:
+        logging.info("%s", Progress.line(step, total, scalars))

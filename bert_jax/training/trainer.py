@@ -1,0 +1,220 @@
+"""The one train loop: `train_and_evaluate(config, workdir)`.
+
+Order of work for each step k (1-based, after the update):
+  train step -> [log every `train.log_every`] -> [evaluate every `train.eval_every`]
+  -> [checkpoint every `train.checkpoint_every`, at the end, or after SIGTERM].
+
+Exactness: randomness comes from (seed, step) only and the data iterator's
+position is saved with the state, so a resumed run computes the same numbers
+as one that never stopped. Non-finite losses or gradients are tracked on
+device and checked before anything is logged or saved: the run stops naming
+the first bad step, and the last checkpoint on disk is the last good one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import traverse_util
+from jax.experimental import multihost_utils
+
+from bert_jax.tasks import build_task
+from bert_jax.training import optimizer as optimizer_lib
+from bert_jax.training.checkpoints import Checkpointer, restore_params
+from bert_jax.training.evaluation import abstract_like, make_evaluator
+from bert_jax.training.metrics import (
+    MetricWriter, Progress, log_progress, peak_flops_per_device)
+from bert_jax.training.sharding import global_batch, make_mesh
+from bert_jax.training.train_step import (
+    TrainState, create_train_state, jit_train_step, make_train_step)
+
+CONFIG_FILE = "config.json"
+# Config sections that define what a workdir's checkpoints are; the rest (step
+# counts, logging, mesh) may change when a run is resumed.
+IDENTITY_SECTIONS = ("task", "model", "data")
+
+
+class WorkdirError(RuntimeError):
+    """The workdir cannot be used; the message says why and what to do."""
+
+
+def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    return json.loads(config.to_json_best_effort())
+
+
+def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
+    """Creates `workdir`, checks it is writable and that any run already in it
+    has the same task, model and data; writes `config.json`."""
+    workdir = os.path.abspath(workdir)
+    try:
+        os.makedirs(workdir, exist_ok=True)
+    except OSError as e:
+        raise WorkdirError(f"cannot create --workdir={workdir}: {e.strerror}; choose a "
+                           "writable location.") from e
+    if not os.access(workdir, os.W_OK | os.X_OK):
+        raise WorkdirError(f"--workdir={workdir} is not writable by this user; fix its "
+                           "permissions or choose another workdir.")
+    path = os.path.join(workdir, CONFIG_FILE)
+    resolved = config_to_json(config)
+    if os.path.exists(path):
+        with open(path) as f:
+            saved = json.load(f)
+        changed = _differences({k: saved.get(k) for k in IDENTITY_SECTIONS},
+                               {k: resolved.get(k) for k in IDENTITY_SECTIONS})
+        if changed:
+            raise WorkdirError(
+                f"--workdir={workdir} holds a run of an incompatible config:\n  "
+                + "\n  ".join(changed)
+                + "\nUse a new --workdir, or the saved config (" + path + ").")
+    if jax.process_index() == 0:
+        with open(path, "w") as f:
+            json.dump(resolved, f, indent=2, sort_keys=True)
+    return workdir
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new)):
+            out += _differences(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} in the workdir, "
+                                  f"{new!r} now"]
+
+
+def make_optimizer(config: ml_collections.ConfigDict):
+    opt, train = config.optimizer, config.train
+    schedule = optimizer_lib.learning_rate_schedule(
+        opt.schedule, opt.learning_rate, opt.warmup_steps, train.num_steps)
+    return optimizer_lib.adamw(schedule, weight_decay=opt.weight_decay, b1=opt.b1,
+                               b2=opt.b2, eps=opt.eps, max_grad_norm=opt.max_grad_norm)
+
+
+class PreemptionWatcher:
+    """Turns SIGTERM (a TPU VM preemption notice) into a flag checked each step."""
+
+    def __init__(self):
+        self._event = threading.Event()
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        logging.warning("SIGTERM received: saving a checkpoint at the next step.")
+        self._event.set()
+
+    def requested(self) -> bool:
+        local = self._event.is_set()
+        if jax.process_count() == 1:
+            return local
+        flags = multihost_utils.process_allgather(np.array(local))
+        return bool(np.any(flags))
+
+    def close(self):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def initialise_from(state: TrainState, path: str, workdir: str) -> TrainState:
+    """Overwrites the parameters that `path` holds (params-only restore)."""
+    restored, names, missing = restore_params(path, abstract_like(state.params))
+    flat = traverse_util.flatten_dict(state.params)
+    flat.update(traverse_util.flatten_dict(restored))
+    if jax.process_index() == 0:
+        with open(os.path.join(workdir, "init_from.json"), "w") as f:
+            json.dump({"init_from": path, "restored": names, "initialised": missing},
+                      f, indent=2)
+    logging.info("init_from %s: %d parameters restored, %d initialised (%s)", path,
+                 len(names), len(missing), ", ".join(missing) or "none")
+    return state.replace(params=traverse_util.unflatten_dict(flat))
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+    """Trains `config` in `workdir` (resuming if it holds checkpoints).
+
+    Returns the last metrics logged (train and eval).
+    """
+    workdir = prepare_workdir(workdir, config)
+    task = build_task(config)
+    train = config.train
+    mesh = make_mesh(tuple(config.mesh.shape))
+    init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+    state, shardings = create_train_state(task.init_variables, task.model.apply,
+                                          make_optimizer(config), mesh, init_rng)
+    checkpointer = Checkpointer(workdir, keep_last=train.keep_last,
+                                keep_best=train.keep_best, best_metric=train.best_metric,
+                                best_mode=train.best_mode, async_saves=train.async_saves)
+    train_iter = task.train_iterator(jax.process_index(), jax.process_count())
+    latest = checkpointer.latest_step()
+    if latest is not None:
+        state = checkpointer.restore(latest, abstract_like(state), train_iter)
+        logging.info("resumed from %s/%d", checkpointer.directory, latest)
+    elif config.get("init_from"):
+        state = initialise_from(state, config.init_from, workdir)
+    first_step = int(state.step)
+
+    writer = MetricWriter(workdir, resume_step=first_step)
+    step_fn = jit_train_step(make_train_step(task.loss_fn, train.grad_accum_steps),
+                             shardings, mesh)
+    evaluate = make_evaluator(task, mesh)
+    progress = Progress(total_steps=train.num_steps, first_step=first_step,
+                        flops_per_step=task.flops_per_step(),
+                        tokens_per_step=task.tokens_per_step(),
+                        peak_flops=peak_flops_per_device(config.get("peak_flops", 0.0)))
+    preemption = PreemptionWatcher()
+    first_bad = jnp.array(-1, jnp.int32)
+
+    def check_finite():
+        bad = int(first_bad)
+        if bad >= 0:
+            raise FloatingPointError(
+                f"loss or gradients became NaN/Inf at step {bad}; stopping. The last "
+                f"good checkpoint is step {checkpointer.latest_step()} in "
+                f"{checkpointer.directory}.")
+
+    logged: dict[str, float] = {}
+    try:
+        with jax.set_mesh(mesh):
+            for step in range(first_step + 1, train.num_steps + 1):
+                batch = global_batch(next(train_iter), mesh)
+                state, metrics = step_fn(state, batch, step_rng)
+                finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+                first_bad = jnp.where((first_bad < 0) & ~finite, step, first_bad)
+                last = step == train.num_steps
+                scalars = {}
+                if step % train.log_every == 0 or last:
+                    check_finite()
+                    scalars.update({f"train/{k}": float(v)
+                                    for k, v in jax.device_get(metrics).items()})
+                    scalars.update(progress.measure(step))
+                    log_progress(step, train.num_steps, scalars)
+                eval_metrics = None
+                if step % train.eval_every == 0 or last:
+                    eval_metrics = evaluate(state.params)
+                    scalars.update(eval_metrics)
+                    logging.info("step %d eval: %s", step, eval_metrics)
+                if scalars:
+                    writer.write(step, scalars)
+                    logged.update(scalars)
+                preempted = preemption.requested()
+                if step % train.checkpoint_every == 0 or last or preempted:
+                    check_finite()
+                    checkpointer.save(step, state, train_iter, metrics=eval_metrics)
+                if preempted:
+                    logging.warning("stopping after the preemption checkpoint at step %d.",
+                                    step)
+                    break
+    finally:
+        preemption.close()
+        checkpointer.close()
+        writer.close()
+    return logged

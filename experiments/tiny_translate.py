@@ -1,0 +1,49 @@
+r"""Tiny encoder-decoder on the built-in `synthetic_reverse` corpus.
+
+A smoke test of the whole engine (data, sharded step, checkpoints, evaluation)
+that trains on a laptop CPU in well under a minute:
+
+  python launch/train.py --config=experiments/tiny_translate.py --workdir=/tmp/tiny
+  python launch/evaluate.py --config=experiments/tiny_translate.py --workdir=/tmp/tiny
+
+Learning to reverse sequences needs attention; after the default 300 steps the
+validation token accuracy is far above chance (1/32).
+"""
+
+import ml_collections
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    del arg
+    config = ml_collections.ConfigDict()
+    config.task = "translation"
+    config.seed = 0
+    config.init_from = ""          # params-only restore: pretrained folder or workdir
+    config.peak_flops = 0.0        # per-device peak FLOP/s for MFU; 0 = table/measured
+
+    config.model = ml_collections.ConfigDict(dict(
+        vocab_size=32, hidden_size=64, num_heads=4, mlp_dim=128, num_layers=2,
+        max_len=16, dropout_rate=0.0, attention_dropout_rate=0.0,
+        position="sinusoidal", norm_position="pre"))
+
+    config.data = ml_collections.ConfigDict(dict(
+        builder="synthetic_reverse",   # a tfds builder name (bert_jax/data)
+        builder_kwargs=dict(vocab_size=32, min_length=4, max_length=12,
+                            num_train=4096, num_validation=256),
+        data_dir="",                    # '' = the tfds default
+        max_length=16,                  # padded length; longer examples are dropped
+        label_smoothing=0.0))
+
+    config.train = ml_collections.ConfigDict(dict(
+        batch_size=64, num_steps=300, grad_accum_steps=1,
+        log_every=25, eval_every=100, checkpoint_every=100,
+        keep_last=2, keep_best=1, best_metric="eval/nll", best_mode="min",
+        async_saves=True))
+
+    config.optimizer = ml_collections.ConfigDict(dict(
+        learning_rate=3e-3, schedule="rsqrt", warmup_steps=50, weight_decay=0.0,
+        b1=0.9, b2=0.98, eps=1e-9, max_grad_norm=1.0))
+
+    # (data, fsdp, tensor); -1 takes the remaining devices.
+    config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
+    return config

@@ -1,0 +1,44 @@
+"""Flags shared by the launch entry points: the experiment config, the workdir
+and multi-host start-up."""
+
+import logging as python_logging
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from bert_jax.training import distributed
+
+CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file: experiments/NAME.py[:ARG]; override any "
+    "field with --config.section.key=value.", lock_config=True)
+WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and "
+                              "the resolved config (local path or gs://).")
+COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                  "host:port of process 0, for multi-process runs.")
+NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
+PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+class _QuietLibraries(python_logging.Filter):
+    """Drops INFO records from Orbax and grain internals (kept: warnings, errors)."""
+
+    NOISY = ("/orbax/", "/grain/", "/tensorflow_datasets/", "/jax/_src/")
+
+    def filter(self, record):
+        return record.levelno >= python_logging.WARNING or not any(
+            part in record.pathname for part in self.NOISY)
+
+
+def quiet_library_logs() -> None:
+    """Keeps the progress lines readable; call once at start-up."""
+    for handler in python_logging.getLogger().handlers:
+        handler.addFilter(_QuietLibraries())
+
+
+def start(argv) -> None:
+    """Common start-up: no stray arguments, quiet library logs, multi-host."""
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    quiet_library_logs()
+    distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)

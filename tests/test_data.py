@@ -1,0 +1,398 @@
+"""Data: the synthetic_reverse tfds builder, load_source and the grain pipelines."""
+
+import collections
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import grain
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from bert_jax.data import (
+    SyntheticReverse, eval_batches, load_source, num_filtered, reverse_config,
+    train_iterator, translation_preprocess)
+from bert_jax.data.pipeline import shuffle_seed
+from bert_jax.data.synthetic_reverse import EOS_ID, FIRST_TOKEN_ID
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = dict(num_train=64, num_validation=20)  # max_length 12 -> targets <= 13
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tfds"))
+
+
+@pytest.fixture(scope="session")
+def builder(data_dir):
+    return SyntheticReverse(data_dir=data_dir, **SMALL)
+
+
+@pytest.fixture(scope="session")
+def train_source(builder):
+    return load_source(builder, "train")
+
+
+@pytest.fixture(scope="session")
+def val_source(builder):
+    return load_source(builder, "validation")
+
+
+def _key(inputs) -> bytes:
+    inputs = np.asarray(inputs)
+    return inputs[inputs != 0].astype(np.int32).tobytes()
+
+
+def _train(source, **kw):
+    args = dict(global_batch_size=8, seed=0, process_index=0, process_count=1,
+                preprocess=translation_preprocess, max_length=13)
+    args.update(kw)
+    return train_iterator(source, **args)
+
+
+def _take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def _assert_batches_equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k])
+
+
+def _run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=REPO)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# ----------------------------------------------------------------- builder --
+
+def test_build_and_read_without_tensorflow(tmp_path):
+    result = _run_python(f"""
+        import sys
+        from bert_jax.data import (eval_batches, load_source, train_iterator,
+                                   translation_preprocess)
+        d = {str(tmp_path)!r}
+        train = load_source("synthetic_reverse", "train", d, num_train=16, num_validation=4)
+        val = load_source("synthetic_reverse", "validation", d, num_train=16, num_validation=4)
+        assert (len(train), len(val)) == (16, 4)
+        it = train_iterator(train, global_batch_size=4, seed=0, process_index=0,
+                            process_count=1, preprocess=translation_preprocess,
+                            max_length=13)
+        assert next(it)["targets"].shape == (4, 13)
+        ev = eval_batches(train, global_batch_size=4, process_index=0,
+                          process_count=1, max_length=13,
+                          preprocess=translation_preprocess)
+        assert next(ev)["inputs"].shape == (4, 13)
+        print("TF_LOADED", "tensorflow" in sys.modules)
+        # `it` (a prefetching thread) and `ev` stay alive until exit: that
+        # must not abort the interpreter (grain's ThreadPrefetch would).
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TF_LOADED False" in result.stdout, result.stdout
+    assert "terminate called" not in result.stderr
+    assert "Exception ignored" not in result.stderr, result.stderr[-3000:]
+
+
+def test_targets_are_reversed_inputs_plus_eos(train_source, val_source):
+    cfg = reverse_config(**SMALL)
+    assert (len(train_source), len(val_source)) == (64, 20)
+    for source in (train_source, val_source):
+        for i in range(len(source)):
+            ex = source[i]
+            inputs, targets = ex["inputs"], ex["targets"]
+            assert inputs.dtype == targets.dtype == np.int32
+            assert cfg.min_length <= len(inputs) <= cfg.max_length
+            assert inputs.min() >= FIRST_TOKEN_ID and inputs.max() < cfg.vocab_size
+            np.testing.assert_array_equal(targets, np.append(inputs[::-1], EOS_ID))
+
+
+def test_train_and_validation_are_disjoint(train_source, val_source):
+    train = {_key(train_source[i]["inputs"]) for i in range(len(train_source))}
+    val = {_key(val_source[i]["inputs"]) for i in range(len(val_source))}
+    assert not train & val
+
+
+def test_builder_parameters_do_not_collide(builder, data_dir, train_source):
+    other = SyntheticReverse(data_dir=data_dir, seed=1, **SMALL)
+    assert other.data_dir != builder.data_dir
+    assert "seed1" in other.data_dir and "seed0" in builder.data_dir
+    other_source = load_source(other, "train")
+    assert ({_key(other_source[i]["inputs"]) for i in range(64)}
+            != {_key(train_source[i]["inputs"]) for i in range(64)})
+    # The first dataset is untouched, and a config name resolves to its params.
+    assert _key(load_source(builder, "train")[0]["inputs"]) == _key(train_source[0]["inputs"])
+    by_name = tfds.builder(f"synthetic_reverse/{builder.builder_config.name}",
+                           data_dir=data_dir)
+    assert by_name.data_dir == builder.data_dir
+    assert SyntheticReverse.get_builder_config(other.builder_config.name) is other.builder_config
+
+
+def test_build_is_deterministic(tmp_path, train_source):
+    again = load_source("synthetic_reverse", "train", tmp_path, **SMALL)
+    for i in range(len(train_source)):
+        np.testing.assert_array_equal(again[i]["inputs"], train_source[i]["inputs"])
+
+
+@pytest.mark.parametrize("params, match", [
+    (dict(vocab_size=3), "vocab_size"),
+    (dict(min_length=5, max_length=4), "min_length"),
+    (dict(num_train=-1), "num_train"),
+])
+def test_config_validation(params, match):
+    with pytest.raises(ValueError, match=match):
+        reverse_config(**params)
+
+
+def test_load_source_by_name_matches_builder(data_dir, train_source):
+    source = load_source("synthetic_reverse", "train", data_dir, **SMALL)
+    assert len(source) == len(train_source)
+    np.testing.assert_array_equal(source[5]["targets"], train_source[5]["targets"])
+
+
+def test_empty_or_missing_split_is_a_clear_error(builder, tmp_path):
+    with pytest.raises(ValueError, match=r"dataset synthetic_reverse/.* split 'train\[:0\]' has no examples"):
+        load_source(builder, "train[:0]")
+    no_val = SyntheticReverse(data_dir=str(tmp_path), num_train=8, num_validation=0)
+    with pytest.raises(ValueError, match=r"dataset synthetic_reverse/v32.*val0.* has no split 'validation'"):
+        load_source(no_val, "validation")
+    assert len(load_source(no_val, "train")) == 8
+
+
+def test_load_source_under_tfds_mock_data(tmp_path):
+    with tfds.testing.mock_data(num_examples=5):
+        source = load_source("synthetic_reverse", "validation", tmp_path)
+        assert len(source) == 5 and set(source[0]) == {"inputs", "targets"}
+
+
+def test_concurrent_prepare_builds_once(tmp_path):
+    # Processes start building at the same instant; the build takes ~0.3 s.
+    # Without the lock all but one fail (tfds cannot rename onto the folder
+    # the first one renamed into place).
+    start_at = time.time() + 2.0
+    code = f"""
+        import time
+        from bert_jax.data import load_source
+        time.sleep(max(0.0, {start_at} - time.time()))
+        s = load_source("synthetic_reverse", "train", {str(tmp_path)!r},
+                        num_train=3000, num_validation=30)
+        print("FIRST", s[0]["inputs"].tolist(), len(s))
+    """
+    env = dict(os.environ, PYTHONPATH=REPO)
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    firsts = {line for out, _ in outs for line in out.splitlines() if line.startswith("FIRST")}
+    assert len(firsts) == 1, firsts
+    # One version folder, no leftover incomplete folders.
+    config_dir = tmp_path / "synthetic_reverse" / "v32_len4-12_train3000_val30_seed0"
+    assert sorted(p.name for p in config_dir.iterdir()) == ["1.0.0"]
+
+
+# ------------------------------------------------------------------- train --
+
+def test_train_batches_shapes_dtypes_padding(train_source):
+    by_key = {_key(train_source[i]["inputs"]): train_source[i] for i in range(64)}
+    it = _train(train_source, max_length=16)
+    for batch in _take(it, 5):
+        assert set(batch) == {"inputs", "targets"}
+        for v in batch.values():
+            assert v.shape == (8, 16) and v.dtype == np.int32
+        for inputs, targets in zip(batch["inputs"], batch["targets"]):
+            ex = by_key[_key(inputs)]  # every row is a real example...
+            n, m = len(ex["inputs"]), len(ex["targets"])
+            np.testing.assert_array_equal(inputs[:n], ex["inputs"])
+            np.testing.assert_array_equal(targets[:m], ex["targets"])
+            assert not inputs[n:].any() and not targets[m:].any()  # ...padded with 0
+
+
+def test_train_is_deterministic_in_seed(train_source):
+    a = _take(_train(train_source, seed=3), 10)
+    _assert_batches_equal(a, _take(_train(train_source, seed=3, prefetch=0), 10))
+    b = _take(_train(train_source, seed=4), 10)
+    assert any(not np.array_equal(x["inputs"], y["inputs"]) for x, y in zip(a, b))
+    assert shuffle_seed(0) + 1 != shuffle_seed(1)  # nearby seeds share no epoch order
+
+
+def test_train_reshuffles_every_epoch(train_source):
+    everything = collections.Counter(_key(train_source[i]["inputs"]) for i in range(64))
+    it = _train(train_source)  # 8 steps of 8 = one epoch; max_length 13 drops nothing
+    epochs = []
+    for _ in range(3):
+        keys = [_key(row) for b in _take(it, 8) for row in b["inputs"]]
+        assert collections.Counter(keys) == everything  # each example once per epoch
+        epochs.append(keys)
+    assert epochs[0] != epochs[1] and epochs[1] != epochs[2]
+    assert num_filtered(it) == 0
+
+
+@pytest.mark.parametrize("max_length", [13, 11])  # 11 drops examples
+def test_global_batch_is_independent_of_process_count(train_source, max_length):
+    it = _train(train_source, global_batch_size=8, max_length=max_length)
+    one = _take(it, 12)
+    assert (num_filtered(it) > 0) == (max_length < 13)
+    for count in (2, 4):
+        its = [_train(train_source, global_batch_size=8, max_length=max_length,
+                      process_index=p, process_count=count) for p in range(count)]
+        for step, reference in enumerate(one):
+            locals_ = [next(it) for it in its]
+            assert all(b["inputs"].shape == (8 // count, max_length) for b in locals_)
+            joined = {k: np.concatenate([b[k] for b in locals_]) for k in reference}
+            _assert_batches_equal([joined], [reference])
+
+
+def test_scalar_features_and_per_feature_lengths(train_source):
+    def preprocess(ex):
+        return {**translation_preprocess(ex), "label": len(ex["inputs"]) % 2,
+                "score": np.float64(len(ex["inputs"]))}
+
+    it = _train(train_source, preprocess=preprocess,
+                max_length={"inputs": 12, "targets": 14})
+    batch = next(it)
+    assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
+        "inputs": ((8, 12), np.int32), "targets": ((8, 14), np.int32),
+        "label": ((8,), np.int32), "score": ((8,), np.float32)}
+    np.testing.assert_array_equal(batch["score"], (batch["inputs"] != 0).sum(1))
+    with pytest.raises(ValueError, match="no entry for feature 'targets'"):
+        next(_train(train_source, max_length={"inputs": 12}, prefetch=0))
+
+
+def test_train_rejects_bad_layout(train_source):
+    with pytest.raises(ValueError, match="not divisible by process_count=3"):
+        _train(train_source, global_batch_size=8, process_count=3)
+    with pytest.raises(ValueError, match="process_index"):
+        _train(train_source, process_index=2, process_count=2)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_get_state_set_state_resumes_exactly(train_source, prefetch):
+    it = _train(train_source, max_length=11, prefetch=prefetch)
+    _take(it, 7)
+    state = json.loads(json.dumps(it.get_state()))  # JSON-serialisable
+    assert state["step"] == 7 and len(state["skipped"]) == 8
+    expected = _take(it, 12)  # crosses an epoch boundary
+    fresh = _train(train_source, max_length=11, prefetch=prefetch)
+    _take(fresh, 2)  # a used iterator resumes just as well
+    fresh.set_state(state)
+    _assert_batches_equal(_take(fresh, 12), expected)
+    assert fresh.get_state() == it.get_state()
+    # Rewinding the same iterator works too.
+    it.set_state(state)
+    _assert_batches_equal(_take(it, 12), expected)
+
+
+def test_set_state_refuses_other_settings(train_source):
+    state = _train(train_source).get_state()
+    with pytest.raises(ValueError, match="seed=0 vs 1"):
+        _train(train_source, seed=1).set_state(state)
+    with pytest.raises(ValueError, match="process_count"):
+        _train(train_source, global_batch_size=8, process_count=2).set_state(state)
+
+
+def test_orbax_checkpoint_manager_round_trip(train_source, tmp_path):
+    import orbax.checkpoint as ocp
+
+    it = _train(train_source, max_length=11)
+    _take(it, 5)
+    tree = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "step": np.array(5, np.int32)}
+    with ocp.CheckpointManager(tmp_path / "ckpt", item_names=("state", "data")) as mngr:
+        mngr.save(5, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(tree), data=grain.checkpoint.CheckpointSave(it)))
+        mngr.wait_until_finished()
+    expected = _take(it, 6)
+
+    fresh = _train(train_source, max_length=11)
+    with ocp.CheckpointManager(tmp_path / "ckpt", item_names=("state", "data")) as mngr:
+        assert mngr.latest_step() == 5
+        restored = mngr.restore(5, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(tree), data=grain.checkpoint.CheckpointRestore(fresh)))
+    np.testing.assert_array_equal(restored["state"]["w"], tree["w"])
+    assert restored["data"] is fresh
+    _assert_batches_equal(_take(fresh, 6), expected)
+
+
+# ------------------------------------------------------------- filtering --
+
+def _indexed_source(lengths):
+    """Example i: inputs [i + 3] * lengths[i] (its index readable from any row)."""
+    return [{"inputs": np.full(n, i + 3, np.int32),
+             "targets": np.append(np.full(n, i + 3, np.int32), EOS_ID).astype(np.int32)}
+            for i, n in enumerate(lengths)]
+
+
+def test_long_examples_are_dropped_and_counted(caplog):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 9, size=40)  # targets 2..9 long
+    max_length, g, seed, steps = 6, 4, 7, 25
+    long = lengths + 1 > max_length
+    source = _indexed_source(lengths)
+    it = _train(source, global_batch_size=g, seed=seed, max_length=max_length)
+    with caplog.at_level(logging.WARNING):
+        batches = _take(it, steps)
+
+    # Reference: row r takes the next fitting example of positions r, r+g, ...
+    order = grain.MapDataset.range(40).shuffle(seed=shuffle_seed(seed)).repeat()
+    cursors, skipped = [0] * g, 0
+    for batch in batches:
+        for r in range(g):
+            while long[order[cursors[r] * g + r]]:
+                cursors[r] += 1
+                skipped += 1
+            assert batch["inputs"][r, 0] - 3 == order[cursors[r] * g + r]
+            cursors[r] += 1
+        assert (batch["targets"] == EOS_ID).sum() == g  # every row fits, with its EOS
+    assert skipped > 0 and num_filtered(it) == skipped
+    assert any("dropped" in r.getMessage() for r in caplog.records)
+
+
+def test_eval_drops_long_examples_as_zero_rows():
+    lengths = [3, 8, 2, 9, 4]
+    ev = eval_batches(_indexed_source(lengths), global_batch_size=4, process_index=0,
+                      process_count=1, preprocess=translation_preprocess, max_length=6)
+    rows = np.concatenate([b["inputs"] for b in ev])
+    np.testing.assert_array_equal(rows[:, 0], [3, 0, 5, 0, 7, 0, 0, 0])
+    assert ev.num_filtered == 2
+
+
+# -------------------------------------------------------------------- eval --
+
+@pytest.mark.parametrize("global_batch_size", [8, 20, 32])
+def test_eval_batches_cover_every_example_once(val_source, global_batch_size):
+    per_process = [list(eval_batches(
+        val_source, global_batch_size=global_batch_size, process_index=p,
+        process_count=2, preprocess=translation_preprocess, max_length=13))
+        for p in range(2)]
+    num_batches = -(-20 // global_batch_size)
+    assert [len(b) for b in per_process] == [num_batches, num_batches]
+    rows = []
+    for step in range(num_batches):
+        for p in range(2):
+            batch = per_process[p][step]
+            assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
+                k: ((global_batch_size // 2, 13), np.int32) for k in ("inputs", "targets")}
+            rows.extend(zip(batch["inputs"], batch["targets"]))
+    real = [(i, t) for i, t in rows if i.any()]
+    assert len(rows) - len(real) == num_batches * global_batch_size - 20  # zero rows
+    assert all(not t.any() for i, t in rows if not i.any())
+    # In dataset order, each example exactly once.
+    assert [_key(i) for i, _ in real] == [_key(val_source[j]["inputs"]) for j in range(20)]
+
+
+def test_eval_batches_len_and_repeatable(val_source):
+    kw = dict(global_batch_size=8, process_index=1, process_count=2,
+              preprocess=translation_preprocess, max_length=13)
+    ev = eval_batches(val_source, **kw)
+    assert len(ev) == 3
+    _assert_batches_equal(list(ev), list(eval_batches(val_source, **kw)))

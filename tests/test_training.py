@@ -1,0 +1,366 @@
+"""The training engine end to end: the tiny experiment, exact resume after
+kill -9, preemption (SIGTERM), two processes, evaluation-only, bad inputs."""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from bert_jax.training import trainer
+from bert_jax.training.checkpoints import CheckpointError, Checkpointer
+from bert_jax.training.evaluation import evaluate_checkpoint
+from bert_jax.training.metrics import read_metrics
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+import tiny_translate  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tfds"))
+
+
+def tiny_config(data_dir, **overrides) -> ml_collections.ConfigDict:
+    """The tiny experiment, smaller still; overrides as {'train.num_steps': 10}."""
+    config = tiny_translate.get_config()
+    config.data.data_dir = data_dir
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    return config
+
+
+def flags_for(config_overrides: dict) -> list[str]:
+    return [f"--config.{k}={v}" for k, v in config_overrides.items()]
+
+
+def launch(script: str, workdir, overrides: dict, devices: int = 1, extra=(), **popen):
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           "JAX_PLATFORMS": "cpu"}
+    command = [sys.executable, str(REPO / "launch" / script),
+               "--config=" + str(REPO / "experiments" / "tiny_translate.py"),
+               f"--workdir={workdir}", *flags_for(overrides), *extra]
+    return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def finish(process, timeout=240):
+    out, _ = process.communicate(timeout=timeout)
+    return process.returncode, out
+
+
+def saved_params(workdir, step):
+    """The parameters of a checkpoint, as numpy."""
+    from bert_jax.training.checkpoints import _params_location
+    import orbax.checkpoint as ocp
+    directory, _ = _params_location(os.path.join(workdir, "checkpoints", str(step)))
+    return ocp.PyTreeCheckpointer().restore(directory)["params"]
+
+
+def losses(workdir):
+    return {m["step"]: m["train/loss"] for m in read_metrics(workdir) if "train/loss" in m}
+
+
+# ----------------------------------------------------------------------------
+# End to end.
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir):
+    """The tiny experiment trained in-process on the 8 test devices."""
+    workdir = str(tmp_path_factory.mktemp("tiny"))
+    config = tiny_config(data_dir)
+    start = time.perf_counter()
+    logged = trainer.train_and_evaluate(config, workdir)
+    return workdir, config, logged, time.perf_counter() - start
+
+
+def test_tiny_experiment_trains_end_to_end(trained):
+    workdir, config, logged, seconds = trained
+    assert seconds < 60, f"the tiny experiment took {seconds:.0f}s"
+    metrics = read_metrics(workdir)
+    evals = [m for m in metrics if "eval/nll" in m]
+    assert [m["step"] for m in evals] == [100, 200, 300]
+    assert evals[-1]["eval/nll"] < 0.5 * evals[0]["eval/nll"]
+    assert logged["eval/accuracy"] > 0.8  # chance is 1/32
+    line = metrics[-1]
+    for key in ("perf/steps_per_second", "perf/tokens_per_second", "perf/mfu",
+                "perf/eta_seconds"):
+        assert line[key] >= 0
+    assert json.load(open(os.path.join(workdir, "config.json")))["model"]["hidden_size"] == 64
+    assert any(p.startswith("events.out.tfevents")
+               for p in os.listdir(os.path.join(workdir, "tensorboard")))
+    # keep_last=2 plus the best (lowest eval/nll) checkpoint.
+    assert Checkpointer(workdir, read_only=True).all_steps() == [200, 300]
+
+
+def test_evaluate_only_reproduces_logged_metrics(trained, tmp_path):
+    workdir, config, _, _ = trained
+    output = tmp_path / "eval.json"
+    code, out = finish(launch("evaluate.py", workdir, {"data.data_dir": config.data.data_dir},
+                              devices=1, extra=["--step=200", f"--output={output}"]))
+    assert code == 0, out
+    result = json.loads(output.read_text())
+    logged = next(m for m in read_metrics(workdir) if m["step"] == 200)
+    assert result["step"] == 200
+    for key in ("eval/nll", "eval/accuracy"):
+        np.testing.assert_allclose(result[key], logged[key], rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# Exact resume.
+
+RESUME = {"train.num_steps": 200, "train.checkpoint_every": 100, "train.log_every": 5,
+          "train.eval_every": 100, "model.dropout_rate": 0.1}
+
+
+def test_kill_and_resume_is_exact(tmp_path, data_dir):
+    overrides = {**RESUME, "data.data_dir": data_dir}
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    reference = launch("train.py", straight, overrides)
+    # The same run, killed with SIGKILL once its step-100 checkpoint is complete.
+    victim = launch("train.py", killed, overrides)
+    deadline = time.time() + 180
+    while not (killed / "checkpoints" / "100").is_dir():
+        assert victim.poll() is None and time.time() < deadline, victim.communicate()[0]
+        time.sleep(0.02)
+    victim.send_signal(signal.SIGKILL)
+    code, _ = finish(victim)
+    assert code == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not (killed / "checkpoints" / "200").is_dir()
+    code, out = finish(launch("train.py", killed, overrides))
+    assert code == 0, out
+    assert "resumed from" in out
+    code, out = finish(reference)
+    assert code == 0, out
+
+    assert losses(killed) == losses(straight) and len(losses(straight)) == 40
+    jax.tree.map(np.testing.assert_array_equal, saved_params(killed, 200),
+                 saved_params(straight, 200))
+
+
+def test_sigterm_saves_and_exits_cleanly(tmp_path, data_dir):
+    overrides = {"train.num_steps": 100000, "train.checkpoint_every": 100000,
+                 "train.log_every": 10, "data.data_dir": data_dir}
+    process = launch("train.py", tmp_path, overrides)
+    deadline = time.time() + 180
+    while not (tmp_path / "metrics.jsonl").exists() or not losses(tmp_path):
+        assert process.poll() is None and time.time() < deadline, process.communicate()[0]
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    code, out = finish(process, timeout=120)
+    assert code == 0, out
+    steps = Checkpointer(str(tmp_path), read_only=True).all_steps()
+    assert len(steps) == 1 and 10 <= steps[0] < 100000
+    assert "SIGTERM" in out
+
+
+def test_kill_during_async_save_resumes_from_last_complete(tmp_path):
+    script = f"""
+import os, signal, sys
+import jax.numpy as jnp, numpy as np
+sys.path.insert(0, {str(REPO)!r})
+from bert_jax.training.checkpoints import Checkpointer
+ckpt = Checkpointer({str(tmp_path)!r})
+ckpt.save(1, {{"w": jnp.ones((4,))}}, None)
+ckpt.wait()
+big = {{"w": jnp.asarray(np.random.default_rng(0).normal(size=(64, 1024, 1024)), jnp.float32)}}
+ckpt.save(2, big, None)   # asynchronous: returns while the bytes are written
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    leftovers = [p for p in os.listdir(tmp_path / "checkpoints") if "tmp" in p]
+    assert leftovers, "the save finished before the kill; make the state bigger"
+    checkpointer = Checkpointer(str(tmp_path))
+    assert checkpointer.latest_step() == 1
+    import jax.numpy as jnp
+    restored = checkpointer.restore(1, {"w": jax.ShapeDtypeStruct((4,), jnp.float32)}, None)
+    np.testing.assert_array_equal(restored["w"], np.ones(4))
+    checkpointer.close()
+
+
+# ----------------------------------------------------------------------------
+# Two processes.
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_one_process(tmp_path, data_dir):
+    overrides = {"train.num_steps": 12, "optimizer.warmup_steps": 4, "train.log_every": 2,
+                 "train.eval_every": 12,
+                 "train.checkpoint_every": 12, "model.dropout_rate": 0.1,
+                 "data.data_dir": data_dir}
+    single = launch("train.py", tmp_path / "one", overrides, devices=4)
+    port = _free_port()
+    multi = [launch("train.py", tmp_path / "two", overrides, devices=2,
+                    extra=[f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                           f"--process_id={i}"]) for i in range(2)]
+    for process in [single, *multi]:
+        code, out = finish(process, timeout=180)
+        assert code == 0, out
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert [m["step"] for m in one] == [m["step"] for m in two]
+    for a, b in zip(one, two):
+        for key in ("train/loss", "train/grad_norm", "eval/nll"):
+            if key in a:
+                np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=key)
+
+
+# ----------------------------------------------------------------------------
+# Bad inputs.
+
+
+def test_unwritable_workdir(tmp_path, data_dir, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(trainer.WorkdirError, match="cannot create --workdir"):
+        trainer.prepare_workdir(str(blocker / "run"), tiny_config(data_dir))
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    with pytest.raises(trainer.WorkdirError, match="is not writable"):
+        trainer.prepare_workdir(str(tmp_path / "run"), tiny_config(data_dir))
+
+
+def test_incompatible_config_in_workdir(trained):
+    workdir, config, _, _ = trained
+    changed = tiny_config(config.data.data_dir, **{"model.hidden_size": 32})
+    with pytest.raises(trainer.WorkdirError, match=r"model.hidden_size: 64 in the workdir, 32"):
+        trainer.train_and_evaluate(changed, workdir)
+    # Nothing was touched: evaluation of the saved run still works.
+    assert evaluate_checkpoint(config, workdir, 300)["step"] == 300
+
+
+def test_checkpoint_of_another_model_shape(trained):
+    workdir, config, _, _ = trained
+    changed = tiny_config(config.data.data_dir, **{"model.mlp_dim": 96})
+    with pytest.raises(CheckpointError, match=r"(?s)mis-shaped.*mlp/intermediate/kernel: "
+                       r"checkpoint \(64, 128\) vs model \(64, 96\)"):
+        evaluate_checkpoint(changed, workdir, 300)
+
+
+def test_corrupted_checkpoint_is_reported_and_kept(tmp_path, data_dir):
+    overrides = {"train.num_steps": 20, "train.checkpoint_every": 10, "train.log_every": 10,
+                 "train.eval_every": 20, "optimizer.warmup_steps": 5}
+    config = tiny_config(data_dir, **overrides)
+    trainer.train_and_evaluate(config, str(tmp_path))
+    state_dir = tmp_path / "checkpoints" / "20" / "state"
+    for path in state_dir.rglob("*"):
+        if path.is_file() and path.stat().st_size > 100:
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # truncate
+    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    resumed = tiny_config(data_dir, **{**overrides, "train.num_steps": 30})
+    with pytest.raises(CheckpointError, match=r"(?s)cannot restore .*checkpoints/20.*available: "
+                                              r"\[10, 20\]"):
+        trainer.train_and_evaluate(resumed, str(tmp_path))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+
+
+def test_empty_dataset(tmp_path, data_dir):
+    config = tiny_config(data_dir)
+    config.data.builder_kwargs.num_train = 64
+    config.data.builder_kwargs.num_validation = 0
+    with pytest.raises(ValueError, match=r"synthetic_reverse.*validation"):
+        trainer.train_and_evaluate(config, str(tmp_path))
+    assert not (tmp_path / "checkpoints").exists() or not os.listdir(tmp_path / "checkpoints")
+
+
+def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_dir):
+    config = tiny_config(data_dir, **{"train.num_steps": 60, "train.checkpoint_every": 1,
+                                      "train.log_every": 1000, "train.eval_every": 1000,
+                                      "optimizer.learning_rate": 1e30,
+                                      "optimizer.max_grad_norm": 0.0})
+    with pytest.raises(FloatingPointError, match=r"NaN/Inf at step (\d+)") as error:
+        trainer.train_and_evaluate(config, str(tmp_path))
+    bad = int(error.value.args[0].split("step ")[1].split(";")[0])
+    last = Checkpointer(str(tmp_path), read_only=True).latest_step()
+    assert last is not None and last < bad
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(saved_params(tmp_path, last)))
+
+
+def test_config_flags_reject_unknown_keys_and_bad_types(tmp_path):
+    for flag, message in [("--config.train.num_stepz=5", "num_stepz"),
+                          ("--config.train.num_steps=many", "num_steps")]:
+        code, out = finish(launch("train.py", tmp_path, {}, extra=[flag]))
+        assert code != 0 and message in out, out
+
+
+# ----------------------------------------------------------------------------
+# Restoring into another mesh; params-only restore.
+
+
+def test_restore_into_a_different_mesh(tmp_path):
+    from bert_jax.modeling import BertForTokenClassification, bert_preset
+    from bert_jax.training.evaluation import abstract_like
+    from bert_jax.training.optimizer import adamw
+    from bert_jax.training.sharding import make_mesh
+    from bert_jax.training.train_step import create_train_state
+
+    model = BertForTokenClassification(bert_preset(
+        "tiny", hidden_size=32, num_heads=4, mlp_dim=64, vocab_size=96, max_len=16))
+    ids = np.zeros((1, 8), np.int32)
+
+    def state_on(shape, seed):
+        return create_train_state(lambda r: model.init(r, ids), model.apply, adamw(1e-3),
+                                  make_mesh(shape), jax.random.PRNGKey(seed))[0]
+
+    saved = state_on((8, 1, 1), seed=0)
+    checkpointer = Checkpointer(str(tmp_path))
+    checkpointer.save(1, saved, None)
+    checkpointer.wait()
+    target = state_on((2, 2, 2), seed=1)  # other values, other layout
+    restored = checkpointer.restore(1, abstract_like(target), None)
+    checkpointer.close()
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params),
+                 jax.device_get(saved.params))
+    kernel = restored.params["bert"]["encoder"]["layer_0"]["mlp"]["intermediate"]["kernel"]
+    assert kernel.sharding.shard_shape(kernel.shape) == (16, 32)  # fsdp=2, tensor=2
+
+
+def test_params_only_restore_tolerates_new_heads(tmp_path):
+    from bert_jax.convert import save_pretrained
+    from bert_jax.modeling import BertForSequenceClassification, BertModel, bert_preset
+    from bert_jax.training.checkpoints import restore_params
+    from bert_jax.training.evaluation import abstract_like
+
+    config = bert_preset("tiny", hidden_size=32, num_heads=4, mlp_dim=64, vocab_size=96,
+                         max_len=16)
+    ids = np.zeros((1, 8), np.int32)
+    encoder = BertModel(config).init(jax.random.PRNGKey(0), ids)["params"]
+    save_pretrained(str(tmp_path / "pretrained"), config, {"bert": encoder})
+    import flax.linen as nn
+    new = nn.meta.unbox(BertForSequenceClassification(config, num_labels=3).init(
+        jax.random.PRNGKey(1), ids)["params"])
+    restored, names, missing = restore_params(str(tmp_path / "pretrained"),
+                                              abstract_like(new))
+    assert sorted(missing) == ["classifier/bias", "classifier/kernel"]
+    assert len(names) == len(jax.tree.leaves(encoder)) and "classifier" not in restored
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored["bert"]),
+                 jax.device_get(nn.meta.unbox(encoder)))
+
+
+def test_init_from_a_trained_workdir(trained, tmp_path):
+    workdir, config, _, _ = trained
+    config = tiny_config(config.data.data_dir, **{
+        "train.num_steps": 10, "train.log_every": 1, "train.eval_every": 10,
+        "optimizer.warmup_steps": 5})
+    config.init_from = workdir
+    trainer.train_and_evaluate(config, str(tmp_path))
+    report = json.load(open(tmp_path / "init_from.json"))
+    assert report["initialised"] == [] and len(report["restored"]) > 10
+    first_loss = read_metrics(str(tmp_path))[0]["train/loss"]
+    assert first_loss < 0.5  # from scratch it is about ln(32) = 3.5
