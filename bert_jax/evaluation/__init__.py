@@ -1,0 +1,1 @@
+"""Decoding (greedy, beam search) and evaluation metrics."""
