@@ -93,6 +93,11 @@ def test_tiny_experiment_trains_end_to_end(trained):
     assert [m["step"] for m in evals] == [100, 200, 300]
     assert evals[-1]["eval/nll"] < 0.5 * evals[0]["eval/nll"]
     assert logged["eval/accuracy"] > 0.8  # chance is 1/32
+    # Beam-search translations of 64 validation examples, scored by sacreBLEU.
+    assert evals[-1]["eval/bleu"] > 80 and evals[-1]["eval/bleu"] > evals[0]["eval/bleu"]
+    samples = [json.loads(line) for line in open(os.path.join(workdir, "samples", "300.jsonl"))]
+    assert len(samples) == 64 and set(samples[0]) == {"source", "reference", "hypothesis"}
+    assert samples[0]["reference"] == " ".join(reversed(samples[0]["source"].split()))
     line = metrics[-1]
     for key in ("perf/steps_per_second", "perf/tokens_per_second", "perf/mfu",
                 "perf/eta_seconds"):

@@ -8,6 +8,7 @@ and grain input pipelines with static shapes and checkpointable state.
                         max_length=16)
 """
 
+from bert_jax.data.parallel_text import ParallelText, parallel_text_config
 from bert_jax.data.pipeline import (
     EvalBatches,
     eval_batches,
@@ -17,14 +18,20 @@ from bert_jax.data.pipeline import (
 )
 from bert_jax.data.sources import load_source
 from bert_jax.data.synthetic_reverse import SyntheticReverse, reverse_config
+from bert_jax.data.synthetic_translation import (
+    SyntheticTranslation, translation_config)
 
 __all__ = [
     "EvalBatches",
+    "ParallelText",
     "SyntheticReverse",
+    "SyntheticTranslation",
     "eval_batches",
     "load_source",
     "num_filtered",
+    "parallel_text_config",
     "reverse_config",
     "train_iterator",
+    "translation_config",
     "translation_preprocess",
 ]

@@ -36,7 +36,8 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 # Registers the project's builders with tfds so that they resolve by name.
-from bert_jax.data import synthetic_reverse  # noqa: F401
+from bert_jax.data import (  # noqa: F401
+    parallel_text, synthetic_reverse, synthetic_translation)
 
 FILE_FORMAT = "array_record"
 

@@ -20,7 +20,7 @@ from bert_jax.modeling.configs import StackConfig
 Batch = dict[str, Any]
 Sums = dict[str, jax.Array]
 
-_REGISTRY: dict[str, Callable[[ml_collections.ConfigDict], "Task"]] = {}
+_REGISTRY: dict[str, Callable[[ml_collections.ConfigDict, str], "Task"]] = {}
 
 
 def register(name: str):
@@ -31,11 +31,12 @@ def register(name: str):
     return wrap
 
 
-def build_task(config: ml_collections.ConfigDict) -> "Task":
+def build_task(config: ml_collections.ConfigDict, workdir: str) -> "Task":
+    """The task named by `config.task`; `workdir` holds its state (vocabularies)."""
     if config.task not in _REGISTRY:
         raise ValueError(f"config.task={config.task!r}: unknown task; registered tasks "
                          f"are {sorted(_REGISTRY)}.")
-    return _REGISTRY[config.task](config)
+    return _REGISTRY[config.task](config, workdir)
 
 
 class Task(abc.ABC):
@@ -44,8 +45,9 @@ class Task(abc.ABC):
     model_config: StackConfig
     model: nn.Module
 
-    def __init__(self, config: ml_collections.ConfigDict):
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str):
         self.config = config
+        self.workdir = workdir
 
     @abc.abstractmethod
     def dummy_batch(self) -> Batch:
@@ -76,6 +78,13 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def eval_sums(self, params: Any, batch: Batch) -> Sums:
         """Evaluation sums with a `weight` entry; metrics are `sum / weight`."""
+
+    def generation_metrics(self, params: Any, mesh, step: int) -> dict[str, float]:
+        """Metrics of generated outputs (e.g. BLEU of decoded translations),
+        computed at evaluation steps next to the `eval_sums` metrics; by
+        default none."""
+        del params, mesh, step
+        return {}
 
     @abc.abstractmethod
     def flops_per_step(self) -> float:

@@ -1,36 +1,89 @@
 """Translation: the encoder-decoder Transformer on parallel text.
 
-Batches are `{'inputs': [batch, length], 'targets': [batch, length]}` int32,
-padded with 0; `targets` end with EOS. The loss is (label-smoothed)
-cross-entropy over real target tokens; evaluation reports the unsmoothed
-negative log-likelihood per token (`nll`) and token accuracy.
+Examples come from a tfds builder (`config.data.builder`), either as text
+(`data.source_key`, `data.target_key`: e.g. 'source'/'target', or 'de'/'en' for
+the WMT catalog datasets), tokenized with the workdir's SentencePiece
+vocabulary (`data.vocab_size` pieces, trained on the training split on first
+use), or already as token ids (`data.vocab_size = 0`, e.g. `synthetic_reverse`).
+
+Batches are `{'inputs', 'targets'}` `[batch, data.max_length]` int32, padded
+with 0, each sequence ending with EOS. The loss is (label-smoothed)
+cross-entropy over real target tokens; evaluation reports per-token NLL and
+accuracy, and, when `data.bleu_examples > 0`, sacreBLEU and chrF of
+beam-search translations of the first examples of the evaluation split
+(`decode.beam_size`, `decode.alpha`), writing `WORKDIR/samples/<step>.jsonl`.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import functools
+import os
 
-from bert_jax.data import pipeline, sources
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax.data import pipeline, sources, vocabulary
+from bert_jax.evaluation.decoding import transformer_search
+from bert_jax.evaluation.translation_metrics import bleu_and_chrf, write_samples
 from bert_jax.modeling import Transformer, TransformerConfig
 from bert_jax.tasks.base import Batch, Task, register
 from bert_jax.training.flops import transformer_train_flops
 from bert_jax.training.losses import cross_entropy_sums
 
 
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
 @register("translation")
 class TranslationTask(Task):
 
-    def __init__(self, config):
-        super().__init__(config)
-        self.model_config = TransformerConfig(**config.model.to_dict())
+    def __init__(self, config, workdir):
+        super().__init__(config, workdir)
+        data = config.data
+        self.max_length = data.max_length
+        self.vocab = None
+        if data.vocab_size:
+            self.vocab = vocabulary.load_or_train(
+                workdir, self._training_texts(), data.vocab_size,
+                model_type=data.vocab_type, is_writer=jax.process_index() == 0)
+        model_values = config.model.to_dict()
+        if self.vocab is not None:
+            model_values["vocab_size"] = self.vocab.size
+        self.model_config = TransformerConfig(**model_values)
         self.model = Transformer(self.model_config)
-        self.max_length = config.data.max_length
         self.model_config.check_length(self.max_length, "config.data.max_length")
 
+    # -- data ------------------------------------------------------------------
+
+    @functools.cache
     def _source(self, split: str):
         data = self.config.data
         return sources.load_source(data.builder, split, data.data_dir or None,
                                    **data.builder_kwargs.to_dict())
+
+    def _training_texts(self):
+        """Source and target sentences of (a sample of) the training split."""
+        source = self._source("train")
+        data = self.config.data
+        count = min(len(source), data.vocab_sample)
+        for index in np.linspace(0, len(source) - 1, count).astype(int):
+            example = source[int(index)]
+            yield _text(example[data.source_key])
+            yield _text(example[data.target_key])
+
+    def preprocess(self, example) -> Batch:
+        """An example -> {'inputs', 'targets'} int32 ids, each ending with EOS."""
+        data = self.config.data
+        source, target = example[data.source_key], example[data.target_key]
+        if self.vocab is None:  # already ids
+            return {"inputs": np.asarray(source, np.int32),
+                    "targets": np.asarray(target, np.int32)}
+        eos = [vocabulary.EOS_ID]
+        return {"inputs": np.array(self.vocab.encode(_text(source)) + eos, np.int32),
+                "targets": np.array(self.vocab.encode(_text(target)) + eos, np.int32)}
 
     def dummy_batch(self) -> Batch:
         zeros = np.zeros((1, self.max_length), np.int32)
@@ -43,14 +96,17 @@ class TranslationTask(Task):
         return pipeline.train_iterator(
             self._source("train"), global_batch_size=self.config.train.batch_size,
             seed=self.config.seed, process_index=process_index,
-            process_count=process_count, preprocess=pipeline.translation_preprocess,
+            process_count=process_count, preprocess=self.preprocess,
             max_length=self.max_length)
 
     def eval_batches(self, process_index: int, process_count: int):
         return pipeline.eval_batches(
-            self._source("validation"), global_batch_size=self.config.train.batch_size,
+            self._source(self.config.data.eval_split),
+            global_batch_size=self.config.train.batch_size,
             process_index=process_index, process_count=process_count,
-            preprocess=pipeline.translation_preprocess, max_length=self.max_length)
+            preprocess=self.preprocess, max_length=self.max_length)
+
+    # -- loss and evaluation ---------------------------------------------------
 
     def _sums(self, params, batch, rng=None, label_smoothing=0.0):
         deterministic = rng is None
@@ -69,6 +125,63 @@ class TranslationTask(Task):
         sums = self._sums(params, batch)
         del sums["loss"]
         return sums
+
+    def detokenize(self, ids) -> str:
+        if self.vocab is not None:
+            return self.vocab.decode(ids)
+        words = []
+        for i in ids:
+            if int(i) == self.model_config.eos_id:
+                break
+            if int(i) != self.model_config.pad_id:
+                words.append(str(int(i)))
+        return " ".join(words)
+
+    @functools.cached_property
+    def _search(self):
+        decode = self.config.decode
+        model = Transformer(self.model_config, incremental=True)
+        return jax.jit(lambda params, inputs: transformer_search(
+            model, params, inputs, max_length=decode.max_length,
+            beam_size=decode.beam_size, alpha=decode.alpha)[0])
+
+    def translate(self, params, inputs: np.ndarray, mesh) -> np.ndarray:
+        """Best translations `[n, decode.max_length]` of `inputs` `[n, max_length]`
+        (every process passes and gets all rows)."""
+        batch_size = self.config.decode.batch_size
+        replicated = NamedSharding(mesh, PartitionSpec())
+        outputs = []
+        for start in range(0, len(inputs), batch_size):
+            chunk = inputs[start:start + batch_size]
+            rows = len(chunk)
+            chunk = np.pad(chunk, ((0, batch_size - rows), (0, 0)))  # one compiled shape
+            chunk = jax.make_array_from_process_local_data(replicated, chunk)
+            outputs.append(np.asarray(jax.device_get(self._search(params, chunk)))[:rows])
+        return np.concatenate(outputs)
+
+    def generation_metrics(self, params, mesh, step: int) -> dict[str, float]:
+        count = self.config.data.bleu_examples
+        if not count:
+            return {}
+        source = self._source(self.config.data.eval_split)
+        examples = [source[i] for i in range(min(count, len(source)))]
+        rows = [self.preprocess(e)["inputs"][:self.max_length] for e in examples]
+        inputs = np.zeros((len(rows), self.max_length), np.int32)
+        for i, row in enumerate(rows):
+            inputs[i, :len(row)] = row
+        hypotheses = [self.detokenize(t) for t in self.translate(params, inputs, mesh)]
+        key_source, key_target = self.config.data.source_key, self.config.data.target_key
+        references = [self.detokenize(self.preprocess(e)["targets"]) if self.vocab is None
+                      else _text(e[key_target]) for e in examples]
+        if jax.process_index() == 0:
+            os.makedirs(os.path.join(self.workdir, "samples"), exist_ok=True)
+            shown = [self.detokenize(self.preprocess(e)["inputs"]) if self.vocab is None
+                     else _text(e[key_source]) for e in examples]
+            write_samples(os.path.join(self.workdir, "samples", f"{step}.jsonl"), shown,
+                          references, hypotheses)
+        return bleu_and_chrf(hypotheses, references)
+
+    # -- throughput --------------------------------------------------------------
 
     def flops_per_step(self) -> float:
         return transformer_train_flops(self.model_config, self.config.train.batch_size,

@@ -1,8 +1,11 @@
 """Multi-host start-up through `jax.distributed`.
 
 `initialize` connects the processes when flags name a coordinator, or when the
-environment is a multi-process job that JAX detects itself (TPU VM pod slices;
-SLURM with more than one task). A single process on one machine needs nothing.
+environment is a multi-process job that JAX detects itself: SLURM with more
+than one task, GKE TPU slices (`TPU_WORKER_HOSTNAMES`), or any job started with
+`BERT_JAX_DISTRIBUTED=1` (set by `launch/tpu_vm.py train`: on gcloud-created
+TPU VMs nothing else says so, and Orbax's cross-host barriers need it). A
+single process on one machine needs nothing.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
             raise ValueError("--coordinator_address needs --num_processes and --process_id.")
         jax.distributed.initialize(coordinator_address=coordinator_address,
                                    num_processes=num_processes, process_id=process_id)
-    elif int(os.environ.get("SLURM_NTASKS", "1")) > 1 or os.environ.get(
-            "TPU_WORKER_HOSTNAMES", "").count(",") > 0:
-        jax.distributed.initialize()  # SLURM / TPU VM: read from the environment
+    elif (os.environ.get("BERT_JAX_DISTRIBUTED") == "1"
+          or int(os.environ.get("SLURM_NTASKS", "1")) > 1
+          or os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0):
+        jax.distributed.initialize()  # JAX reads the cluster from the environment
     else:
         return
     logging.info("process %d of %d, %d local / %d global devices", jax.process_index(),

@@ -21,11 +21,12 @@ def abstract_like(tree: Any) -> Any:
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
-def make_evaluator(task: Task, mesh) -> Callable[[Any], dict[str, float]]:
-    """`evaluate(params) -> {'eval/<name>': sum / weight}` over the eval split."""
+def make_evaluator(task: Task, mesh) -> Callable[[Any, int], dict[str, float]]:
+    """`evaluate(params, step) -> {'eval/<name>': ...}`: each of the task's
+    evaluation sums divided by the weight, plus its generation metrics."""
     sums_fn = jax.jit(task.eval_sums, out_shardings=replicated(mesh))
 
-    def evaluate(params) -> dict[str, float]:
+    def evaluate(params, step: int) -> dict[str, float]:
         totals = None
         for batch in task.eval_batches(jax.process_index(), jax.process_count()):
             sums = sums_fn(params, global_batch(batch, mesh))
@@ -34,7 +35,9 @@ def make_evaluator(task: Task, mesh) -> Callable[[Any], dict[str, float]]:
             raise ValueError("the evaluation split produced no batches.")
         totals = jax.device_get(totals)
         weight = max(float(totals.pop("weight")), 1e-9)
-        return {f"eval/{k}": float(v) / weight for k, v in totals.items()}
+        metrics = {k: float(v) / weight for k, v in totals.items()}
+        metrics.update(task.generation_metrics(params, mesh, step))
+        return {f"eval/{k}": v for k, v in metrics.items()}
 
     return evaluate
 
@@ -51,7 +54,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
     if step not in steps:
         raise CheckpointError(f"no checkpoint for step {step} in {directory}; "
                               f"available: {steps}.")
-    task = build_task(config)
+    task = build_task(config, workdir)
     mesh = make_mesh(tuple(config.mesh.shape))
     boxed = jax.eval_shape(task.init_variables, jax.random.PRNGKey(0))["params"]
     shardings = logical_shardings(boxed, mesh)
@@ -63,5 +66,5 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
         raise CheckpointError(f"checkpoint step {step} in {directory} lacks parameters "
                               f"{missing}: it was written by a different model.")
     with jax.set_mesh(mesh):
-        metrics = make_evaluator(task, mesh)(params)
+        metrics = make_evaluator(task, mesh)(params, step)
     return {"step": step, **metrics}

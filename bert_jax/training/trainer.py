@@ -144,7 +144,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     Returns the last metrics logged (train and eval).
     """
     workdir = prepare_workdir(workdir, config)
-    task = build_task(config)
+    task = build_task(config, workdir)
     train = config.train
     mesh = make_mesh(tuple(config.mesh.shape))
     init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -199,7 +199,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                     log_progress(step, train.num_steps, scalars)
                 eval_metrics = None
                 if step % train.eval_every == 0 or last:
-                    eval_metrics = evaluate(state.params)
+                    eval_metrics = evaluate(state.params, step)
                     scalars.update(eval_metrics)
                     logging.info("step %d eval: %s", step, eval_metrics)
                 if scalars:

@@ -1,0 +1,740 @@
+"""`synthetic_translation`: a built-in parallel corpus between two invented languages.
+
+Each example is `{"source": str, "target": str}`: a sentence of the source
+language S and its one correct translation into the target language T, words
+and punctuation separated by single spaces (tokenize later, e.g. SentencePiece).
+Nothing is downloaded; the data are a pure function of the config. Both
+languages are invented (the English glosses below are documentation only).
+
+Why it is a translation task and not a copy task: T needs what attention is for.
+
+- Reordering. S puts adjectives after the noun, T before it; S is
+  subject-verb-object in every clause, T puts the verb *last* in subordinate
+  clauses (after the object and every prepositional phrase), like German.
+- Agreement across several words. Each T noun has a gender (masculine `m`,
+  feminine `f`, neuter `n`) that S does not mark: it is a property of the T
+  word, learnt per noun. T articles and adjectives agree with their noun in
+  gender and number, and they come *before* it, so the first word of a T noun
+  phrase depends on a noun up to three words later. T verbs agree in number
+  with their subject (plural for a coordinated subject `X nu Y`, and the head
+  noun decides, not a nearer noun inside a prepositional phrase), and carry
+  the tense that S marks with a separate particle `ka` before the verb.
+- Lengths from 4 tokens (`ta gak tor .`, "the dog runs" -> `ja troz tryskut .`)
+  to a few dozen: a main clause plus up to `max_clauses - 1` subordinate or
+  coordinated clauses, optional adjectives, prepositional phrases and
+  coordinated subjects. With the default `max_clauses=3`, source sentences
+  have 19 words on average, median 16, 99th percentile 45 (the longest of
+  the 50,000 default training sentences: 63).
+
+Grammar (S on the left, T on the right; `[]` optional, `*` repeated)::
+
+    sentence   := clause ("," connector clause)* "."   (same in T)
+    connector  := subordinator | conjunction           (clause after a
+                                                        subordinator: subordinate)
+    clause S   := subject ["ka"] verb [object] pp*
+    main    T  := subject verb[tense,num] [object] pp*
+    subord. T  := subject [object] pp* verb[tense,num]   (verb last)
+    subject    := np ["nu" np]        T: np ["ek" np]   (coordinated: plural)
+    np S       := det noun[num] adjective*  [pp]   (pp only inside a subject)
+    np T       := det[g,num] adjective[g,num]* noun[num]  [pp]
+    pp         := preposition np        (np without a pp of its own)
+
+Morphology. S: plural noun = stem + `i`; articles `ta` (definite) and `mu`
+(indefinite) never change; verbs never change; `ka` marks the past. T: plural
+noun = stem + `TARGET_PLURAL_SUFFIX[gender]`; articles from
+`DEFINITE_ARTICLES` / `INDEFINITE_ARTICLES[(gender, number)]`; adjective =
+stem + `ADJECTIVE_SUFFIXES[(gender, number)]`; verb = stem +
+`VERB_SUFFIXES[(tense, number)]`. Every surface form of each language is
+distinct (checked at import), so a sentence can be parsed word by word:
+`translate(source)` parses S and renders T, a reference translator.
+
+Worked example (source, target, and where each target word comes from)::
+
+    S: ta gak sis pek mu fosaki ka kim ta dusi , rer ta kut det mu lar filan gok ta kat .
+       the dog.SG small near a farmer.PL PAST meet the river.PL , because the
+       tree.SG find a stone.SG old under the song.SG .
+    T: ja jicha troz tryth yvai qaskuvae drythys zon skirnir , vev hu xilm
+       yvo vavyske skez snilm zo ziz xithut .
+
+    ja        definite f.sg: gender of `troz` (dog, f), 2 words later; number of `gak`
+    jicha     `sis` (small) + f.sg suffix `a`: agrees with `troz`, the next word
+    troz      `gak` (dog), moved after its adjective
+    tryth     `pek` (near)
+    yvai      indefinite f.pl: `qaskuv` (farmer) is f, `fosaki` is plural
+    qaskuvae  `fosaki` -> farmer + f plural suffix `ae`
+    drythys   `ka kim` (PAST meet): stem `dryth` + past.sg `ys`; singular
+              because the subject's head `gak` is singular (not `fosaki`)
+    zon       definite n.pl for `skirnir`;  skirnir: `dusi` (river.PL), n
+    vev       `rer` (because): the clause that follows is subordinate
+    hu xilm   `ta kut`: the tree (m, sg)
+    yvo vavyske skez   `mu lar filan`: a stone (n) old -> art, adj, noun
+    snilm zo ziz       `gok ta kat`: under the song (n)
+    xithut    `det` (find), present sg (`kut` is singular), moved from the
+              3rd place of its clause to the clause's end
+
+Splits `train`, `validation` and `test` are drawn from different random
+streams; a validation or test sentence whose source occurs in an earlier split
+(or earlier in its own split) is redrawn, so no source sentence is shared
+between splits. `train` may repeat a short sentence, as real corpora do.
+Examples are stored in generation order (`source[i]` is
+`generate_split(cfg, split)[i]`); shuffle in the input pipeline. Randomness
+uses only `random.Random(str).random()`, which Python guarantees
+to reproduce across versions: the same seed gives the same corpus anywhere.
+
+Every parameter is part of the config *name*, so datasets built with other
+parameters never share a folder (as in `synthetic_reverse`)::
+
+    builder = SyntheticTranslation(data_dir=d)                       # defaults
+    builder = SyntheticTranslation(data_dir=d, num_train=500, seed=3)
+    builder = tfds.builder(
+        "synthetic_translation/train500_val1000_test1000_clauses3_seed3",
+        data_dir=d)                                                  # same
+    source = load_source("synthetic_translation", "train", d, num_train=500)
+
+Changing the grammar or the lexicon changes the data: bump `VERSION`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import random
+import re
+import threading
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import tensorflow_datasets as tfds
+from etils import epath
+
+# ------------------------------------------------------------------ lexicon --
+
+
+class Noun(NamedTuple):
+    source: str   # S stem; plural adds SOURCE_PLURAL_SUFFIX
+    target: str   # T stem; plural adds TARGET_PLURAL_SUFFIX[gender]
+    gender: str   # of the T noun: "m", "f" or "n"
+    gloss: str
+
+
+class Word(NamedTuple):
+    source: str
+    target: str   # for adjectives and verbs, the stem
+    gloss: str
+
+
+class Verb(NamedTuple):
+    source: str
+    target: str   # T stem; adds VERB_SUFFIXES[(tense, number)]
+    transitive: bool
+    gloss: str
+
+
+GENDERS = ("m", "f", "n")
+NUMBERS = ("sg", "pl")
+TENSES = ("present", "past")
+
+NOUNS: tuple[Noun, ...] = tuple(Noun(*row) for row in (
+    ("fosak", "qaskuv", "f", "farmer"), ("gak", "troz", "f", "dog"),
+    ("pobuk", "jygluv", "n", "cat"), ("magas", "hitrez", "n", "child"),
+    ("pedus", "gleskaz", "m", "teacher"), ("renur", "skodrorn", "f", "bird"),
+    ("fedun", "qoskych", "f", "horse"), ("dapom", "skexov", "n", "house"),
+    ("dus", "skirn", "n", "river"), ("rodan", "xyglav", "f", "garden"),
+    ("kut", "xilm", "m", "tree"), ("lar", "skez", "n", "stone"),
+    ("gifer", "trozech", "m", "king"), ("kemun", "snoskylm", "m", "queen"),
+    ("fam", "hesk", "f", "soldier"), ("rekik", "hoqirn", "m", "ship"),
+    ("tus", "glyv", "m", "city"), ("sumor", "traxylm", "f", "mountain"),
+    ("denek", "skuvav", "m", "road"), ("paluk", "zedrox", "n", "window"),
+    ("lulok", "zoxoch", "n", "book"), ("fatit", "wosnev", "m", "letter"),
+    ("pifuk", "qiglath", "f", "apple"), ("figus", "qiglesk", "n", "bread"),
+    ("mem", "qorn", "f", "fish"), ("bir", "wern", "n", "friend"),
+    ("tilam", "zexern", "f", "doctor"), ("rubot", "skyzyz", "m", "baker"),
+    ("ter", "horn", "m", "wolf"), ("tonot", "zyhex", "n", "fox"),
+    ("roses", "droglix", "m", "table"), ("fabas", "snetresk", "n", "door"),
+    ("gipes", "skiqox", "n", "lamp"), ("tinus", "truhux", "n", "wagon"),
+    ("bofuk", "hehoz", "f", "bridge"), ("lupur", "zuvesk", "n", "forest"),
+    ("dunuk", "zoskusk", "m", "field"), ("nupos", "jyqisk", "f", "village"),
+    ("fok", "trorn", "m", "lake"), ("godet", "wahyrn", "m", "boat"),
+    ("fogar", "xeglex", "n", "hammer"), ("pon", "trern", "m", "basket"),
+    ("tibis", "xosnalm", "f", "cup"), ("ripak", "jazith", "f", "key"),
+    ("fifot", "wohuch", "f", "coat"), ("dik", "snelm", "m", "storm"),
+    ("kat", "ziz", "n", "song"), ("gakar", "viqoth", "m", "mirror"),
+))
+
+ADJECTIVES: tuple[Word, ...] = tuple(Word(*row) for row in (
+    ("butek", "hivesk", "big"), ("sis", "jich", "small"),
+    ("filan", "vavysk", "old"), ("godot", "xutruth", "young"),
+    ("giger", "skahaz", "red"), ("kofak", "gloqyth", "green"),
+    ("tibom", "hixath", "black"), ("lulek", "weskev", "white"),
+    ("dokut", "jeqaz", "tall"), ("demuk", "trawisk", "quiet"),
+    ("pesur", "skyxeth", "loud"), ("sek", "snulm", "happy"),
+    ("pes", "quv", "tired"), ("rek", "vax", "brave"),
+    ("donuk", "glaglusk", "clever"), ("bodus", "zyqach", "heavy"),
+    ("digem", "snyxolm", "cold"), ("sibut", "glezux", "strange"),
+))
+
+VERBS: tuple[Verb, ...] = tuple(Verb(*row) for row in (
+    ("sirum", "vovoth", True, "see"), ("det", "xith", True, "find"),
+    ("napen", "zovich", True, "carry"), ("pokom", "jadrax", True, "follow"),
+    ("kim", "dryth", True, "meet"), ("tim", "xolm", True, "build"),
+    ("bosor", "wyhorn", True, "buy"), ("dibin", "trajyv", True, "paint"),
+    ("kin", "zolm", True, "hear"), ("ran", "triv", True, "call"),
+    ("bisem", "woqisk", True, "push"), ("mat", "trusk", True, "wash"),
+    ("bor", "dreth", True, "feed"), ("pefor", "skiwith", True, "open"),
+    ("ginut", "trahyx", True, "visit"), ("poper", "skotresk", True, "remember"),
+    ("fipan", "jiwusk", False, "sleep"), ("tor", "trysk", False, "run"),
+    ("lanis", "skeglusk", False, "sing"), ("gomor", "wahalm", False, "laugh"),
+    ("nur", "valm", False, "wait"), ("por", "jask", False, "swim"),
+    ("patok", "qavesk", False, "fall"), ("bifis", "glosnaz", False, "dance"),
+    ("pugon", "juvath", False, "shine"), ("kit", "josk", False, "cry"),
+))
+
+PREPOSITIONS: tuple[Word, ...] = tuple(Word(*row) for row in (
+    ("pek", "tryth", "near"), ("bam", "xylm", "in"), ("dim", "glorn", "on"),
+    ("gok", "snilm", "under"), ("lom", "viz", "behind"), ("gom", "wesk", "with"),
+    ("nen", "wach", "without"), ("rem", "xov", "from"),
+))
+
+SUBORDINATORS: tuple[Word, ...] = tuple(Word(*row) for row in (
+    ("rer", "vev", "because"), ("mot", "skyz", "when"),
+    ("den", "jech", "although"), ("bit", "snorn", "if"),
+    ("dak", "warn", "while"),
+))
+
+CONJUNCTIONS: tuple[Word, ...] = tuple(Word(*row) for row in (
+    ("ke", "ek", "and"), ("pa", "mav", "but"),
+))
+
+# S function words and morphology.
+SOURCE_DEFINITE, SOURCE_INDEFINITE = "ta", "mu"
+SOURCE_PAST = "ka"           # particle before the verb
+SOURCE_NP_AND = "nu"         # coordinates subjects (clauses use CONJUNCTIONS)
+SOURCE_PLURAL_SUFFIX = "i"
+
+# T function words and morphology.
+TARGET_NP_AND = "ek"         # the same word as the clause conjunction "and"
+TARGET_PLURAL_SUFFIX = {"m": "ot", "f": "ae", "n": "ir"}
+DEFINITE_ARTICLES = {("m", "sg"): "hu", ("f", "sg"): "ja", ("n", "sg"): "zo",
+                     ("m", "pl"): "hun", ("f", "pl"): "jan", ("n", "pl"): "zon"}
+INDEFINITE_ARTICLES = {("m", "sg"): "yv", ("f", "sg"): "yva", ("n", "sg"): "yvo",
+                       ("m", "pl"): "yvi", ("f", "pl"): "yvai", ("n", "pl"): "yvoi"}
+ADJECTIVE_SUFFIXES = {("m", "sg"): "o", ("f", "sg"): "a", ("n", "sg"): "e",
+                      ("m", "pl"): "oj", ("f", "pl"): "aj", ("n", "pl"): "ej"}
+VERB_SUFFIXES = {("present", "sg"): "ut", ("present", "pl"): "unt",
+                 ("past", "sg"): "ys", ("past", "pl"): "yns"}
+PUNCTUATION = (",", ".")
+
+
+# ------------------------------------------------------------ syntax trees --
+
+
+@dataclasses.dataclass(frozen=True)
+class NounPhrase:
+    noun: int                          # index into NOUNS
+    plural: bool
+    definite: bool
+    adjectives: tuple[int, ...] = ()   # indices into ADJECTIVES, in S order
+    modifier: PrepPhrase | None = None  # only inside a subject
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepPhrase:
+    preposition: int                   # index into PREPOSITIONS
+    np: NounPhrase
+
+
+@dataclasses.dataclass(frozen=True)
+class Clause:
+    subject: tuple[NounPhrase, ...]    # 1, or 2 coordinated (plural)
+    verb: int                          # index into VERBS
+    past: bool
+    object: NounPhrase | None = None   # exactly when the verb is transitive
+    pps: tuple[PrepPhrase, ...] = ()
+    # None for the first clause; ("sub", i) after SUBORDINATORS[i] (the
+    # clause is subordinate), ("conj", i) after CONJUNCTIONS[i] (main clause).
+    connector: tuple[str, int] | None = None
+
+    @property
+    def subordinate(self) -> bool:
+        return self.connector is not None and self.connector[0] == "sub"
+
+    @property
+    def subject_number(self) -> str:
+        if len(self.subject) > 1:
+            return "pl"
+        return "pl" if self.subject[0].plural else "sg"
+
+
+Sentence = tuple[Clause, ...]
+
+# --------------------------------------------------------------- rendering --
+
+
+def _source_np(np_: NounPhrase) -> list[str]:
+    noun = NOUNS[np_.noun].source + (SOURCE_PLURAL_SUFFIX if np_.plural else "")
+    out = [SOURCE_DEFINITE if np_.definite else SOURCE_INDEFINITE, noun]
+    out += [ADJECTIVES[a].source for a in np_.adjectives]
+    if np_.modifier is not None:
+        out += _source_pp(np_.modifier)
+    return out
+
+
+def _source_pp(pp: PrepPhrase) -> list[str]:
+    return [PREPOSITIONS[pp.preposition].source] + _source_np(pp.np)
+
+
+def _connector_words(clause: Clause, side: str) -> list[str]:
+    if clause.connector is None:
+        return []
+    kind, i = clause.connector
+    word = (SUBORDINATORS if kind == "sub" else CONJUNCTIONS)[i]
+    return [",", getattr(word, side)]
+
+
+def render_source(sentence: Sentence) -> str:
+    out: list[str] = []
+    for clause in sentence:
+        out += _connector_words(clause, "source")
+        for k, np_ in enumerate(clause.subject):
+            if k:
+                out.append(SOURCE_NP_AND)
+            out += _source_np(np_)
+        if clause.past:
+            out.append(SOURCE_PAST)
+        out.append(VERBS[clause.verb].source)
+        if clause.object is not None:
+            out += _source_np(clause.object)
+        for pp in clause.pps:
+            out += _source_pp(pp)
+    return " ".join(out + ["."])
+
+
+def target_noun(noun: int, plural: bool) -> str:
+    n = NOUNS[noun]
+    return n.target + (TARGET_PLURAL_SUFFIX[n.gender] if plural else "")
+
+
+def target_article(definite: bool, gender: str, number: str) -> str:
+    return (DEFINITE_ARTICLES if definite else INDEFINITE_ARTICLES)[(gender, number)]
+
+
+def target_adjective(adjective: int, gender: str, number: str) -> str:
+    return ADJECTIVES[adjective].target + ADJECTIVE_SUFFIXES[(gender, number)]
+
+
+def target_verb(verb: int, past: bool, number: str) -> str:
+    return VERBS[verb].target + VERB_SUFFIXES[("past" if past else "present", number)]
+
+
+def _target_np(np_: NounPhrase) -> list[str]:
+    gender = NOUNS[np_.noun].gender
+    number = "pl" if np_.plural else "sg"
+    out = [target_article(np_.definite, gender, number)]
+    out += [target_adjective(a, gender, number) for a in np_.adjectives]
+    out.append(target_noun(np_.noun, np_.plural))
+    if np_.modifier is not None:
+        out += _target_pp(np_.modifier)
+    return out
+
+
+def _target_pp(pp: PrepPhrase) -> list[str]:
+    return [PREPOSITIONS[pp.preposition].target] + _target_np(pp.np)
+
+
+def render_target(sentence: Sentence) -> str:
+    out: list[str] = []
+    for clause in sentence:
+        out += _connector_words(clause, "target")
+        for k, np_ in enumerate(clause.subject):
+            if k:
+                out.append(TARGET_NP_AND)
+            out += _target_np(np_)
+        verb = target_verb(clause.verb, clause.past, clause.subject_number)
+        if not clause.subordinate:
+            out.append(verb)
+        if clause.object is not None:
+            out += _target_np(clause.object)
+        for pp in clause.pps:
+            out += _target_pp(pp)
+        if clause.subordinate:
+            out.append(verb)   # verb last in a subordinate clause
+    return " ".join(out + ["."])
+
+
+# ----------------------------------------------------------------- parsing --
+
+
+def _source_words() -> dict[str, tuple]:
+    """Every S surface form -> what it is; raises if two forms coincide."""
+    table: dict[str, tuple] = {}
+
+    def add(form, what):
+        if form in table or form in PUNCTUATION:
+            raise RuntimeError(f"synthetic_translation: source form {form!r} is "
+                               f"both {table.get(form, 'punctuation')} and {what}")
+        table[form] = what
+
+    add(SOURCE_DEFINITE, ("det", True))
+    add(SOURCE_INDEFINITE, ("det", False))
+    add(SOURCE_PAST, ("past",))
+    add(SOURCE_NP_AND, ("np_and",))
+    for i, n in enumerate(NOUNS):
+        add(n.source, ("noun", i, False))
+        add(n.source + SOURCE_PLURAL_SUFFIX, ("noun", i, True))
+    for kind, words in (("adj", ADJECTIVES), ("verb", VERBS), ("prep", PREPOSITIONS),
+                        ("sub", SUBORDINATORS), ("conj", CONJUNCTIONS)):
+        for i, w in enumerate(words):
+            add(w.source, (kind, i))
+    return table
+
+
+def _target_words() -> dict[str, tuple]:
+    """Every T surface form -> what it is; raises if two forms coincide."""
+    table: dict[str, tuple] = {}
+
+    def add(form, what, shared_ok=False):
+        clash = form in table and not (shared_ok and table[form] == what)
+        if form in PUNCTUATION or clash:
+            raise RuntimeError(f"synthetic_translation: target form {form!r} is "
+                               f"both {table.get(form, 'punctuation')} and {what}")
+        table[form] = what
+
+    for (g, n), form in DEFINITE_ARTICLES.items():
+        add(form, ("det", True, g, n))
+    for (g, n), form in INDEFINITE_ARTICLES.items():
+        add(form, ("det", False, g, n))
+    for i in range(len(NOUNS)):
+        add(target_noun(i, False), ("noun", i, False))
+        add(target_noun(i, True), ("noun", i, True))
+    for i in range(len(ADJECTIVES)):
+        for g in GENDERS:
+            for n in NUMBERS:
+                add(target_adjective(i, g, n), ("adj", i, g, n))
+    for i in range(len(VERBS)):
+        for t in TENSES:
+            for n in NUMBERS:
+                add(target_verb(i, t == "past", n), ("verb", i, t == "past", n))
+    for kind, words in (("prep", PREPOSITIONS), ("sub", SUBORDINATORS)):
+        for i, w in enumerate(words):
+            add(w.target, (kind, i))
+    add(CONJUNCTIONS[0].target, ("and",))
+    add(TARGET_NP_AND, ("and",), shared_ok=True)
+    add(CONJUNCTIONS[1].target, ("conj", 1))
+    return table
+
+
+SOURCE_WORDS = _source_words()   # checked at import: all S forms distinct
+TARGET_WORDS = _target_words()   # checked at import: all T forms distinct
+
+
+class _Parser:
+    def __init__(self, source: str):
+        self.tokens = source.split()
+        self.pos = 0
+        self.source = source
+
+    def peek(self) -> tuple:
+        if self.pos >= len(self.tokens):
+            return ("end",)
+        tok = self.tokens[self.pos]
+        if tok in PUNCTUATION:
+            return (tok,)
+        if tok not in SOURCE_WORDS:
+            self.fail(f"unknown word {tok!r}")
+        return SOURCE_WORDS[tok]
+
+    def take(self, kind: str) -> tuple:
+        what = self.peek()
+        if what[0] != kind:
+            self.fail(f"expected {kind}, found {what[0]}")
+        self.pos += 1
+        return what
+
+    def fail(self, why: str):
+        raise ValueError(f"synthetic_translation: cannot parse source sentence at "
+                         f"token {self.pos} ({why}): {self.source!r}")
+
+    def np(self, allow_modifier: bool) -> NounPhrase:
+        definite = self.take("det")[1]
+        _, noun, plural = self.take("noun")
+        adjectives = []
+        while self.peek()[0] == "adj":
+            adjectives.append(self.take("adj")[1])
+        modifier = None
+        if allow_modifier and self.peek()[0] == "prep":
+            modifier = self.pp()
+        return NounPhrase(noun, plural, definite, tuple(adjectives), modifier)
+
+    def pp(self) -> PrepPhrase:
+        return PrepPhrase(self.take("prep")[1], self.np(allow_modifier=False))
+
+    def clause(self, connector) -> Clause:
+        subject = [self.np(allow_modifier=True)]
+        if self.peek()[0] == "np_and":
+            self.pos += 1
+            subject.append(self.np(allow_modifier=True))
+        past = self.peek()[0] == "past"
+        if past:
+            self.pos += 1
+        verb = self.take("verb")[1]
+        obj = self.np(allow_modifier=False) if VERBS[verb].transitive else None
+        pps = []
+        while self.peek()[0] == "prep":
+            pps.append(self.pp())
+        return Clause(tuple(subject), verb, past, obj, tuple(pps), connector)
+
+    def sentence(self) -> Sentence:
+        clauses = [self.clause(None)]
+        while self.peek()[0] == ",":
+            self.pos += 1
+            kind, *rest = self.peek()
+            if kind not in ("sub", "conj"):
+                self.fail("expected a subordinator or a conjunction after ','")
+            self.pos += 1
+            clauses.append(self.clause((kind, rest[0])))
+        self.take(".")
+        if self.pos != len(self.tokens):
+            self.fail("text after the final '.'")
+        return tuple(clauses)
+
+
+def parse_source(source: str) -> Sentence:
+    """The syntax tree of an S sentence (the grammar is LL(1): one parse)."""
+    return _Parser(source).sentence()
+
+
+def translate(source: str) -> str:
+    """The one correct T translation of an S sentence (a reference translator)."""
+    return render_target(parse_source(source))
+
+
+# ---------------------------------------------------------------- sampling --
+
+
+def _uniform(rng: random.Random, n: int) -> int:
+    return min(int(rng.random() * n), n - 1)
+
+
+def _pick(rng: random.Random, probs: Sequence[float]) -> int:
+    """An index drawn with the given probabilities (summing to 1)."""
+    u, acc = rng.random(), 0.0
+    for i, p in enumerate(probs):
+        acc += p
+        if u < acc:
+            return i
+    return len(probs) - 1
+
+
+# Sampling probabilities (part of the data definition: changing them, bump VERSION).
+P_ANOTHER_CLAUSE = 0.5      # after each clause, while below max_clauses
+P_SUBORDINATE = 0.75        # an added clause is subordinate, else coordinated
+P_COORDINATED_SUBJECT = 0.15
+P_SUBJECT_MODIFIER = 0.2    # per subject noun phrase: "X near the Y"
+P_DEFINITE, P_PLURAL, P_PAST = 0.6, 0.4, 0.4
+NUM_ADJECTIVES_PROBS = (0.55, 0.3, 0.15)   # 0, 1, 2 adjectives
+NUM_PPS_PROBS = (0.5, 0.35, 0.15)          # 0, 1, 2 clause-level PPs
+
+
+def _sample_np(rng: random.Random, allow_modifier: bool) -> NounPhrase:
+    noun = _uniform(rng, len(NOUNS))
+    plural = rng.random() < P_PLURAL
+    definite = rng.random() < P_DEFINITE
+    adjectives: list[int] = []
+    for _ in range(_pick(rng, NUM_ADJECTIVES_PROBS)):
+        a = _uniform(rng, len(ADJECTIVES) - len(adjectives))
+        for b in sorted(adjectives):   # draw without repetition
+            a += a >= b
+        adjectives.append(a)
+    modifier = None
+    if allow_modifier and rng.random() < P_SUBJECT_MODIFIER:
+        modifier = PrepPhrase(_uniform(rng, len(PREPOSITIONS)), _sample_np(rng, False))
+    return NounPhrase(noun, plural, definite, tuple(adjectives), modifier)
+
+
+def _sample_clause(rng: random.Random, connector) -> Clause:
+    subject = [_sample_np(rng, True)]
+    if rng.random() < P_COORDINATED_SUBJECT:
+        subject.append(_sample_np(rng, True))
+    past = rng.random() < P_PAST
+    verb = _uniform(rng, len(VERBS))
+    obj = _sample_np(rng, False) if VERBS[verb].transitive else None
+    pps = tuple(PrepPhrase(_uniform(rng, len(PREPOSITIONS)), _sample_np(rng, False))
+                for _ in range(_pick(rng, NUM_PPS_PROBS)))
+    return Clause(tuple(subject), verb, past, obj, pps, connector)
+
+
+def sample_sentence(rng: random.Random, max_clauses: int) -> Sentence:
+    clauses = [_sample_clause(rng, None)]
+    while len(clauses) < max_clauses and rng.random() < P_ANOTHER_CLAUSE:
+        if rng.random() < P_SUBORDINATE:
+            connector = ("sub", _uniform(rng, len(SUBORDINATORS)))
+        else:
+            connector = ("conj", _uniform(rng, len(CONJUNCTIONS)))
+        clauses.append(_sample_clause(rng, connector))
+    return tuple(clauses)
+
+
+# ------------------------------------------------------------------ config --
+
+SPLITS = ("train", "validation", "test")
+
+_NAME_RE = re.compile(
+    r"^train(?P<num_train>\d+)_val(?P<num_validation>\d+)_test(?P<num_test>\d+)"
+    r"_clauses(?P<max_clauses>\d+)_seed(?P<seed>\d+)$")
+
+
+@dataclasses.dataclass(eq=False)
+class SyntheticTranslationConfig(tfds.core.BuilderConfig):
+    """Parameters of `synthetic_translation`; build with `translation_config`."""
+
+    num_train: int = 50000
+    num_validation: int = 1000
+    num_test: int = 1000
+    max_clauses: int = 3
+    seed: int = 0
+
+
+_CONFIGS: dict[str, SyntheticTranslationConfig] = {}
+_CONFIGS_LOCK = threading.Lock()
+
+
+def config_name(*, num_train: int, num_validation: int, num_test: int,
+                max_clauses: int, seed: int) -> str:
+    return (f"train{num_train}_val{num_validation}_test{num_test}"
+            f"_clauses{max_clauses}_seed{seed}")
+
+
+def translation_config(*, num_train: int = 50000, num_validation: int = 1000,
+                       num_test: int = 1000, max_clauses: int = 3, seed: int = 0
+                       ) -> SyntheticTranslationConfig:
+    """The (validated, interned) config for these parameters.
+
+    Interned: equal parameters give the identical object, which tfds requires
+    of a config that is also reachable by name.
+    """
+    params = dict(num_train=num_train, num_validation=num_validation,
+                  num_test=num_test, max_clauses=max_clauses, seed=seed)
+    for field, value in params.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"synthetic_translation: {field} must be an int, "
+                             f"got {value!r}")
+        if value < 0:
+            raise ValueError(f"synthetic_translation: {field} must be >= 0, got {value}")
+    if max_clauses < 1:
+        raise ValueError(f"synthetic_translation: max_clauses must be >= 1 (the main "
+                         f"clause), got {max_clauses}")
+    name = config_name(**params)
+    with _CONFIGS_LOCK:
+        if name not in _CONFIGS:
+            _CONFIGS[name] = SyntheticTranslationConfig(
+                name=name, description=f"synthetic_translation with {params}",
+                **params)
+        return _CONFIGS[name]
+
+
+# ------------------------------------------------------------------ splits --
+
+
+def _rng(cfg: SyntheticTranslationConfig, split: str) -> random.Random:
+    # A str seed is hashed (sha512) by `random.seed` version 2: stable.
+    return random.Random(f"synthetic_translation/seed={cfg.seed}/{split}")
+
+
+def generate_split(cfg: SyntheticTranslationConfig, split: str
+                   ) -> list[tuple[str, str]]:
+    """The `(source, target)` pairs of `split`, in generation order."""
+    if split not in SPLITS:
+        raise ValueError(f"synthetic_translation has no split {split!r} "
+                         f"(its splits: {list(SPLITS)})")
+    return list(_generate_splits(cfg)[split])
+
+
+@functools.lru_cache(maxsize=2)
+def _generate_splits(cfg: SyntheticTranslationConfig
+                     ) -> dict[str, tuple[tuple[str, str], ...]]:
+    """All splits at once (each later split avoids the sources of earlier ones);
+    cached because tfds asks for the splits one by one."""
+    sizes = {"train": cfg.num_train, "validation": cfg.num_validation,
+             "test": cfg.num_test}
+    seen: set[str] = set()
+    splits = {}
+    for split in SPLITS:
+        rng = _rng(cfg, split)
+        out: list[tuple[str, str]] = []
+        attempts = 0
+        while len(out) < sizes[split]:
+            attempts += 1
+            if attempts > 100 * (sizes[split] + 10):
+                raise ValueError(
+                    f"synthetic_translation {cfg.name}: cannot draw {sizes[split]} "
+                    f"{split} sentences unseen in earlier splits; use smaller "
+                    f"splits or a larger max_clauses.")
+            sentence = sample_sentence(rng, cfg.max_clauses)
+            source = render_source(sentence)
+            if split != "train" and source in seen:
+                continue   # redraw: no source sentence shared between splits
+            out.append((source, render_target(sentence)))
+            if split != "train":
+                seen.add(source)
+        if split == "train":
+            seen.update(src for src, _ in out)
+        splits[split] = tuple(out)
+    return splits
+
+
+# ----------------------------------------------------------------- builder --
+
+
+class SyntheticTranslation(tfds.core.GeneratorBasedBuilder):
+    """Translate between two invented languages (see module docstring)."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    BUILDER_CONFIGS = [translation_config()]
+    # tfds 4.9.10 computes the default `code_path` through `importlib_resources`
+    # (missing here) and fails; see synthetic_reverse.
+    code_path = epath.Path(__file__)
+
+    def __init__(self, *, config=None, num_train: int | None = None,
+                 num_validation: int | None = None, num_test: int | None = None,
+                 max_clauses: int | None = None, seed: int | None = None, **kwargs):
+        """`config` (a name or a config) or keyword parameters, not both."""
+        params = {k: v for k, v in dict(
+            num_train=num_train, num_validation=num_validation, num_test=num_test,
+            max_clauses=max_clauses, seed=seed).items() if v is not None}
+        if params:
+            if config is not None:
+                raise ValueError(
+                    "synthetic_translation: pass either config= or the parameters "
+                    f"{sorted(params)}, not both.")
+            config = translation_config(**params)
+        super().__init__(config=config, **kwargs)
+
+    @classmethod
+    def get_builder_config(cls, name, version=None):
+        """Also resolves any name of the form `translation_config` produces."""
+        found = super().get_builder_config(name, version)
+        if found is None and (m := _NAME_RE.match(name)):
+            found = translation_config(**{k: int(v) for k, v in m.groupdict().items()})
+        return found
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict({
+                "source": tfds.features.Text(), "target": tfds.features.Text()}),
+            supervised_keys=("source", "target"),
+            disable_shuffling=True,   # source[i] == generate_split(cfg, split)[i]
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # nothing to download
+        # tfds cannot write a split with no examples, so an empty one is left out.
+        cfg = self.builder_config
+        sizes = {"train": cfg.num_train, "validation": cfg.num_validation,
+                 "test": cfg.num_test}
+        return {split: self._generate_examples(split)
+                for split, size in sizes.items() if size > 0}
+
+    def _generate_examples(self, split: str):
+        for i, (source, target) in enumerate(generate_split(self.builder_config, split)):
+            yield i, {"source": source, "target": target}

@@ -1,0 +1,110 @@
+"""SentencePiece subword vocabularies (joint source + target for translation).
+
+Ids: 0 pad, 1 BOS, 2 EOS, 3 unknown, then the pieces, matching the
+Transformer's `pad_id`, `bos_id` and `eos_id`. `encode` adds no BOS/EOS; the
+input pipeline appends EOS to each sequence.
+
+A vocabulary is trained on the training split the first time a workdir is
+used and saved there (`WORKDIR/vocab/spm.model`); a resumed run, evaluation
+and `launch/translate.py` load that file, so ids never change under a
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from typing import Iterable
+
+import sentencepiece as spm
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+MODEL_TYPES = ("unigram", "bpe")
+VOCAB_DIR = "vocab"
+MODEL_FILE = "spm.model"
+SETTINGS_FILE = "spm.json"  # the requested size and type (small corpora give fewer pieces)
+
+
+class Vocabulary:
+    """A trained SentencePiece model: text <-> ids."""
+
+    def __init__(self, model_proto: bytes, path: str | None = None):
+        self.path = path
+        self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
+        if (self._processor.pad_id(), self._processor.bos_id(),
+                self._processor.eos_id()) != (PAD_ID, BOS_ID, EOS_ID):
+            raise ValueError(f"{path or 'the SentencePiece model'} does not use pad/bos/eos "
+                             f"ids {PAD_ID}/{BOS_ID}/{EOS_ID}; train it with "
+                             "bert_jax.data.vocabulary.train.")
+
+    @classmethod
+    def load(cls, path: str) -> "Vocabulary":
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no SentencePiece model there.")
+        with open(path, "rb") as f:
+            return cls(f.read(), path)
+
+    @property
+    def size(self) -> int:
+        return self._processor.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._processor.encode(text)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Detokenizes ids, stopping at the first EOS and ignoring pad and BOS."""
+        kept = []
+        for i in ids:
+            i = int(i)
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID):
+                kept.append(i)
+        return self._processor.decode(kept)
+
+
+def train(texts: Iterable[str], vocab_size: int, *, model_type: str = "unigram",
+          character_coverage: float = 1.0, max_sentences: int = 2_000_000) -> Vocabulary:
+    """Trains a SentencePiece model on `texts` (one sentence each)."""
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type={model_type!r}: choose one of {list(MODEL_TYPES)}.")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size,
+        model_type=model_type, character_coverage=character_coverage,
+        input_sentence_size=max_sentences, shuffle_input_sentence=True,
+        pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+        hard_vocab_limit=False, minloglevel=2)
+    return Vocabulary(model.getvalue())
+
+
+def load_or_train(workdir: str, texts: Iterable[str], vocab_size: int, *,
+                  model_type: str = "unigram", is_writer: bool = True) -> Vocabulary:
+    """The workdir's vocabulary, trained on `texts` (lazily read) if absent.
+
+    Only the writer (process 0) trains; the file is written atomically.
+    Other processes must wait for it (the loop synchronises them).
+    """
+    path = os.path.join(workdir, VOCAB_DIR, MODEL_FILE)
+    settings_path = os.path.join(workdir, VOCAB_DIR, SETTINGS_FILE)
+    settings = {"vocab_size": vocab_size, "model_type": model_type}
+    if os.path.isfile(path):
+        with open(settings_path) as f:
+            saved = json.load(f)
+        if saved != settings:
+            raise ValueError(f"{path} was trained with {saved} but the config asks for "
+                             f"{settings}: use the workdir's config or a new workdir.")
+        return Vocabulary.load(path)
+    if not is_writer:
+        raise FileNotFoundError(f"{path} is missing: process 0 trains it first.")
+    vocab = train(texts, vocab_size, model_type=model_type)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(settings_path, "w") as f:
+        json.dump(settings, f)
+    with tempfile.NamedTemporaryFile("wb", dir=os.path.dirname(path), delete=False) as f:
+        f.write(vocab._processor.serialized_model_proto())
+    os.replace(f.name, path)  # the model file appears last, complete
+    vocab.path = path
+    return vocab
