@@ -122,6 +122,19 @@ def test_evaluate_only_reproduces_logged_metrics(trained, tmp_path):
         np.testing.assert_allclose(result[key], logged[key], rtol=1e-6)
 
 
+def test_translate_command_matches_the_logged_samples(trained, tmp_path):
+    workdir, config, _, _ = trained
+    samples = [json.loads(line) for line in open(os.path.join(workdir, "samples",
+                                                                "300.jsonl"))][:5]
+    source_file = tmp_path / "sources.txt"
+    source_file.write_text("".join(s["source"] + "\n" for s in samples))
+    code, out = finish(launch("translate.py", workdir, {"data.data_dir": config.data.data_dir},
+                              extra=["--step=300", f"--input={source_file}"]))
+    assert code == 0, out
+    printed = [line for line in out.splitlines() if not line[:1] in ("I", "W", "E")]
+    assert printed == [s["hypothesis"] for s in samples]
+
+
 # ----------------------------------------------------------------------------
 # Exact resume.
 

@@ -74,16 +74,30 @@ class TranslationTask(Task):
             yield _text(example[data.source_key])
             yield _text(example[data.target_key])
 
+    def _encode(self, value) -> np.ndarray:
+        """Text -> ids ending with EOS; id datasets are taken as they are."""
+        if self.vocab is None:  # ids, or ids written as text ("5 3 7")
+            if isinstance(value, (str, bytes)):
+                value = [int(token) for token in _text(value).split()]
+            return np.asarray(value, np.int32)
+        return np.array(self.vocab.encode(_text(value)) + [vocabulary.EOS_ID], np.int32)
+
     def preprocess(self, example) -> Batch:
-        """An example -> {'inputs', 'targets'} int32 ids, each ending with EOS."""
+        """An example -> {'inputs', 'targets'} int32 ids."""
         data = self.config.data
-        source, target = example[data.source_key], example[data.target_key]
-        if self.vocab is None:  # already ids
-            return {"inputs": np.asarray(source, np.int32),
-                    "targets": np.asarray(target, np.int32)}
-        eos = [vocabulary.EOS_ID]
-        return {"inputs": np.array(self.vocab.encode(_text(source)) + eos, np.int32),
-                "targets": np.array(self.vocab.encode(_text(target)) + eos, np.int32)}
+        return {"inputs": self._encode(example[data.source_key]),
+                "targets": self._encode(example[data.target_key])}
+
+    def encode_sources(self, texts: list[str]) -> np.ndarray:
+        """Source sentences -> `[n, max_length]` padded ids ending with EOS.
+        Longer sentences are cut to max_length (EOS kept last)."""
+        inputs = np.zeros((len(texts), self.max_length), np.int32)
+        for i, text in enumerate(texts):
+            ids = self._encode(text)
+            if len(ids) > self.max_length:
+                ids = np.append(ids[:self.max_length - 1], ids[-1])
+            inputs[i, :len(ids)] = ids
+        return inputs
 
     def dummy_batch(self) -> Batch:
         zeros = np.zeros((1, self.max_length), np.int32)
@@ -165,17 +179,14 @@ class TranslationTask(Task):
             return {}
         source = self._source(self.config.data.eval_split)
         examples = [source[i] for i in range(min(count, len(source)))]
-        rows = [self.preprocess(e)["inputs"][:self.max_length] for e in examples]
-        inputs = np.zeros((len(rows), self.max_length), np.int32)
-        for i, row in enumerate(rows):
-            inputs[i, :len(row)] = row
-        hypotheses = [self.detokenize(t) for t in self.translate(params, inputs, mesh)]
         key_source, key_target = self.config.data.source_key, self.config.data.target_key
-        references = [self.detokenize(self.preprocess(e)["targets"]) if self.vocab is None
+        inputs = self.encode_sources([e[key_source] for e in examples])
+        hypotheses = [self.detokenize(t) for t in self.translate(params, inputs, mesh)]
+        references = [self.detokenize(e[key_target]) if self.vocab is None
                       else _text(e[key_target]) for e in examples]
         if jax.process_index() == 0:
             os.makedirs(os.path.join(self.workdir, "samples"), exist_ok=True)
-            shown = [self.detokenize(self.preprocess(e)["inputs"]) if self.vocab is None
+            shown = [self.detokenize(e[key_source]) if self.vocab is None
                      else _text(e[key_source]) for e in examples]
             write_samples(os.path.join(self.workdir, "samples", f"{step}.jsonl"), shown,
                           references, hypotheses)

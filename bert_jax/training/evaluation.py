@@ -42,9 +42,9 @@ def make_evaluator(task: Task, mesh) -> Callable[[Any, int], dict[str, float]]:
     return evaluate
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
-                        step: int | None = None) -> dict[str, float]:
-    """Restores the parameters of `step` (default: latest) and evaluates them."""
+def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
+                          step: int | None = None):
+    """(task, mesh, params, step) for a workdir's checkpoint (default: latest)."""
     directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
     steps = sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(
         directory) else []
@@ -65,6 +65,13 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
     if missing:
         raise CheckpointError(f"checkpoint step {step} in {directory} lacks parameters "
                               f"{missing}: it was written by a different model.")
+    return task, mesh, params, step
+
+
+def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
+                        step: int | None = None) -> dict[str, float]:
+    """Restores the parameters of `step` (default: latest) and evaluates them."""
+    task, mesh, params, step = restore_for_inference(config, workdir, step)
     with jax.set_mesh(mesh):
         metrics = make_evaluator(task, mesh)(params, step)
     return {"step": step, **metrics}

@@ -1,0 +1,40 @@
+r"""Translates sentences with a trained checkpoint.
+
+  echo "a source sentence" | python launch/translate.py \
+      --config=experiments/translate.py --workdir=DIR [--step=N] [--input=FILE] \
+      [--config.decode.beam_size=4 --config.decode.alpha=0.6]
+
+Reads one sentence per line from --input (default: stdin) and prints one
+translation per line, in order. Uses the workdir's vocabulary and config.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from absl import app, flags  # noqa: E402
+
+import common_flags as launch_flags  # noqa: E402
+from bert_jax.training import evaluation  # noqa: E402
+
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+_INPUT = flags.DEFINE_string("input", None, "File of source sentences (default: stdin).")
+
+
+def main(argv):
+    launch_flags.start(argv)
+    task, mesh, params, _ = evaluation.restore_for_inference(
+        launch_flags.CONFIG.value, launch_flags.WORKDIR.value, _STEP.value)
+    if not hasattr(task, "translate"):
+        raise app.UsageError(f"config.task={launch_flags.CONFIG.value.task!r} does not "
+                             "translate.")
+    stream = open(_INPUT.value) if _INPUT.value else sys.stdin
+    sentences = [line.rstrip("\n") for line in stream]
+    outputs = task.translate(params, task.encode_sources(sentences), mesh)
+    for ids in outputs:
+        print(task.detokenize(ids), flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
