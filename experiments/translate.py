@@ -66,10 +66,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     if variant in ("multi30k", "multi30k_en_de"):
         source, target = ("de", "en") if variant == "multi30k" else ("en", "de")
+        config.data.builder_kwargs = ml_collections.ConfigDict(dict(
+            path=os.path.join(SHARED_DATA, "multi30k"), source_language=source,
+            target_language=target))
         config.data.update(dict(
             builder="parallel_text",
-            builder_kwargs=dict(path=os.path.join(SHARED_DATA, "multi30k"),
-                                source_language=source, target_language=target),
             source_key="source", target_key="target", vocab_size=8000,
             bleu_examples=1014, max_length=40))
         config.model.update(dict(hidden_size=256, num_heads=4, mlp_dim=1024,
@@ -80,8 +81,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.optimizer.update(dict(learning_rate=1e-3, warmup_steps=1000))
     elif variant in ("wmt_base", "wmt_big"):
         big = variant == "wmt_big"
+        config.data.builder_kwargs = ml_collections.ConfigDict()
         config.data.update(dict(
-            builder="wmt14_translate/de-en", builder_kwargs={}, source_key="en",
+            builder="wmt14_translate/de-en", source_key="en",
             target_key="de", vocab_size=32000, bleu_examples=3000,
             eval_split="validation", max_length=256))
         config.model.update(dict(
