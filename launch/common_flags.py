@@ -12,7 +12,7 @@ CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file: experiments/NAME.py[:ARG]; override any "
     "field with --config.section.key=value.", lock_config=True)
 WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and "
-                              "the resolved config (local path or gs://).")
+                              "the resolved config (a local or mounted path).")
 COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                   "host:port of process 0, for multi-process runs.")
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")

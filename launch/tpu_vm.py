@@ -6,7 +6,7 @@ read the log, stop, delete. Every step runs on all of the VM's workers at once
       --version=tpu-ubuntu2204-base [--spot | --preemptible] [--queued]
   python launch/tpu_vm.py setup NAME --zone=Z [--repo_url=URL [--ref=REF]]
   python launch/tpu_vm.py train NAME --zone=Z [--allow_local_workdir] -- \
-      --config=experiments/NAME.py[:ARG] --workdir=gs://BUCKET/RUN [--config.key=value ...]
+      --config=experiments/NAME.py[:ARG] --workdir=/gcs/BUCKET/RUN [--config.key=value ...]
   python launch/tpu_vm.py logs NAME --zone=Z [--follow] [--lines=100] [--worker=0]
   python launch/tpu_vm.py stop NAME --zone=Z [--force]
   python launch/tpu_vm.py delete NAME --zone=Z [--queued]
@@ -24,8 +24,9 @@ configured defaults apply.
   `--config.mesh.shape='(1,4,1)'` and values with spaces arrive as typed). It
   runs in the background (setsid nohup), logging to ~/bert_jax_train.log with
   its pid in ~/bert_jax_train.pid; a worker already running one refuses. The
-  workdir must be gs://: the workers' local disks are separate, so a local
-  path would scatter checkpoints (--allow_local_workdir for a one-host VM).
+  workdir must be a bucket mounted with gcsfuse under /gcs/ on every worker:
+  the workers' local disks are separate, so a local path would scatter
+  checkpoints (--allow_local_workdir for a one-host VM).
 - stop: SIGTERM to the training process on every worker (the trainer saves a
   checkpoint at the next step and exits); --force: SIGKILL to its process group.
 - create/delete --queued: a queued resource of the same name instead
@@ -49,6 +50,9 @@ TPU_VM = ["gcloud", "compute", "tpus", "tpu-vm"]
 QUEUED = ["gcloud", "compute", "tpus", "queued-resources"]
 PID_FILE = "bert_jax_train.pid"
 
+
+# Where TPU VM workers mount GCS buckets with gcsfuse (shared by every worker).
+SHARED_MOUNT = "/gcs/"
 
 def _plain_name(value: str) -> str:
     """A file or directory name directly under the remote home (safe to rm -rf)."""
@@ -98,9 +102,9 @@ def parser() -> argparse.ArgumentParser:
 
     train = add("train", "Start launch/train.py on every worker: train ... -- TRAIN_FLAGS.",
                 usage="%(prog)s NAME [options] -- --config=experiments/NAME.py "
-                      "--workdir=gs://BUCKET/RUN [--config.key=value ...]")
+                      "--workdir=/gcs/BUCKET/RUN [--config.key=value ...]")
     train.add_argument("--allow_local_workdir", "--allow-local-workdir", action="store_true",
-                       help="Accept a non-gs:// workdir (only right for a one-host VM).")
+                       help="Accept a workdir outside /gcs/ (only right for a one-host VM).")
 
     logs = add("logs", "Print (or follow) a worker's training log.")
     logs.add_argument("--follow", "-f", action="store_true", help="Stream it (tail -F).")
@@ -131,12 +135,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     workdir = flag_value(args.train_flags, "workdir")
     if not flag_value(args.train_flags, "config") or not workdir:
         top.error("train needs the training flags after --: "
-                  "-- --config=experiments/NAME.py --workdir=gs://BUCKET/RUN [...]")
-    if not workdir.startswith("gs://"):
+                  "-- --config=experiments/NAME.py --workdir=/gcs/BUCKET/RUN [...]")
+    if "://" in workdir:
+        top.error(f"--workdir={workdir}: the trainer writes its workdir with file I/O; mount "
+                  "the bucket with gcsfuse on every worker and pass /gcs/BUCKET/RUN.")
+    if not workdir.startswith(SHARED_MOUNT):
         if not args.allow_local_workdir:
             top.error(f"--workdir={workdir} is not on GCS: every worker of a multi-host TPU "
                       "VM would write its own local disk (scattered checkpoints, no resume). "
-                      "Use gs://BUCKET/RUN, or --allow_local_workdir on a one-host VM.")
+                      f"Use a gcsfuse mount ({SHARED_MOUNT}BUCKET/RUN), or "
+                      "--allow_local_workdir on a one-host VM.")
         print(f"warning: local workdir {workdir}: each worker writes its own disk.",
               file=sys.stderr)
     return args

@@ -61,7 +61,7 @@ sys.exit(subprocess.run(["bash", *sys.argv[1:]]).returncode)
 # Training flags that a careless shell round trip would mangle.
 AWKWARD_FLAGS = [
     "--config=experiments/tiny_translate.py:big",
-    "--workdir=gs://bucket/runs/run 1",
+    "--workdir=/gcs/bucket/runs/run 1",
     "--config.mesh.shape=(1,4,1)",
     "--config.name=it's \"quoted\" $HOME `hostname` ; & | > * ~",
     "--config.train.num_steps", "10",
@@ -269,15 +269,23 @@ def test_train_refuses_a_local_workdir(workdir, fakes, capsys):
     assert train_argv(remote_command(fakes.calls()[0])) == flags
 
 
+def test_train_refuses_object_store_urls(fakes, capsys):
+    with pytest.raises(SystemExit):
+        tpu("train", "tpu1", "--", "--config=experiments/tiny_translate.py",
+            "--workdir=gs://bucket/run")
+    assert "mount the bucket with gcsfuse" in capsys.readouterr().err
+    assert fakes.calls() == []
+
+
 @pytest.mark.parametrize("argv", [
     ["train", "tpu1"],
-    ["train", "tpu1", "--", "--workdir=gs://b/r"],
+    ["train", "tpu1", "--", "--workdir=/gcs/b/r"],
     ["train", "tpu1", "--", "--config=experiments/tiny_translate.py"],
-    ["logs", "tpu1", "--", "--workdir=gs://b/r"],
+    ["logs", "tpu1", "--", "--workdir=/gcs/b/r"],
     ["create", "tpu1", "--accelerator_type=v4-8", "--version=v", "--queued", "--preemptible"],
     ["create", "tpu1", "--accelerator_type=v4-8", "--version=v", "--spot", "--preemptible"],
     ["setup", "tpu1", "--remote_dir=../x"],
-    ["train", "tpu1", "--config=experiments/tiny_translate.py", "--workdir=gs://b/r"],
+    ["train", "tpu1", "--config=experiments/tiny_translate.py", "--workdir=/gcs/b/r"],
 ])
 def test_bad_usage_is_refused_before_running_anything(argv, fakes, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -249,6 +249,8 @@ def test_unwritable_workdir(tmp_path, data_dir, monkeypatch):
     blocker.write_text("")
     with pytest.raises(trainer.WorkdirError, match="cannot create --workdir"):
         trainer.prepare_workdir(str(blocker / "run"), tiny_config(data_dir))
+    with pytest.raises(trainer.WorkdirError, match="object-store URLs are not supported"):
+        trainer.prepare_workdir("gs://bucket/run", tiny_config(data_dir))
     monkeypatch.setattr(os, "access", lambda *a, **k: False)
     with pytest.raises(trainer.WorkdirError, match="is not writable"):
         trainer.prepare_workdir(str(tmp_path / "run"), tiny_config(data_dir))

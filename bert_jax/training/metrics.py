@@ -117,6 +117,10 @@ class Progress:
         self._step = first_step
         self._time = time.perf_counter()
 
+    def restart(self, step: int) -> None:
+        """Starts the next interval at `step`, now (e.g. after an evaluation)."""
+        self._step, self._time = step, time.perf_counter()
+
     def measure(self, step: int) -> dict[str, float]:
         """Rates since the last call (the caller has synced on this step)."""
         now = time.perf_counter()

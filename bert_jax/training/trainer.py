@@ -54,6 +54,11 @@ def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
 def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
     """Creates `workdir`, checks it is writable and that any run already in it
     has the same task, model and data; writes `config.json`."""
+    if "://" in workdir:
+        raise WorkdirError(
+            f"--workdir={workdir}: object-store URLs are not supported yet (config.json, "
+            "metrics.jsonl and the vocabulary are written with local file I/O). Mount the "
+            "bucket on every host (e.g. gcsfuse at /gcs/BUCKET) and pass that path.")
     workdir = os.path.abspath(workdir)
     try:
         os.makedirs(workdir, exist_ok=True)
@@ -200,6 +205,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 eval_metrics = None
                 if step % train.eval_every == 0 or last:
                     eval_metrics = evaluate(state.params, step)
+                    progress.restart(step)  # evaluation time is not training time
                     scalars.update(eval_metrics)
                     logging.info("step %d eval: %s", step, eval_metrics)
                 if scalars:
