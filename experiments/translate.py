@@ -40,7 +40,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.data = ml_collections.ConfigDict(dict(
         builder="synthetic_translation",
-        builder_kwargs=dict(max_clauses=2),
+        builder_kwargs=dict(max_clauses=2, num_train=50000, num_validation=1000,
+                            num_test=1000),
         data_dir="",
         source_key="source", target_key="target",
         vocab_size=512, vocab_type="unigram", vocab_sample=200_000,

@@ -44,11 +44,12 @@ def flags_for(config_overrides: dict) -> list[str]:
     return [f"--config.{k}={v}" for k, v in config_overrides.items()]
 
 
-def launch(script: str, workdir, overrides: dict, devices: int = 1, extra=(), **popen):
+def launch(script: str, workdir, overrides: dict, devices: int = 1, extra=(),
+           config: str = "tiny_translate.py", **popen):
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
            "JAX_PLATFORMS": "cpu"}
     command = [sys.executable, str(REPO / "launch" / script),
-               "--config=" + str(REPO / "experiments" / "tiny_translate.py"),
+               "--config=" + str(REPO / "experiments" / config),
                f"--workdir={workdir}", *flags_for(overrides), *extra]
     return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **popen)
@@ -220,13 +221,18 @@ def _free_port() -> int:
 
 
 def test_two_processes_match_one_process(tmp_path, data_dir):
+    """The text translation experiment at toy size: both processes need the
+    vocabulary that process 0 trains (a barrier), and the same numbers."""
     overrides = {"train.num_steps": 12, "optimizer.warmup_steps": 4, "train.log_every": 2,
-                 "train.eval_every": 12,
-                 "train.checkpoint_every": 12, "model.dropout_rate": 0.1,
-                 "data.data_dir": data_dir}
-    single = launch("train.py", tmp_path / "one", overrides, devices=4)
+                 "train.eval_every": 12, "train.checkpoint_every": 12,
+                 "train.batch_size": 16, "data.data_dir": data_dir,
+                 "data.builder_kwargs.num_train": 400, "data.builder_kwargs.num_validation": 32,
+                 "data.builder_kwargs.num_test": 8, "data.bleu_examples": 8,
+                 "model.hidden_size": 32, "model.mlp_dim": 64, "model.num_layers": 1,
+                 "decode.batch_size": 8, "decode.beam_size": 2}
+    single = launch("train.py", tmp_path / "one", overrides, devices=4, config="translate.py")
     port = _free_port()
-    multi = [launch("train.py", tmp_path / "two", overrides, devices=2,
+    multi = [launch("train.py", tmp_path / "two", overrides, devices=2, config="translate.py",
                     extra=[f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
                            f"--process_id={i}"]) for i in range(2)]
     for process in [single, *multi]:
@@ -235,7 +241,7 @@ def test_two_processes_match_one_process(tmp_path, data_dir):
     one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert [m["step"] for m in one] == [m["step"] for m in two]
     for a, b in zip(one, two):
-        for key in ("train/loss", "train/grad_norm", "eval/nll"):
+        for key in ("train/loss", "train/grad_norm", "eval/nll", "eval/bleu"):
             if key in a:
                 np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=key)
 

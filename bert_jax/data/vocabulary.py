@@ -85,7 +85,8 @@ def load_or_train(workdir: str, texts: Iterable[str], vocab_size: int, *,
     """The workdir's vocabulary, trained on `texts` (lazily read) if absent.
 
     Only the writer (process 0) trains; the file is written atomically.
-    Other processes must wait for it (the loop synchronises them).
+    Other processes must wait for it (TranslationTask puts them behind a
+    barrier).
     """
     path = os.path.join(workdir, VOCAB_DIR, MODEL_FILE)
     settings_path = os.path.join(workdir, VOCAB_DIR, SETTINGS_FILE)

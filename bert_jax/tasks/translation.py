@@ -20,8 +20,8 @@ import functools
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax.data import pipeline, sources, vocabulary
@@ -46,9 +46,7 @@ class TranslationTask(Task):
         self.max_length = data.max_length
         self.vocab = None
         if data.vocab_size:
-            self.vocab = vocabulary.load_or_train(
-                workdir, self._training_texts(), data.vocab_size,
-                model_type=data.vocab_type, is_writer=jax.process_index() == 0)
+            self.vocab = self._vocabulary()
         model_values = config.model.to_dict()
         if self.vocab is not None:
             model_values["vocab_size"] = self.vocab.size
@@ -57,6 +55,22 @@ class TranslationTask(Task):
         self.model_config.check_length(self.max_length, "config.data.max_length")
 
     # -- data ------------------------------------------------------------------
+
+    def _vocabulary(self) -> vocabulary.Vocabulary:
+        """The workdir's vocabulary: process 0 trains it if absent, the others
+        wait at a barrier and then load it."""
+        data = self.config.data
+
+        def load_or_train(is_writer):
+            return vocabulary.load_or_train(self.workdir, self._training_texts(),
+                                            data.vocab_size, model_type=data.vocab_type,
+                                            is_writer=is_writer)
+
+        writer = jax.process_index() == 0
+        vocab = load_or_train(True) if writer else None
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("bert_jax: vocabulary written")
+        return vocab or load_or_train(False)
 
     @functools.cache
     def _source(self, split: str):
