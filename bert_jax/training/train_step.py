@@ -60,8 +60,8 @@ def _split_micro_batches(batch: dict[str, jax.Array], steps: int) -> dict[str, j
 def make_train_step(loss_fn: LossFn, grad_accum_steps: int = 1) -> Callable:
     """`step(state, batch, rng) -> (state, metrics)`, un-jitted (see `jit_train_step`).
 
-    metrics: loss (mean over real targets), weight, grad_norm, learning-rate-free
-    sums divided by weight (`<name>` for each sum the task returns).
+    metrics: loss (mean over real targets), weight (their count), grad_norm,
+    and each other sum the task returns divided by the weight.
     """
     def gradients(params, batch, rng):
         def summed(p):
