@@ -38,6 +38,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         eval_split="validation",
         bleu_examples=64,               # beam-search BLEU on this many eval examples
         max_length=16,                  # padded length; longer examples are dropped
+        pack_length=0,                  # > 0: pack training pairs into rows this long
+        batch_tokens=0,                 # > 0: training rows = batch_tokens // row length
         label_smoothing=0.0))
 
     config.decode = ml_collections.ConfigDict(dict(

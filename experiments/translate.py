@@ -47,7 +47,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         vocab_size=512, vocab_type="unigram", vocab_sample=200_000,
         eval_split="validation",
         bleu_examples=200,
-        max_length=64,
+        max_length=64,     # longer pairs are dropped from training (and counted)
+        pack_length=0,     # > 0: training rows this long, each packing several pairs
+        batch_tokens=0,    # > 0: training rows = batch_tokens // (pack or max) length
         label_smoothing=0.1))
 
     config.decode = ml_collections.ConfigDict(dict(
@@ -86,14 +88,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.data.update(dict(
             builder="wmt14_translate/de-en", source_key="en",
             target_key="de", vocab_size=32000, bleu_examples=3000,
-            eval_split="validation", max_length=256))
+            eval_split="validation", max_length=256,
+            # Packed rows; 128 rows x 256 slots hold about 25k tokens a side,
+            # the paper's batch.
+            pack_length=256, batch_tokens=32768))
         config.model.update(dict(
             hidden_size=1024 if big else 512, num_heads=16 if big else 8,
             mlp_dim=4096 if big else 2048, num_layers=6, max_len=256,
             dropout_rate=0.3 if big else 0.1, norm_position="post",
             attention_impl="fused"))
         config.decode.update(dict(max_length=256, batch_size=256))
-        config.train.update(dict(batch_size=512, num_steps=300000 if big else 100000,
+        config.train.update(dict(batch_size=128,  # evaluation rows
+                                 num_steps=300000 if big else 100000,
                                  eval_every=5000, checkpoint_every=5000))
         config.optimizer.update(dict(learning_rate=1e-3, warmup_steps=4000))
     elif variant != "default":

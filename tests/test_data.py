@@ -281,7 +281,7 @@ def test_get_state_set_state_resumes_exactly(train_source, prefetch):
     it = _train(train_source, max_length=11, prefetch=prefetch)
     _take(it, 7)
     state = json.loads(json.dumps(it.get_state()))  # JSON-serialisable
-    assert state["step"] == 7 and len(state["skipped"]) == 8
+    assert state["step"] == 7 and len(state["consumed"]) == len(state["filtered"]) == 8
     expected = _take(it, 12)  # crosses an epoch boundary
     fresh = _train(train_source, max_length=11, prefetch=prefetch)
     _take(fresh, 2)  # a used iterator resumes just as well
@@ -355,6 +355,91 @@ def test_long_examples_are_dropped_and_counted(caplog):
         assert (batch["targets"] == EOS_ID).sum() == g  # every row fits, with its EOS
     assert skipped > 0 and num_filtered(it) == skipped
     assert any("dropped" in r.getMessage() for r in caplog.records)
+
+
+# ---------------------------------------------------------------- packing --
+
+def _unpack(batch, r):
+    """Row r of a packed batch -> [(inputs, targets)] of its examples."""
+    examples = []
+    for segment in range(1, batch["inputs_segmentation"][r].max() + 1):
+        pair = []
+        for key in ("inputs", "targets"):
+            where = batch[f"{key}_segmentation"][r] == segment
+            np.testing.assert_array_equal(batch[f"{key}_positions"][r][where],
+                                          np.arange(where.sum()))
+            assert (np.diff(np.flatnonzero(where)) == 1).all()  # contiguous
+            pair.append(batch[key][r][where])
+        examples.append(tuple(pair))
+    return examples
+
+
+def test_packing_reads_each_row_stream_in_order():
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 12, size=60)  # targets 2..12 long
+    max_length, pack_length, g, seed = 10, 24, 4, 3
+    long = lengths + 1 > max_length
+    source = _indexed_source(lengths)
+    it = _train(source, global_batch_size=g, seed=seed, max_length=max_length,
+                pack_length=pack_length)
+    batches = _take(it, 12)
+    order = grain.MapDataset.range(60).shuffle(seed=shuffle_seed(seed)).repeat()
+    cursors, dropped, fill = [0] * g, 0, []
+    for batch in batches:
+        assert batch["inputs"].shape == batch["targets_positions"].shape == (g, pack_length)
+        for r in range(g):
+            examples = _unpack(batch, r)
+            assert examples and (batch["inputs"][r] != 0).sum() == sum(
+                len(x) for x, _ in examples)
+            for inputs, targets in examples:
+                while long[order[cursors[r] * g + r]]:
+                    cursors[r] += 1
+                    dropped += 1
+                index = order[cursors[r] * g + r]
+                np.testing.assert_array_equal(inputs, source[index]["inputs"])
+                np.testing.assert_array_equal(targets, source[index]["targets"])
+                cursors[r] += 1
+            # Greedy: the stream's next example short enough did not fit (the
+            # long ones before it are already read and dropped).
+            while long[order[cursors[r] * g + r]]:
+                cursors[r] += 1
+                dropped += 1
+            nxt = source[order[cursors[r] * g + r]]
+            assert (len(nxt["targets"]) + (batch["targets"][r] != 0).sum() > pack_length
+                    or len(nxt["inputs"]) + (batch["inputs"][r] != 0).sum() > pack_length)
+        fill.append(np.mean(batch["targets"] != 0))
+    assert dropped > 0 and num_filtered(it) == dropped
+    assert np.mean(fill) > 0.6  # unpacked rows of max_length=10 are about half padding
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_packing_resumes_exactly_and_ignores_process_count(train_source, prefetch):
+    kw = dict(max_length=11, pack_length=40, prefetch=prefetch)
+    it = _train(train_source, **kw)
+    _take(it, 5)
+    state = json.loads(json.dumps(it.get_state()))
+    expected = _take(it, 6)
+    fresh = _train(train_source, **kw)
+    fresh.set_state(state)
+    _assert_batches_equal(_take(fresh, 6), expected)
+    halves = [_take(_train(train_source, process_index=p, process_count=2, **kw), 11)
+              for p in range(2)]
+    for k, batch in enumerate(_take(_train(train_source, **kw), 11)):
+        _assert_batches_equal([batch], [{key: np.concatenate([halves[0][k][key],
+                                                              halves[1][k][key]])
+                                         for key in batch}])
+    with pytest.raises(ValueError, match="pack_length"):
+        _train(train_source, **dict(kw, pack_length=0)).set_state(state)
+
+
+def test_packing_rejects_bad_settings(train_source):
+    with pytest.raises(ValueError, match="pack_length=8 is shorter than max_length"):
+        _train(train_source, max_length=11, pack_length=8)
+    scalar = lambda ex: {"inputs": np.asarray(ex["inputs"]), "label": np.int32(1)}
+    it = _train(train_source, max_length=11, pack_length=20, preprocess=scalar,
+                prefetch=0)
+    with pytest.raises(ValueError, match="packing needs 1-D features.*'label'"):
+        next(it)
 
 
 def test_eval_drops_long_examples_as_zero_rows():

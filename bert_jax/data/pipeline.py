@@ -28,9 +28,14 @@ rows. So:
   state: `num_filtered(it)` is this process's count up to the last batch
   returned.
 
-The state is `{"step": k, "skipped": [per-row drop counts], ...}`: plain JSON,
-exact (`set_state` then `next` gives the batch the saved iterator would have
-given), and it works with `grain.checkpoint.CheckpointSave/Restore` in an Orbax
+Packing (`pack_length > 0`): a row takes the next examples of its row stream
+while every 1-D feature of all of them fits in `pack_length` slots (the first
+that does not fit opens the row of the next batch), and carries segment ids and
+per-example positions (`_Packer`). The last two properties above still hold.
+
+The state is `{"step": k, "consumed": [per-row positions read], "filtered":
+[per-row drop counts], ...}`: plain JSON, exact (`set_state` then `next` gives
+the batch the saved iterator would have given), and it works with `grain.checkpoint.CheckpointSave/Restore` in an Orbax
 `CheckpointManager`. It also records the seed, the batch and process layout and
 the dataset size, and `set_state` refuses a state saved with others. Batches
 are prepared `prefetch` steps ahead in a background thread; the state is
@@ -82,11 +87,14 @@ class _Prepare:
 
     Returns `(row, too_long)`; a too-long example gives an all-zero row of the
     right shapes, so the caller can count it and drop it or keep the zeros.
+    With `pad=False` the 1-D features keep their own lengths (for packing).
     """
 
-    def __init__(self, preprocess: Preprocess, max_length: MaxLength):
+    def __init__(self, preprocess: Preprocess, max_length: MaxLength,
+                 pad: bool = True):
         self.preprocess = preprocess
         self.max_length = max_length
+        self.pad = pad
 
     def _length(self, key: str) -> int:
         if isinstance(self.max_length, Mapping):
@@ -116,16 +124,17 @@ class _Prepare:
                 row[key] = value.astype(dtype)
             elif value.ndim == 1:
                 length = self._length(key)
-                padded = np.zeros(length, dtype)
-                if value.shape[0] > length:
-                    too_long = True
+                too_long |= value.shape[0] > length
+                if self.pad:
+                    padded = np.zeros(length, dtype)
+                    padded[:min(value.shape[0], length)] = value[:length]
+                    row[key] = padded
                 else:
-                    padded[:value.shape[0]] = value
-                row[key] = padded
+                    row[key] = value.astype(dtype)
             else:
                 raise ValueError(f"feature {key!r} has shape {value.shape}: "
                                  "preprocess must return scalars or 1-D arrays.")
-        if too_long:
+        if too_long and self.pad:
             row = {k: np.zeros_like(v) for k, v in row.items()}
         return row, too_long
 
@@ -137,6 +146,46 @@ def _stack(rows: Sequence[Batch]) -> Batch:
             raise ValueError(f"preprocess returned different features for different "
                              f"examples: {sorted(keys)} vs {sorted(row.keys())}")
     return {k: np.stack([row[k] for row in rows]) for k in keys}
+
+
+class _Packer:
+    """Packs whole examples into one row of `length` slots per 1-D feature.
+
+    Row features: every 1-D feature `key` concatenated and padded with 0, plus
+    `key_segmentation` (1, 2, ... per example, 0 at padding) and
+    `key_positions` (0, 1, ... restarting at every example), all `[length]`
+    int32: what the models take for packed sequences.
+    """
+
+    def __init__(self, length: int):
+        self.length = length
+
+    @staticmethod
+    def _check(example: Batch) -> Batch:
+        for key, value in example.items():
+            if np.ndim(value) != 1:
+                raise ValueError(
+                    f"packing needs 1-D features, but preprocess returned {key!r} "
+                    f"with shape {np.shape(value)}; set pack_length=0 (no packing) "
+                    "for examples with scalar features.")
+        return example
+
+    def fits(self, segments: Sequence[Batch], example: Batch) -> bool:
+        return all(sum(len(s[key]) for s in segments) + len(value) <= self.length
+                   for key, value in self._check(example).items())
+
+    def __call__(self, segments: Sequence[Batch]) -> Batch:
+        row = {}
+        for key, value in self._check(segments[0]).items():
+            pieces = [s[key] for s in segments]
+            pad = np.zeros(self.length - sum(len(piece) for piece in pieces), np.int32)
+            row[key] = np.concatenate(pieces + [pad.astype(value.dtype)])
+            row[f"{key}_segmentation"] = np.concatenate(
+                [np.full(len(piece), i + 1, np.int32) for i, piece in enumerate(pieces)]
+                + [pad])
+            row[f"{key}_positions"] = np.concatenate(
+                [np.arange(len(piece), dtype=np.int32) for piece in pieces] + [pad])
+        return row
 
 
 def _check_layout(global_batch_size: int, process_index: int, process_count: int,
@@ -177,7 +226,8 @@ class _TrainDataset(grain.IterDataset):
 
     def __init__(self, examples: grain.MapDataset, *, num_examples: int,
                  global_batch_size: int, local_batch_size: int, first_row: int,
-                 identity: dict[str, int], max_length: MaxLength):
+                 identity: dict[str, int], max_length: MaxLength,
+                 packer: _Packer | None):
         super().__init__()
         self._examples = examples
         self._num_examples = num_examples
@@ -186,6 +236,7 @@ class _TrainDataset(grain.IterDataset):
         self._first_row = first_row
         self._identity = identity
         self._max_length = max_length
+        self._packer = packer
 
     def __iter__(self) -> TrainDatasetIterator:
         return TrainDatasetIterator(self)
@@ -195,44 +246,65 @@ class _TrainDataset(grain.IterDataset):
 
 
 class TrainDatasetIterator(grain.DatasetIterator):
-    """Local batches of the row streams; state `{"step", "skipped", ...}`."""
+    """Local batches of the row streams; state `{"step", "consumed",
+    "filtered", ...}`: per local row, the row-stream positions read so far and
+    how many of them were dropped as too long."""
 
     def __init__(self, ds: _TrainDataset):
         super().__init__()
         self._ds = ds
         self._step = 0
-        self._skipped = [0] * ds._local_batch_size
+        self._consumed = [0] * ds._local_batch_size
+        self._filtered = [0] * ds._local_batch_size
+        self._peeked: dict[int, Batch] = {}  # read, but left for the next batch
         self._log = _FilterLog("train_iterator")
 
-    def __next__(self) -> Batch:
+    def _example(self, position: int) -> tuple[Batch, bool]:
+        if position in self._peeked:
+            return self._peeked.pop(position), False
+        return self._ds._examples[position]
+
+    def _fill_row(self, i: int, consumed: list[int], filtered: list[int]) -> Batch:
+        """Local row `i`: the next example of its stream or, when packing, the
+        next examples while they fit; too-long examples are skipped and
+        counted."""
         ds = self._ds
-        rows, skipped = [], list(self._skipped)
-        for i in range(ds._local_batch_size):
-            row = ds._first_row + i
-            run = 0
-            while True:
-                position = (self._step + skipped[i]) * ds._global_batch_size + row
-                example, too_long = ds._examples[position]
-                if not too_long:
-                    rows.append(example)
-                    break
-                skipped[i] += 1
+        segments, run = [], 0
+        while True:
+            position = consumed[i] * ds._global_batch_size + ds._first_row + i
+            example, too_long = self._example(position)
+            if too_long:
+                consumed[i] += 1
+                filtered[i] += 1
                 run += 1
-                self._log(sum(skipped),  # of all examples this process read
-                          self._step * ds._local_batch_size + i + sum(skipped),
-                          ds._max_length)
+                self._log(sum(filtered), sum(consumed), ds._max_length)
                 if run >= ds._num_examples:
                     raise ValueError(
                         f"train_iterator: {run} examples in a row are longer than "
                         f"max_length={ds._max_length} (after preprocess); raise "
                         "max_length or check preprocess.")
-        self._skipped = skipped
+                continue
+            run = 0
+            if ds._packer is None:
+                consumed[i] += 1
+                return example
+            if segments and not ds._packer.fits(segments, example):
+                self._peeked[position] = example
+                return ds._packer(segments)
+            segments.append(example)
+            consumed[i] += 1
+
+    def __next__(self) -> Batch:
+        consumed, filtered = list(self._consumed), list(self._filtered)
+        rows = [self._fill_row(i, consumed, filtered)
+                for i in range(self._ds._local_batch_size)]
+        self._consumed, self._filtered = consumed, filtered
         self._step += 1
         return _stack(rows)
 
     def get_state(self) -> dict[str, Any]:
-        return {"step": self._step, "skipped": list(self._skipped),
-                **self._ds._identity}
+        return {"step": self._step, "consumed": list(self._consumed),
+                "filtered": list(self._filtered), **self._ds._identity}
 
     def set_state(self, state: dict[str, Any]) -> None:
         mismatched = {k: (state.get(k), v) for k, v in self._ds._identity.items()
@@ -242,12 +314,16 @@ class TrainDatasetIterator(grain.DatasetIterator):
                 "train_iterator.set_state: the state was saved by a pipeline with "
                 "other settings, (saved, now): " + ", ".join(
                     f"{k}={a!r} vs {b!r}" for k, (a, b) in mismatched.items()))
-        if len(state["skipped"]) != self._ds._local_batch_size:
-            raise ValueError("train_iterator.set_state: 'skipped' has "
-                             f"{len(state['skipped'])} rows, expected "
-                             f"{self._ds._local_batch_size}")
+        for key in ("consumed", "filtered"):
+            if len(state.get(key, ())) != self._ds._local_batch_size:
+                raise ValueError(
+                    f"train_iterator.set_state: {key!r} should have "
+                    f"{self._ds._local_batch_size} rows, the state has "
+                    f"{state.get(key)!r}")
         self._step = int(state["step"])
-        self._skipped = [int(n) for n in state["skipped"]]
+        self._consumed = [int(n) for n in state["consumed"]]
+        self._filtered = [int(n) for n in state["filtered"]]
+        self._peeked.clear()
 
     def __str__(self) -> str:
         return f"TrainDatasetIterator(step={self._step})"
@@ -329,7 +405,7 @@ def num_filtered(it_or_state: grain.DatasetIterator | Mapping[str, Any]) -> int:
     """Examples this process's `train_iterator` dropped as longer than
     max_length, up to the last batch it returned."""
     state = it_or_state if isinstance(it_or_state, Mapping) else it_or_state.get_state()
-    return sum(state["skipped"])
+    return sum(state["filtered"])
 
 
 def shuffle_seed(seed: int) -> int:
@@ -345,8 +421,10 @@ def shuffle_seed(seed: int) -> int:
 
 def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: int,
                    process_index: int, process_count: int, preprocess: Preprocess,
-                   max_length: MaxLength, prefetch: int = 2) -> grain.DatasetIterator:
-    """Infinite local batches `[global_batch_size // process_count, max_length]`.
+                   max_length: MaxLength, pack_length: int = 0,
+                   prefetch: int = 2) -> grain.DatasetIterator:
+    """Infinite local batches `[global_batch_size // process_count, max_length]`
+    (`pack_length` instead of `max_length` when packing).
 
     Args:
       source: random access (`len`, `source[i]`), e.g. `load_source(...)`.
@@ -357,6 +435,10 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
       preprocess: example -> dict of 1-D (or scalar) arrays.
       max_length: the padded length of every 1-D feature, or a dict of them
         per feature; longer examples are dropped (see module doc).
+      pack_length: 0 for one example per row; otherwise each row packs the
+        next examples of its row stream while all their 1-D features fit in
+        `pack_length` slots, and has `key_segmentation` and `key_positions`
+        features besides each 1-D feature `key` (see `_Packer`).
       prefetch: batches prepared ahead in a background thread; 0 for none.
 
     Returns:
@@ -367,17 +449,21 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
     num_examples = len(source)
     if num_examples == 0:
         raise ValueError("train_iterator: the source has no examples")
+    lengths = max_length.values() if isinstance(max_length, Mapping) else [max_length]
+    if pack_length and pack_length < max(lengths):
+        raise ValueError(f"pack_length={pack_length} is shorter than max_length="
+                         f"{max_length}: every example must fit in a packed row.")
     examples = (grain.MapDataset.source(source)
                 .shuffle(seed=shuffle_seed(seed))
                 .repeat()
-                .map(_Prepare(preprocess, max_length)))
+                .map(_Prepare(preprocess, max_length, pad=not pack_length)))
     identity = dict(seed=int(seed), global_batch_size=global_batch_size,
                     process_index=process_index, process_count=process_count,
-                    num_examples=num_examples)
+                    num_examples=num_examples, pack_length=int(pack_length))
     ds: grain.IterDataset = _TrainDataset(
         examples, num_examples=num_examples, global_batch_size=global_batch_size,
         local_batch_size=local, first_row=process_index * local, identity=identity,
-        max_length=max_length)
+        max_length=max_length, packer=_Packer(pack_length) if pack_length else None)
     it = iter(ds)
     return _Prefetch(it, prefetch) if prefetch > 0 else it
 

@@ -94,8 +94,8 @@ class Transformer(nn.Module):
         sequences; `head_mask` `[layers, heads]`, `layer_mask` `[layers]`.
         """
         cfg = self.config
-        cfg.check_length(inputs.shape[1], "source")
-        if inputs_positions is None:
+        if inputs_positions is None:  # packed rows may be longer than max_len
+            cfg.check_length(inputs.shape[1], "source")
             inputs_positions = _default_positions(inputs)
         valid = inputs != cfg.pad_id
         mask = padding_mask(valid, valid)
@@ -133,7 +133,6 @@ class Transformer(nn.Module):
             self_mask = None  # the cache hides positions not yet decoded
             cross_mask = padding_mask(jnp.ones_like(targets, dtype=bool), source_valid)
         else:
-            cfg.check_length(targets.shape[1], "target")
             if targets_segmentation is not None and (
                     inputs_segmentation is None or targets_positions is None):
                 raise ValueError(
@@ -141,6 +140,7 @@ class Transformer(nn.Module):
                     "mask cross-attention between segments) and targets_positions "
                     "(to restart positions and BOS at each segment).")
             if targets_positions is None:
+                cfg.check_length(targets.shape[1], "target")
                 targets_positions = _default_positions(targets)
             positions = targets_positions
             decoder_inputs = shift_right(

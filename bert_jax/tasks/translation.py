@@ -7,7 +7,12 @@ vocabulary (`data.vocab_size` pieces, trained on the training split on first
 use), or already as token ids (`data.vocab_size = 0`, e.g. `synthetic_reverse`).
 
 Batches are `{'inputs', 'targets'}` `[batch, data.max_length]` int32, padded
-with 0, each sequence ending with EOS. The loss is (label-smoothed)
+with 0, each sequence ending with EOS. With `data.pack_length > 0`, training
+rows are `pack_length` long and pack several pairs each, with
+`inputs_/targets_segmentation` and `inputs_/targets_positions` (see
+`bert_jax.data.pipeline`); `data.batch_tokens > 0` sets the rows of a training
+batch to `batch_tokens // row_length` instead of `train.batch_size` (evaluation
+batches stay `train.batch_size` unpacked rows). The loss is (label-smoothed)
 cross-entropy over real target tokens; evaluation reports per-token NLL and
 accuracy, and, when `data.bleu_examples > 0`, sacreBLEU and chrF of
 beam-search translations of the first examples of the evaluation split
@@ -28,9 +33,14 @@ from bert_jax.data import pipeline, sources, vocabulary
 from bert_jax.evaluation.decoding import transformer_search
 from bert_jax.evaluation.translation_metrics import bleu_and_chrf, write_samples
 from bert_jax.modeling import Transformer, TransformerConfig
+from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks.base import Batch, Task, register
 from bert_jax.training.flops import transformer_train_flops
 from bert_jax.training.losses import cross_entropy_sums
+
+
+_PACKING_FEATURES = ("inputs_segmentation", "targets_segmentation",
+                     "inputs_positions", "targets_positions")
 
 
 def _text(value) -> str:
@@ -53,6 +63,22 @@ class TranslationTask(Task):
         self.model_config = TransformerConfig(**model_values)
         self.model = Transformer(self.model_config)
         self.model_config.check_length(self.max_length, "config.data.max_length")
+        self.pack_length = data.get("pack_length", 0)
+        self.row_length = self.pack_length or self.max_length
+        self.batch_rows = self._batch_rows()
+
+    def _batch_rows(self) -> int:
+        """Rows of a global training batch: `train.batch_size`, or
+        `data.batch_tokens // row_length` when a token budget is set."""
+        tokens = self.config.data.get("batch_tokens", 0)
+        if not tokens:
+            return self.config.train.batch_size
+        if tokens % self.row_length:
+            raise ConfigError(
+                f"config.data.batch_tokens={tokens} is not a multiple of the row "
+                f"length {self.row_length} (data.pack_length or data.max_length); "
+                "make it one.")
+        return tokens // self.row_length
 
     # -- data ------------------------------------------------------------------
 
@@ -122,10 +148,10 @@ class TranslationTask(Task):
 
     def train_iterator(self, process_index: int, process_count: int):
         return pipeline.train_iterator(
-            self._source("train"), global_batch_size=self.config.train.batch_size,
+            self._source("train"), global_batch_size=self.batch_rows,
             seed=self.config.seed, process_index=process_index,
             process_count=process_count, preprocess=self.preprocess,
-            max_length=self.max_length)
+            max_length=self.max_length, pack_length=self.pack_length)
 
     def eval_batches(self, process_index: int, process_count: int):
         return pipeline.eval_batches(
@@ -138,8 +164,9 @@ class TranslationTask(Task):
 
     def _sums(self, params, batch, rng=None, label_smoothing=0.0):
         deterministic = rng is None
+        packing = {key: batch[key] for key in _PACKING_FEATURES if key in batch}
         logits = self.model.apply(
-            {"params": params}, batch["inputs"], batch["targets"],
+            {"params": params}, batch["inputs"], batch["targets"], **packing,
             deterministic=deterministic, rngs=None if deterministic else {"dropout": rng})
         weights = batch["targets"] != self.model_config.pad_id
         return cross_entropy_sums(logits, batch["targets"], weights, label_smoothing)
@@ -209,8 +236,8 @@ class TranslationTask(Task):
     # -- throughput --------------------------------------------------------------
 
     def flops_per_step(self) -> float:
-        return transformer_train_flops(self.model_config, self.config.train.batch_size,
-                                       self.max_length, self.max_length)
+        return transformer_train_flops(self.model_config, self.batch_rows,
+                                       self.row_length, self.row_length)
 
     def tokens_per_step(self) -> float:
-        return 2.0 * self.config.train.batch_size * self.max_length
+        return 2.0 * self.batch_rows * self.row_length
