@@ -60,15 +60,18 @@ def greedy_search(step: StepFn, cache: Any, batch_size: int, max_length: int, bo
 
 
 def _gather_beams(tree: Any, indices: Array, batch_size: int, beam_size: int) -> Any:
-    """Picks beams: leaves `[batch * beam, ...]` (or `[batch, beam, ...]` when
-    `flat=False`) reordered by `indices` `[batch, beam]`; scalars unchanged."""
+    """Picks beams: leaves `[batch * beam, ...]` reordered by `indices`
+    `[batch, beam]`; scalars unchanged. Leaves under a `layers` key (the cache
+    of scanned layers, `config.scan_layers`) carry a leading layer axis:
+    `[layers, batch * beam, ...]`, or `[layers]` for per-layer scalars."""
     flat = (jnp.arange(batch_size)[:, None] * beam_size + indices).reshape(-1)
 
-    def gather(x):
-        if x.ndim == 0:
+    def gather(path, x):
+        axis = int(any(getattr(key, "key", None) == "layers" for key in path))
+        if x.ndim <= axis:
             return x
-        return jnp.take(x, flat, axis=0)
-    return jax.tree.map(gather, tree)
+        return jnp.take(x, flat, axis=axis)
+    return jax.tree_util.tree_map_with_path(gather, tree)
 
 
 def beam_search(step: StepFn, cache: Any, batch_size: int, beam_size: int,

@@ -21,6 +21,7 @@ ATTENTION_IMPLS = ("einsum", "fused")
 INITIALIZERS = ("truncated_normal", "normal", "xavier_uniform")
 POSITION_KINDS = ("learned", "sinusoidal")
 DTYPES = ("float32", "bfloat16", "float16")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
 
 class ConfigError(ValueError):
@@ -51,6 +52,14 @@ class StackConfig:
       param_dtype: dtype parameters are stored in.
       attention_impl: 'einsum' (explicit scores, probabilities available) or
         'fused' (`jax.nn.dot_product_attention`, cuDNN flash attention on GPU).
+      remat: rematerialisation of each layer in the backward pass: 'none'
+        (keep every activation), 'full' (keep only the layer inputs),
+        'dots' (keep matmul outputs) or 'dots_no_batch' (keep matmul outputs
+        without batch dimensions: the weight-like ones).
+      scan_layers: run the layers of a stack as one `nn.scan` (one compiled
+        layer however deep the stack); parameters are then stacked under
+        `layers/layer` with a leading `[num_layers]` axis (see
+        `bert_jax.modeling.layers.scan_params` / `unscan_params`).
     """
 
     hidden_size: int
@@ -68,6 +77,8 @@ class StackConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     attention_impl: str = "einsum"
+    remat: str = "none"
+    scan_layers: bool = False
 
     _positive_ints: ClassVar[tuple[str, ...]] = (
         "hidden_size", "num_heads", "mlp_dim", "num_layers", "max_len")
@@ -96,6 +107,10 @@ class StackConfig:
         _check_choice(name, "initializer", self.initializer, INITIALIZERS)
         _check_choice(name, "dtype", self.dtype, DTYPES)
         _check_choice(name, "param_dtype", self.param_dtype, DTYPES)
+        _check_choice(name, "remat", self.remat, REMAT_POLICIES)
+        if not isinstance(self.scan_layers, bool):
+            raise ConfigError(f"{name}.scan_layers={self.scan_layers!r}: must be "
+                              "True or False.")
         for field in ("dropout_rate", "attention_dropout_rate"):
             value = getattr(self, field)
             if not _is_number(value) or not 0.0 <= value < 1.0:

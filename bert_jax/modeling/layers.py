@@ -7,7 +7,11 @@ Residual placement (`config.norm_position`):
 
 Parameter names inside a layer: `attention` / `self_attention` /
 `cross_attention` (MultiHeadAttention), `mlp` (FeedForward), and one LayerNorm
-per sublayer named `<sublayer>_norm`.
+per sublayer named `<sublayer>_norm`. A stack names its layers `layer_0`, ...;
+with `config.scan_layers` it runs them as one `nn.scan` whose parameters sit
+under `layers/layer` with a leading `[num_layers]` axis (`scan_params` and
+`unscan_params` convert between the two layouts). `config.remat` wraps each
+layer in `nn.remat` with the named checkpoint policy.
 """
 
 from __future__ import annotations
@@ -24,6 +28,13 @@ from bert_jax.modeling.configs import StackConfig
 from bert_jax.modeling.initializers import kernel_init, partitioned
 
 Array = jax.Array
+
+REMAT_POLICIES: dict[str, Callable | None] = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 ACTIVATION_FNS: dict[str, Callable[[Array], Array]] = {
     "gelu": functools.partial(nn.gelu, approximate=False),
@@ -102,7 +113,7 @@ class EncoderLayer(nn.Module):
     config: StackConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array | None, *, head_mask: Array | None = None,
+    def __call__(self, x: Array, mask: Array | None, head_mask: Array | None = None,
                  deterministic: bool = True) -> Array:
         """`[batch, length, embed]`, mask `[batch, 1, length, length]`,
         head_mask `[heads]` -> `[batch, length, embed]`."""
@@ -125,7 +136,7 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, encoded: Array, self_mask: Array | None,
-                 cross_mask: Array | None, *, self_head_mask: Array | None = None,
+                 cross_mask: Array | None, self_head_mask: Array | None = None,
                  cross_head_mask: Array | None = None,
                  deterministic: bool = True) -> Array:
         """`[batch, tgt_len, embed]`, encoded `[batch, src_len, embed]`, masks
@@ -147,19 +158,72 @@ class DecoderLayer(nn.Module):
                         layer_norm(cfg, "mlp_norm"), deterministic=deterministic)
 
 
+def _layer(cls: type[nn.Module], config: StackConfig) -> type[nn.Module]:
+    """`cls`, wrapped in `nn.remat` when `config.remat` asks for it. The last
+    positional argument of a layer, `deterministic`, is static."""
+    if config.remat == "none":
+        return cls
+    num_args = {EncoderLayer: 4, DecoderLayer: 7}[cls]  # counting `self`
+    return nn.remat(cls, policy=REMAT_POLICIES[config.remat],
+                    prevent_cse=not config.scan_layers, static_argnums=(num_args,))
+
+
+def _keep(layer_mask: Array | None, new: Array, old: Array) -> Array:
+    """`new`, or `old` (the layer is the identity) where `layer_mask` is False."""
+    return new if layer_mask is None else jnp.where(layer_mask, new, old)
+
+
 def _row(mask: Array | None, layer: int) -> Array | None:
     return None if mask is None else mask[layer]
 
 
-def _skip(layer_mask: Array | None, layer: int, new: Array, old: Array) -> Array:
-    """Keeps `old` (identity layer) where `layer_mask[layer]` is False."""
-    if layer_mask is None:
-        return new
-    return jnp.where(layer_mask[layer], new, old)
+def _scan(body: type[nn.Module], num_layers: int, num_broadcast: int) -> type[nn.Module]:
+    """`body` (carry, per-layer inputs, *broadcast inputs) -> (carry, output)
+    scanned over `num_layers`, with stacked parameters and per-layer RNGs."""
+    return nn.scan(body, variable_axes={"params": 0, "intermediates": 0, "cache": 0},
+                   split_rngs={"params": True, "dropout": True},
+                   in_axes=(0,) + (nn.broadcast,) * num_broadcast,
+                   length=num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+
+
+class _EncoderScanBody(nn.Module):
+    """One scanned encoder step: `(x, (head_mask row, layer_mask entry), mask)`
+    -> `(x, x or None)`."""
+
+    config: StackConfig
+    deterministic: bool
+    output_hidden_states: bool
+
+    @nn.compact
+    def __call__(self, x, per_layer, mask):
+        head_mask, layer_mask = per_layer
+        y = _layer(EncoderLayer, self.config)(self.config, name="layer")(
+            x, mask, head_mask, self.deterministic)
+        x = _keep(layer_mask, y, x)
+        return x, (x if self.output_hidden_states else None)
+
+
+class _DecoderScanBody(nn.Module):
+    """One scanned decoder step: `(x, (self, cross head_mask rows, layer_mask
+    entry), encoded, self_mask, cross_mask)` -> `(x, None)`."""
+
+    config: StackConfig
+    decode: bool
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, x, per_layer, encoded, self_mask, cross_mask):
+        self_head_mask, cross_head_mask, layer_mask = per_layer
+        y = _layer(DecoderLayer, self.config)(self.config, decode=self.decode,
+                                              name="layer")(
+            x, encoded, self_mask, cross_mask, self_head_mask, cross_head_mask,
+            self.deterministic)
+        return _keep(layer_mask, y, x), None
 
 
 class EncoderStack(nn.Module):
-    """`num_layers` EncoderLayers (`layer_0` ...), a final LayerNorm if pre-norm."""
+    """`num_layers` EncoderLayers (`layer_0` ..., or scanned `layers`), a final
+    LayerNorm if pre-norm."""
 
     config: StackConfig
 
@@ -182,11 +246,18 @@ class EncoderStack(nn.Module):
         """
         cfg = self.config
         hidden_states = [x]
-        for i in range(cfg.num_layers):
-            y = EncoderLayer(cfg, name=f"layer_{i}")(
-                x, mask, head_mask=_row(head_mask, i), deterministic=deterministic)
-            x = _skip(layer_mask, i, y, x)
-            hidden_states.append(x)
+        if cfg.scan_layers:
+            scanned = _scan(_EncoderScanBody, cfg.num_layers, 1)(
+                cfg, deterministic, output_hidden_states, name="layers")
+            x, stacked = scanned(x, (head_mask, layer_mask), mask)
+            if output_hidden_states:
+                hidden_states.extend(stacked[i] for i in range(cfg.num_layers))
+        else:
+            for i in range(cfg.num_layers):
+                y = _layer(EncoderLayer, cfg)(cfg, name=f"layer_{i}")(
+                    x, mask, _row(head_mask, i), deterministic)
+                x = _keep(_row(layer_mask, i), y, x)
+                hidden_states.append(x)
         if cfg.norm_position == "pre":
             x = layer_norm(cfg, "final_norm")(x)
             hidden_states[-1] = x
@@ -194,7 +265,8 @@ class EncoderStack(nn.Module):
 
 
 class DecoderStack(nn.Module):
-    """`num_decoder_layers` DecoderLayers, a final LayerNorm if pre-norm."""
+    """`num_decoder_layers` DecoderLayers (`layer_0` ..., or scanned `layers`),
+    a final LayerNorm if pre-norm."""
 
     config: StackConfig
     num_layers: int
@@ -208,13 +280,45 @@ class DecoderStack(nn.Module):
         """`[batch, tgt_len, embed]` -> `[batch, tgt_len, embed]`; head masks
         `[layers, heads]`, layer_mask `[layers]` as in EncoderStack."""
         cfg = self.config
-        for i in range(self.num_layers):
-            y = DecoderLayer(cfg, decode=self.decode, name=f"layer_{i}")(
-                x, encoded, self_mask, cross_mask,
-                self_head_mask=_row(self_head_mask, i),
-                cross_head_mask=_row(cross_head_mask, i),
-                deterministic=deterministic)
-            x = _skip(layer_mask, i, y, x)
+        if cfg.scan_layers:
+            scanned = _scan(_DecoderScanBody, self.num_layers, 3)(
+                cfg, self.decode, deterministic, name="layers")
+            x, _ = scanned(x, (self_head_mask, cross_head_mask, layer_mask), encoded,
+                           self_mask, cross_mask)
+        else:
+            for i in range(self.num_layers):
+                y = _layer(DecoderLayer, cfg)(cfg, decode=self.decode,
+                                              name=f"layer_{i}")(
+                    x, encoded, self_mask, cross_mask, _row(self_head_mask, i),
+                    _row(cross_head_mask, i), deterministic)
+                x = _keep(_row(layer_mask, i), y, x)
         if cfg.norm_position == "pre":
             x = layer_norm(cfg, "final_norm")(x)
         return x
+
+
+def scan_params(params: dict) -> dict:
+    """Unscanned -> scanned layout: every dict holding `layer_0`, `layer_1`, ...
+    gets them stacked (leading axis) under `layers/layer`: e.g. Hugging Face
+    weights (`bert_jax.convert`) for a model with `scan_layers=True`."""
+    if not isinstance(params, dict):
+        return params
+    if "layer_0" not in params:
+        return {k: scan_params(v) for k, v in params.items()}
+    count = sum(1 for k in params if k.startswith("layer_"))
+    layers = [params[f"layer_{i}"] for i in range(count)]
+    rest = {k: scan_params(v) for k, v in params.items() if not k.startswith("layer_")}
+    return {**rest, "layers": {"layer": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}}
+
+
+def unscan_params(params: dict) -> dict:
+    """Scanned -> unscanned layout, the inverse of `scan_params`."""
+    if not isinstance(params, dict):
+        return params
+    if "layers" not in params:
+        return {k: unscan_params(v) for k, v in params.items()}
+    stacked = params["layers"]["layer"]
+    count = jax.tree.leaves(stacked)[0].shape[0]
+    rest = {k: unscan_params(v) for k, v in params.items() if k != "layers"}
+    return {**rest, **{f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], stacked)
+                       for i in range(count)}}

@@ -34,6 +34,7 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("position", None),
     ("type_vocab", None),
     ("classes", None),
+    ("layers", None),   # the stacked axis of scanned layers
 )
 
 
