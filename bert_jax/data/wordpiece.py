@@ -1,0 +1,427 @@
+"""BERT's WordPiece vocabulary and tokenization, on the Rust `tokenizers` library.
+
+    vocab = WordPiece.from_vocab_file("bert-base-uncased/vocab.txt")
+    vocab.tokenize("Café naïve!")          # ['cafe', 'naive', '!']
+    ids, offsets = vocab.encode_with_offsets(context)  # SQuAD: spans -> text
+    ids, word_ids = vocab.encode_words(["U.S.", "based"])  # tagging labels
+
+A vocabulary is a `vocab.txt`, one token per line, id = line number (0-based),
+the file format of google-research/bert and of every Hugging Face BERT
+checkpoint, so a pretrained checkpoint's file loads as is. It must hold the
+five special tokens `[PAD] [UNK] [CLS] [SEP] [MASK]` (anywhere: bert-base has
+`[PAD]`=0, `[UNK]`=100, `[CLS]`=101, ...; a vocabulary trained here puts them
+at ids 0-4). `encode` adds no special tokens: the input pipelines build
+`[CLS] a [SEP] b [SEP]` themselves.
+
+Tokenization is BERT's (google-research/bert `tokenization.py`, the same as
+`transformers`' pure-Python `BertTokenizer`), in three stages:
+
+1. normalize: drop NUL, U+FFFD and control characters, map whitespace to
+   spaces, put spaces around CJK ideographs (each becomes its own word), NFC;
+   when uncased also lower-case and strip accents (NFD, drop the non-spacing
+   marks). Cased vocabularies keep case and accents.
+2. pre-tokenize: split on whitespace, and every punctuation character
+   (Unicode P*, plus the ASCII symbols ``$+<=>^`|~``) is a word of its own.
+3. WordPiece: greedy longest-match-first sub-words of each word, continuation
+   pieces prefixed `##`; a word with no segmentation, or longer than 100
+   characters, is one `[UNK]`.
+
+The library's `BertNormalizer` and `BertPreTokenizer` do most of this; three
+small additions (`_normalizer`, `_pre_tokenizer`) close the gaps that a test
+against the Python reference found: Greek final sigma (Python lower-cases a
+word-final capital sigma to 'ς', the Rust per-character lower-casing gives
+'σ'), characters newer than the library's Unicode tables (punctuation and
+combining marks of recent scripts) and CJK Extension B-F code points
+U+2B820-U+2B91F that the library's CJK test skips.
+
+Known, deliberate differences from `transformers.BertTokenizer`:
+- special-token strings in the text are ordinary text: "[MASK]" in a
+  sentence is `[`, `mask`, `]`, never the mask id (a document that happens to
+  contain "[SEP]" cannot inject a separator);
+- unassigned code points (Unicode category Cn) are kept, so their word
+  becomes `[UNK]`, as google-research/bert does; `transformers` deletes them
+  (private-use ones are deleted by both);
+- a handful of code points (16 of the ~280,000 assigned ones, e.g. U+0890,
+  U+166D, U+13430-U+13438) whose category changed between the Unicode version
+  of Python's `unicodedata` and that of the Rust tables follow the Rust tables.
+
+Every result comes with its alignment: `encode_with_offsets` gives character
+offsets into the original string (accents, case, removed control characters
+and NFC composition included), `word_ids` the index of the pre-tokenized word
+each piece belongs to.
+
+Training (`WordPiece.train`) uses the library's `WordPieceTrainer` (BPE merges
+on words counted after normalization and pre-tokenization), made
+deterministic: the trainer numbers the `##c` continuation characters in hash
+order, which breaks ties between equally frequent merges differently from run
+to run, so a first pass without merges lists them and the real pass receives
+them, sorted, ahead of the alphabet.
+
+A workdir's vocabulary is trained the first time it is used and saved there
+(`WORKDIR/vocab/vocab.txt` + `wordpiece.json`, the options); a resumed run,
+evaluation and fine-tuning load that file, so ids never change under a
+checkpoint (`load_or_train`, the same contract as `vocabulary.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import defaultdict
+from typing import Iterable, Sequence
+
+from tokenizers import Encoding, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)  # the ids of a trained vocabulary: 0..4
+CONTINUATION = "##"
+MAX_CHARS_PER_WORD = 100  # longer words are one [UNK] (as in BERT)
+VOCAB_DIR = "vocab"
+VOCAB_FILE = "vocab.txt"
+SETTINGS_FILE = "wordpiece.json"
+
+# Python's str.lower() rule for a capital sigma (Unicode "Final_Sigma"): it
+# becomes 'ς' when the nearest non-case-ignorable character before it is cased
+# and none after it is.
+_FINAL_SIGMA = (r"(?<=[\p{Cased}&&\P{Case_Ignorable}]\p{Case_Ignorable}*)Σ"
+                r"(?!\p{Case_Ignorable}*[\p{Cased}&&\P{Case_Ignorable}])")
+# Punctuation the library's older Unicode tables miss, and the CJK code points
+# U+2B820-U+2B91F its ideograph test skips: each is a word of its own.
+_EXTRA_SPLITS = r"[\p{P}\x{2B820}-\x{2B91F}]"
+
+
+def _normalizer(lowercase: bool) -> normalizers.Normalizer:
+    """Stage 1: clean-up, CJK spacing, NFC; lower-casing and accents if uncased."""
+    steps = [normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                        strip_accents=False, lowercase=False),
+             normalizers.NFC()]
+    if lowercase:  # lower-case, then NFD and drop non-spacing marks (BERT's order)
+        steps += [normalizers.Replace(Regex(_FINAL_SIGMA), "ς"),
+                  normalizers.Lowercase(),
+                  normalizers.BertNormalizer(clean_text=False, handle_chinese_chars=False,
+                                             strip_accents=True, lowercase=False),
+                  normalizers.Replace(Regex(r"\p{Mn}"), "")]
+    return normalizers.Sequence(steps)
+
+
+def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    """Stage 2: whitespace and punctuation splitting."""
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.BertPreTokenizer(),
+        pre_tokenizers.Split(Regex(_EXTRA_SPLITS), behavior="isolated")])
+
+
+def _pipeline(model: models.Model, lowercase: bool) -> Tokenizer:
+    """A `tokenizers.Tokenizer` with BERT's stages around `model`; no special
+    tokens are registered (so none is matched in text) and none is added."""
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = _normalizer(lowercase)
+    tokenizer.pre_tokenizer = _pre_tokenizer()
+    return tokenizer
+
+
+def _check_tokens(tokens: Sequence[str], source: str) -> None:
+    """Raises ValueError naming `source` for an empty vocabulary, duplicate
+    tokens (with their 1-based line numbers) or a missing special token."""
+    if not tokens:
+        raise ValueError(f"{source} is empty: a vocabulary has one token per line, "
+                         f"including {' '.join(SPECIAL_TOKENS)}.")
+    lines: dict[str, list[int]] = defaultdict(list)
+    for line, token in enumerate(tokens, start=1):
+        lines[token].append(line)
+    duplicates = [(token, where) for token, where in lines.items() if len(where) > 1]
+    if duplicates:
+        shown = "; ".join(f"{token!r} on lines {', '.join(map(str, where))}"
+                          for token, where in duplicates[:10])
+        more = f" (and {len(duplicates) - 10} more)" if len(duplicates) > 10 else ""
+        raise ValueError(f"{source} has duplicate tokens: {shown}{more}. Each token must "
+                         "appear once (its id is its line number): remove the repeats.")
+    missing = [token for token in SPECIAL_TOKENS if token not in lines]
+    if missing:
+        raise ValueError(f"{source} lacks the special token(s) {' '.join(missing)}; BERT needs "
+                         f"all of {' '.join(SPECIAL_TOKENS)}: add them (one per line) or "
+                         "train a vocabulary with WordPiece.train.")
+
+
+def _read_vocab_file(path: str) -> list[str]:
+    """The tokens of a `vocab.txt`, in id order (only the line ends stripped)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no vocabulary file there.")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    tokens = text.split("\n")
+    if tokens[-1] == "":  # the final newline ends the last line, it opens no token
+        tokens.pop()
+    return tokens
+
+
+def _write_atomically(path: str, text: str) -> None:
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=os.path.dirname(path) or ".",
+                                     delete=False, suffix=".tmp") as f:
+        f.write(text)
+    os.replace(f.name, path)
+
+
+class WordPiece:
+    """A WordPiece vocabulary: text <-> ids with BERT's tokenization.
+
+    Args:
+      tokens: the vocabulary in id order (token `i` has id `i`).
+      lowercase: uncased (lower-case and strip accents) or cased tokenization.
+        It must match the vocabulary: bert-base-uncased is `True`,
+        bert-base-cased `False`.
+      path: where the vocabulary was read from, for messages.
+      requested_size: the `vocab_size` it was trained for (None when loaded
+        from a vocabulary file); `size` may be smaller on a small corpus.
+    """
+
+    def __init__(self, tokens: Sequence[str], *, lowercase: bool = True,
+                 path: str | None = None, requested_size: int | None = None):
+        _check_tokens(tokens, path or "the vocabulary")
+        self.path = path
+        self.lowercase = bool(lowercase)
+        self.requested_size = requested_size
+        self._tokens = list(tokens)
+        self._ids = {token: i for i, token in enumerate(self._tokens)}
+        self._tokenizer = _pipeline(
+            models.WordPiece(self._ids, unk_token=UNK, continuing_subword_prefix=CONTINUATION,
+                             max_input_chars_per_word=MAX_CHARS_PER_WORD), self.lowercase)
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            self._ids[token] for token in SPECIAL_TOKENS)
+        self.special_ids: frozenset[int] = frozenset(self._ids[t] for t in SPECIAL_TOKENS)
+
+    def __repr__(self) -> str:
+        case = "uncased" if self.lowercase else "cased"
+        return f"WordPiece(size={self.size}, {case}, path={self.path!r})"
+
+    # -- construction ----------------------------------------------------------
+
+    @classmethod
+    def from_vocab_file(cls, path: str, *, lowercase: bool = True) -> WordPiece:
+        """Loads a `vocab.txt` (one token per line, id = line number), e.g. the
+        one shipped with a Hugging Face BERT checkpoint."""
+        return cls(_read_vocab_file(path), lowercase=lowercase, path=path)
+
+    @classmethod
+    def train(cls, texts: Iterable[str], *, vocab_size: int, lowercase: bool = True,
+              min_frequency: int = 2) -> WordPiece:
+        """Trains a vocabulary of at most `vocab_size` tokens on `texts`.
+
+        Ids 0-4 are `[PAD] [UNK] [CLS] [SEP] [MASK]`, then every character of
+        the (normalized) corpus, then its `##` continuation forms, then the
+        merged pieces in the order they were learned; merging stops at
+        `vocab_size` or when no pair occurs `min_frequency` times, so a small
+        corpus gives fewer tokens. Deterministic: the same texts give the same
+        file. `texts` is read into memory (it is read twice).
+
+        Raises ValueError when `vocab_size` cannot hold the special tokens and
+        the corpus's characters (the trainer never drops a character).
+        """
+        texts = list(texts)
+        # Pass 1, no merges: the alphabet and the continuation characters.
+        base = _train_pass(texts, 0, lowercase, min_frequency, SPECIAL_TOKENS)
+        continuations = sorted(t for t in base if t.startswith(CONTINUATION)
+                               and t not in SPECIAL_TOKENS)
+        if vocab_size < len(base):
+            raise ValueError(
+                f"vocab_size={vocab_size} cannot hold the {len(SPECIAL_TOKENS)} special tokens "
+                f"and the {len(base) - len(SPECIAL_TOKENS)} characters (with their ## forms) of "
+                f"the training texts: ask for at least {len(base)}.")
+        # Pass 2: the continuation characters numbered in sorted order.
+        vocab = _train_pass(texts, vocab_size, lowercase, min_frequency,
+                            SPECIAL_TOKENS + tuple(continuations))
+        # Its order: specials, continuations, alphabet, merges; shown as
+        # specials, alphabet, continuations, merges.
+        n, c = len(SPECIAL_TOKENS), len(continuations)
+        if vocab[n:n + c] != continuations:
+            raise RuntimeError("the tokenizers WordPieceTrainer no longer numbers special tokens "
+                               "first: bert_jax.data.wordpiece.train needs updating.")
+        tokens = vocab[:n] + vocab[n + c:len(base)] + continuations + vocab[len(base):]
+        return cls(tokens, lowercase=lowercase, requested_size=vocab_size)
+
+    # -- files -----------------------------------------------------------------
+
+    def save(self, directory: str) -> str:
+        """Writes `directory/vocab.txt` and `directory/wordpiece.json` (the
+        options: lowercase, size, requested_size); returns the vocab path.
+        Each file is written atomically, `vocab.txt` last."""
+        os.makedirs(directory, exist_ok=True)
+        settings = {"lowercase": self.lowercase, "size": self.size,
+                    "requested_size": self.requested_size}
+        _write_atomically(os.path.join(directory, SETTINGS_FILE), json.dumps(settings) + "\n")
+        path = os.path.join(directory, VOCAB_FILE)
+        _write_atomically(path, "".join(token + "\n" for token in self._tokens))
+        self.path = path
+        return path
+
+    @classmethod
+    def load(cls, directory: str) -> WordPiece:
+        """Reads back what `save(directory)` wrote."""
+        settings_path = os.path.join(directory, SETTINGS_FILE)
+        if not os.path.isfile(settings_path):
+            raise FileNotFoundError(
+                f"{settings_path} is missing: `load` reads a directory written by "
+                "WordPiece.save; for a bare vocab.txt use WordPiece.from_vocab_file(path, "
+                "lowercase=...).")
+        with open(settings_path) as f:
+            settings = json.load(f)
+        path = os.path.join(directory, VOCAB_FILE)
+        vocab = cls(_read_vocab_file(path), lowercase=settings["lowercase"], path=path,
+                    requested_size=settings.get("requested_size"))
+        if vocab.size != settings["size"]:
+            raise ValueError(f"{path} has {vocab.size} tokens but {settings_path} says "
+                             f"{settings['size']}: the vocabulary was edited after it was saved.")
+        return vocab
+
+    # -- ids -------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """Number of tokens (the model's vocabulary size)."""
+        return len(self._tokens)
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        """Tokens of `ids` (any ints, numpy included); raises on an unknown id."""
+        return [self._tokens[_check_id(i, self.size)] for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+        """Ids of whole tokens ('##ing' included); unknown tokens give `unk_id`."""
+        return [self._ids.get(token, self.unk_id) for token in tokens]
+
+    # -- text -> ids -----------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[str]:
+        """Sub-word tokens of `text`, e.g. ['un', '##aff', '##able']."""
+        return self._encode(text).tokens
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`, `[len(tokenize(text))]`; no [CLS]/[SEP] added."""
+        return self._encode(text).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """`[encode(t) for t in texts]`, in parallel in Rust (no offsets kept)."""
+        encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
+        return [e.ids for e in encode(list(texts), add_special_tokens=False)]
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and, for each, the `(start, end)` character offsets of the
+        original `text` it comes from: `text[start:end]` is the piece before
+        normalization (with its case and accents; a `##` piece points at its
+        characters only)."""
+        encoding = self._encode(text)
+        return encoding.ids, [tuple(offset) for offset in encoding.offsets]
+
+    def word_ids(self, text: str) -> list[int]:
+        """For each id of `encode(text)`, the index of its word: words are
+        `text` split at whitespace, with every punctuation character and CJK
+        ideograph a word of its own (so 'U.S.' is 4 words). The pieces of one
+        word share its index; a word of more than 100 characters is one [UNK]."""
+        return list(self._encode(text).word_ids)
+
+    def encode_words(self, words: Sequence[str]) -> tuple[list[int], list[int]]:
+        """Ids of already split `words` (e.g. a tagging dataset's tokens) and,
+        for each id, the index in `words` of the word it comes from: the
+        first-sub-token label alignment. Each word is tokenized as text (so
+        'U.S.' still gives several pieces, all with that word's index); a word
+        that normalizes to nothing (only control characters) gives no id."""
+        encoding = self._tokenizer.encode(list(words), is_pretokenized=True,
+                                          add_special_tokens=False)
+        return encoding.ids, list(encoding.word_ids)
+
+    def _encode(self, text: str) -> Encoding:
+        if not isinstance(text, str):
+            raise TypeError(f"expected a str, got {type(text).__name__}: decode bytes first.")
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+    # -- ids -> text -----------------------------------------------------------
+
+    def decode(self, ids: Iterable[int], *, skip_framing: bool = True) -> str:
+        """Text of `ids`: tokens joined by spaces, `##` pieces glued to the
+        previous one (BERT's detokenization; case, accents and the original
+        spacing of punctuation are not restored). `[PAD]`, `[CLS]` and `[SEP]`
+        are dropped unless `skip_framing=False`; `[UNK]` and `[MASK]` stand
+        for text and stay."""
+        ids = _ints(ids)
+        tokens = self.convert_ids_to_tokens(ids)
+        if skip_framing:
+            framing = (self.pad_id, self.cls_id, self.sep_id)
+            tokens = [token for token, i in zip(tokens, ids) if i not in framing]
+        return " ".join(tokens).replace(" " + CONTINUATION, "").strip()
+
+
+def _ints(ids: Iterable[int]) -> list[int]:
+    return [int(i) for i in ids]
+
+
+def _check_id(i: int, size: int) -> int:
+    i = int(i)
+    if not 0 <= i < size:
+        raise ValueError(f"id {i} is outside the vocabulary [0, {size}).")
+    return i
+
+
+def _train_pass(texts: Sequence[str], vocab_size: int, lowercase: bool, min_frequency: int,
+                special_tokens: Sequence[str]) -> list[str]:
+    """One run of the library's WordPiece trainer: the tokens in id order."""
+    tokenizer = _pipeline(models.WordPiece(unk_token=UNK), lowercase)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
+        special_tokens=list(special_tokens), continuing_subword_prefix=CONTINUATION)
+    tokenizer.train_from_iterator(texts, trainer, length=len(texts))
+    vocab = tokenizer.get_vocab(with_added_tokens=False)
+    return sorted(vocab, key=vocab.__getitem__)
+
+
+def load_or_train(workdir: str, texts: Iterable[str], vocab_size: int, *, lowercase: bool,
+                  vocab_file: str = "", min_frequency: int = 2,
+                  is_writer: bool = True) -> WordPiece:
+    """The vocabulary of a run.
+
+    - `vocab_file` given (a pretrained checkpoint's `vocab.txt`): that file,
+      and `vocab_size` is not used. A `wordpiece.json` or Hugging Face
+      `tokenizer_config.json` beside it that declares the other casing is an
+      error.
+    - else `workdir/vocab/vocab.txt` if it exists; its saved options must match
+      `lowercase` and `vocab_size`.
+    - else trained on `texts` (read only in this case) and saved there. Only
+      the writer (process 0) trains; other processes must wait for the files
+      (behind a barrier) and raise FileNotFoundError if they are missing.
+    """
+    if vocab_file:
+        _check_declared_casing(vocab_file, lowercase)
+        return WordPiece.from_vocab_file(vocab_file, lowercase=lowercase)
+    directory = os.path.join(workdir, VOCAB_DIR)
+    path = os.path.join(directory, VOCAB_FILE)
+    requested = {"lowercase": bool(lowercase), "vocab_size": vocab_size}
+    if os.path.isfile(path):
+        vocab = WordPiece.load(directory)
+        saved = {"lowercase": vocab.lowercase,
+                 "vocab_size": vocab.requested_size or vocab.size}
+        if saved != requested:
+            raise ValueError(f"{path} was made with {saved} but the config asks for "
+                             f"{requested}: use the workdir's config or a new workdir.")
+        return vocab
+    if not is_writer:
+        raise FileNotFoundError(f"{path} is missing: process 0 trains it first.")
+    vocab = WordPiece.train(texts, vocab_size=vocab_size, lowercase=lowercase,
+                            min_frequency=min_frequency)
+    vocab.save(directory)
+    return vocab
+
+
+def _check_declared_casing(vocab_file: str, lowercase: bool) -> None:
+    """Raises if a settings file beside `vocab_file` declares the other casing
+    (`wordpiece.json` "lowercase" or `tokenizer_config.json` "do_lower_case")."""
+    directory = os.path.dirname(vocab_file)
+    for name, key in ((SETTINGS_FILE, "lowercase"), ("tokenizer_config.json", "do_lower_case")):
+        settings_path = os.path.join(directory, name)
+        if not os.path.isfile(settings_path):
+            continue
+        with open(settings_path, encoding="utf-8") as f:
+            declared = json.load(f).get(key)
+        if declared is not None and bool(declared) != bool(lowercase):
+            raise ValueError(f"{settings_path} says {key}={declared} but lowercase={lowercase} "
+                             f"was asked for {vocab_file}: use lowercase={bool(declared)} "
+                             "(an uncased checkpoint needs lower-cased input, a cased one "
+                             "does not).")
