@@ -12,7 +12,7 @@ import optax
 import pytest
 
 from bert_jax.evaluation.decoding import transformer_search
-from bert_jax.modeling import BertForPreTraining, Transformer
+from bert_jax.modeling import BertForPreTraining, Transformer, precision
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.modeling.layers import scan_params, unscan_params
 from bert_jax.training.sharding import make_mesh
@@ -123,3 +123,42 @@ def test_bad_options_are_named():
         dataclasses.replace(BERT, remat="some")
     with pytest.raises(ConfigError, match="scan_layers=1"):
         dataclasses.replace(BERT, scan_layers=1)
+
+
+@pytest.mark.parametrize("lhs_shape,rhs_shape,count", [
+    ((2, 3, 4), (4, 5), 1), ((2, 3, 4, 5), (4, 5, 6), 2), ((2, 3, 4), (4, 2, 3), 1)])
+def test_dense_contraction_has_the_autodiff_gradients(lhs_shape, rhs_shape, count):
+    rng = np.random.default_rng(0)
+    lhs, rhs = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in (lhs_shape, rhs_shape))
+    cotangent = jnp.asarray(rng.normal(size=lhs_shape[:-count] + rhs_shape[count:]))
+    dims = ((tuple(range(len(lhs_shape) - count, len(lhs_shape))), tuple(range(count))),
+            ((), ()))
+
+    def plain(a, b):
+        return jax.lax.dot_general(a, b, dims)
+
+    out, vjp = jax.vjp(lambda a, b: precision.contract(a, b, count), lhs, rhs)
+    ref_out, ref_vjp = jax.vjp(plain, lhs, rhs)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+    for grad, ref in zip(vjp(cotangent), ref_vjp(cotangent)):
+        np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-5)
+    # bfloat16 operands take the custom path and keep their dtype end to end.
+    low = [x.astype(jnp.bfloat16) for x in (lhs, rhs)]
+    out16, vjp16 = jax.vjp(lambda a, b: precision.float32_accumulation(a, b, dims), *low)
+    assert out16.dtype == jnp.bfloat16
+    grads16 = vjp16(cotangent.astype(jnp.bfloat16))
+    assert [g.dtype for g in grads16] == [jnp.bfloat16] * 2
+    for grad, ref in zip(grads16, ref_vjp(cotangent)):
+        np.testing.assert_allclose(np.asarray(grad, np.float32), ref, rtol=0.05, atol=0.1)
+
+
+def test_bfloat16_bert_tracks_float32(bert_reference):
+    config, params, (value, hidden, (grads, _)) = bert_reference
+    value16, hidden16, (grads16, _) = _bert_outputs(
+        dataclasses.replace(config, dtype="bfloat16"), params)
+    assert hidden16[-1].dtype == jnp.bfloat16
+    assert abs(float(value16) - float(value)) < 0.02 * abs(float(value)) + 0.05
+    assert max_diff(hidden16[-1], hidden[-1]) < 0.1
+    for g16, g in zip(jax.tree.leaves(grads16), jax.tree.leaves(grads)):
+        assert g16.dtype == jnp.float32  # float32 master weights get float32 gradients
+        assert max_diff(g16, g) < 0.05 * float(np.abs(g).max()) + 1e-3

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from bert_jax.modeling import precision
 from bert_jax.modeling.initializers import Initializer, partitioned
 
 Array = jax.Array
@@ -122,7 +123,7 @@ def dot_product_attention(
             raise ValueError("attention dropout needs a dropout_rng.")
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-    out = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+    out = precision.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
     return out, (weights if return_weights else None)
 
 
@@ -177,6 +178,7 @@ class MultiHeadAttention(nn.Module):
             bias_init=partitioned(nn.initializers.zeros, ("heads", "kv")),
             dtype=self.dtype,
             param_dtype=self.param_dtype,
+            dot_general=precision.float32_accumulation,
         )
         query = projection(name="query")(inputs_q)
         key = projection(name="key")(inputs_kv)
@@ -211,6 +213,7 @@ class MultiHeadAttention(nn.Module):
             bias_init=partitioned(nn.initializers.zeros, ("embed",)),
             dtype=self.dtype,
             param_dtype=self.param_dtype,
+            dot_general=precision.float32_accumulation,
             name="out",
         )(out)
 

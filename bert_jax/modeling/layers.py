@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from bert_jax.modeling.attention import MultiHeadAttention
 from bert_jax.modeling.configs import StackConfig
 from bert_jax.modeling.initializers import kernel_init, partitioned
+from bert_jax.modeling.precision import float32_accumulation
 
 Array = jax.Array
 
@@ -64,6 +65,7 @@ def dense(config: StackConfig, features: int, axes: tuple[str, str],
         bias_init=partitioned(nn.initializers.zeros, (axes[1],)),
         dtype=config.compute_dtype,
         param_dtype=config.params_dtype,
+        dot_general=float32_accumulation,
         name=name,
     )
 

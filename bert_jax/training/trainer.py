@@ -33,6 +33,7 @@ from bert_jax.training.checkpoints import Checkpointer, restore_params
 from bert_jax.training.evaluation import abstract_like, make_evaluator
 from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
+from bert_jax.training.prefetch import DevicePrefetch
 from bert_jax.training.sharding import global_batch, make_mesh
 from bert_jax.training.train_step import (
     TrainState, create_train_state, jit_train_step, make_train_step)
@@ -158,7 +159,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     checkpointer = Checkpointer(workdir, keep_last=train.keep_last,
                                 keep_best=train.keep_best, best_metric=train.best_metric,
                                 best_mode=train.best_mode, async_saves=train.async_saves)
-    train_iter = task.train_iterator(jax.process_index(), jax.process_count())
+    train_iter = DevicePrefetch(
+        task.train_iterator(jax.process_index(), jax.process_count()),
+        lambda batch: global_batch(batch, mesh), train.device_prefetch)
     latest = checkpointer.latest_step()
     if latest is not None:
         state = checkpointer.restore(latest, abstract_like(state), train_iter)
@@ -190,7 +193,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     try:
         with jax.set_mesh(mesh):
             for step in range(first_step + 1, train.num_steps + 1):
-                batch = global_batch(next(train_iter), mesh)
+                batch = next(train_iter)
                 state, metrics = step_fn(state, batch, step_rng)
                 finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
                 first_bad = jnp.where((first_bad < 0) & ~finite, step, first_bad)
@@ -221,6 +224,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                     break
     finally:
         preemption.close()
+        train_iter.close()
         checkpointer.close()
         writer.close()
     return logged

@@ -1,0 +1,353 @@
+r"""Steady-state train-step throughput of bert_jax, optionally against its peers.
+
+  python launch/benchmark.py --models=bert-base:128 --batch=8 \
+      --dtypes=float32,bfloat16 --compare
+
+For every `MODEL:LENGTH` (models: bert-mini, bert-small, bert-base, bert-large,
+transformer-base, transformer-big) and every dtype it builds the project's own
+sharded train step (AdamW, `bert_jax.training.train_step`) on all local
+devices, compiles it (timed: compile seconds), runs `--warmup` steps, then
+times `--steps` steps one by one (each waits for its result) and reports the
+median: step time, sequences/s, tokens/s, model FLOPs utilisation and memory.
+
+MFU = model FLOPs of one step / step seconds / (devices x peak FLOP/s), with
+the model FLOPs from `bert_jax.training.flops` (matmuls only, 3x the forward:
+attention matmuls counted, the MLM head only where it is computed, causal
+self-attention halved). Peak FLOP/s: the table in `bert_jax.training.metrics`
+for known accelerators, a float32 matmul measured now on CPUs (so a bfloat16
+run's MFU on CPU is relative to float32 matmul speed).
+
+BERT steps are pretraining steps on a synthetic batch: `[CLS] A [SEP] B [SEP]`
+token types, 15% of the positions masked (`max_predictions` = 20 per 128
+tokens, as google-research/bert), MLM + NSP loss; by default the MLM head runs
+only at the masked positions (`--mlm=all`: every position, as Hugging Face
+does). Transformer steps: source and target of LENGTH tokens.
+
+`--compare` times, in the same process and on the same batch, Hugging Face
+`BertForPreTraining` in PyTorch (float32, `torch.optim.AdamW`) and, where
+`transformers<5` is installed, `FlaxBertForPreTraining` with optax AdamW
+(transformers 5 has no Flax models: then it is reported as unavailable), and
+prints bert_jax's speed-up over each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from bert_jax.modeling import BertForPreTraining, Transformer, bert_preset, transformer_preset
+from bert_jax.training.flops import bert_train_flops, transformer_train_flops
+from bert_jax.training.losses import bert_pretraining_sums, cross_entropy_sums
+from bert_jax.training.metrics import peak_flops_per_device
+from bert_jax.training.optimizer import adamw
+from bert_jax.training.sharding import global_batch, make_mesh
+from bert_jax.training.train_step import create_train_state, jit_train_step, make_train_step
+
+_MODELS = flags.DEFINE_list("models", ["bert-base:128"],
+                            "MODEL:LENGTH entries; MODEL in bert-{mini,small,base,large}, "
+                            "transformer-{base,big}.")
+_BATCH = flags.DEFINE_integer("batch", 8, "Global batch (sequences).")
+_DTYPES = flags.DEFINE_list("dtypes", ["float32"], "Compute dtypes (parameters and "
+                            "optimizer state stay float32).")
+_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (the median is reported).")
+_WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
+_COMPARE = flags.DEFINE_bool("compare", False, "Also time the Hugging Face peers.")
+_MLM = flags.DEFINE_enum("mlm", "masked", ["masked", "all"],
+                         "BERT: MLM head at the masked positions only, or everywhere.")
+_ATTENTION = flags.DEFINE_enum("attention_impl", "einsum", ["einsum", "fused"],
+                               "Attention implementation.")
+_REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch"],
+                           "Rematerialisation policy.")
+_SCAN = flags.DEFINE_bool("scan_layers", False, "nn.scan over layers.")
+_PEAK = flags.DEFINE_float("peak_flops", 0.0, "Per-device peak FLOP/s (0: table or "
+                           "measured matmul).")
+_OUTPUT = flags.DEFINE_string("output", "", "Also write the results as JSON here.")
+
+MASK_RATE = 0.15
+
+
+@dataclasses.dataclass
+class Workload:
+    """One model's train step inputs: how to build, what to feed, what it costs."""
+    name: str
+    init_fn: Callable[[jax.Array], Any]
+    apply_fn: Callable
+    loss_fn: Callable
+    batch: dict[str, np.ndarray]
+    flops: float
+    tokens: int
+
+
+def max_predictions(length: int) -> int:
+    """Masked-LM slots per sequence: 20 per 128 tokens (google-research/bert)."""
+    return max(1, round(length * 20 / 128))
+
+
+def bert_batch(vocab_size: int, batch: int, length: int, seed: int = 0) -> dict:
+    """A synthetic pretraining batch: `[CLS] A [SEP] B [SEP]`, full length,
+    `max_predictions(length)` masked positions per sequence."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1000, vocab_size, (batch, length)).astype(np.int32)
+    split = length // 2
+    ids[:, 0], ids[:, split - 1], ids[:, -1] = 101, 102, 102
+    token_types = (np.arange(length) >= split).astype(np.int32)[None].repeat(batch, 0)
+    predictions = max_predictions(length)
+    positions = np.sort(np.stack([rng.choice(np.arange(1, length - 1), predictions,
+                                             replace=False) for _ in range(batch)]), 1)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids),
+            "token_type_ids": token_types, "masked_lm_positions": positions.astype(np.int32),
+            "masked_lm_ids": np.take_along_axis(ids, positions, 1),
+            "masked_lm_weights": np.ones(positions.shape, np.float32),
+            "next_sentence_labels": rng.integers(0, 2, batch).astype(np.int32)}
+
+
+def bert_workload(size: str, length: int, batch: int, overrides: dict) -> Workload:
+    config = bert_preset(size, max_len=max(512, length), **overrides)
+    model = BertForPreTraining(config)
+    data = bert_batch(config.vocab_size, batch, length)
+    everywhere = _MLM.value == "all"
+
+    def loss_fn(params, b, rng):
+        positions = b["masked_lm_positions"]
+        out = model.apply({"params": params}, b["input_ids"], b["attention_mask"],
+                          b["token_type_ids"], None if everywhere else positions,
+                          deterministic=False, rngs={"dropout": rng})
+        mlm_logits = out.mlm_logits
+        if everywhere:
+            mlm_logits = jnp.take_along_axis(mlm_logits, positions[..., None], axis=1)
+        sums = bert_pretraining_sums(mlm_logits, out.nsp_logits, b)
+        return sums.pop("loss"), sums.pop("weight"), sums
+
+    short = data["input_ids"][:1]
+    return Workload(
+        f"bert-{size}:{length}", lambda rng: model.init(rng, short, np.ones_like(short)),
+        model.apply, loss_fn, data,
+        bert_train_flops(config, batch, length, length if everywhere
+                         else max_predictions(length)), batch * length)
+
+
+def transformer_workload(size: str, length: int, batch: int, overrides: dict) -> Workload:
+    config = transformer_preset(size, max_len=max(256, length), **overrides)
+    model = Transformer(config)
+    rng = np.random.default_rng(0)
+    data = {key: rng.integers(3, config.vocab_size, (batch, length)).astype(np.int32)
+            for key in ("inputs", "targets")}
+
+    def loss_fn(params, b, rng):
+        logits = model.apply({"params": params}, b["inputs"], b["targets"],
+                             deterministic=False, rngs={"dropout": rng})
+        sums = cross_entropy_sums(logits, b["targets"], b["targets"] != 0, 0.1)
+        return sums.pop("loss"), sums.pop("weight"), sums
+
+    short = data["inputs"][:1]
+    return Workload(f"transformer-{size}:{length}", lambda r: model.init(r, short, short),
+                    model.apply, loss_fn, data,
+                    transformer_train_flops(config, batch, length, length), 2 * batch * length)
+
+
+def workload(spec: str, batch: int, dtype: str) -> Workload:
+    name, _, length = spec.partition(":")
+    family, _, size = name.partition("-")
+    overrides = dict(dtype=dtype, attention_impl=_ATTENTION.value, remat=_REMAT.value,
+                     scan_layers=_SCAN.value)
+    builders = {"bert": bert_workload, "transformer": transformer_workload}
+    if family not in builders or not length.isdigit():
+        raise app.UsageError(f"--models entry {spec!r}: expected MODEL:LENGTH with MODEL "
+                             "bert-{mini,small,base,large} or transformer-{base,big}.")
+    return builders[family](size, int(length), batch, overrides)
+
+
+def _median_step(step: Callable[[], Any], steps: int, warmup: int) -> float:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _memory(compiled) -> dict[str, float]:
+    """XLA's memory plan of the step, and the device's peak where it reports one."""
+    result = {}
+    analysis = compiled.memory_analysis()
+    if analysis is not None:
+        planned = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+                   + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
+        result["planned_gib"] = planned / 2**30
+    stats = jax.local_devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        result["device_peak_gib"] = stats["peak_bytes_in_use"] / 2**30
+    return result
+
+
+def time_bert_jax(work: Workload, steps: int, warmup: int) -> dict[str, float]:
+    mesh = make_mesh((-1, 1, 1))
+    state, shardings = create_train_state(work.init_fn, work.apply_fn, adamw(1e-4),
+                                          mesh, jax.random.PRNGKey(0))
+    step_fn = jit_train_step(make_train_step(work.loss_fn), shardings, mesh)
+    batch = global_batch(work.batch, mesh)
+    rng = jax.random.PRNGKey(1)
+    with jax.set_mesh(mesh):
+        start = time.perf_counter()
+        compiled = step_fn.lower(state, batch, rng).compile()
+        compile_seconds = time.perf_counter() - start
+        holder = [state]
+
+        def step():
+            holder[0], metrics = compiled(holder[0], batch, rng)
+            jax.block_until_ready(metrics)
+
+        seconds = _median_step(step, steps, warmup)
+    return {"step_seconds": seconds, "compile_seconds": compile_seconds, **_memory(compiled)}
+
+
+def time_torch_bert(size: str, batch: dict[str, np.ndarray], steps: int,
+                    warmup: int) -> dict[str, float] | None:
+    """HF `BertForPreTraining` in PyTorch float32 with AdamW on `batch`."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None
+    reference = bert_preset(size)
+    config = transformers.BertConfig(
+        vocab_size=reference.vocab_size, hidden_size=reference.hidden_size,
+        num_hidden_layers=reference.num_layers, num_attention_heads=reference.num_heads,
+        intermediate_size=reference.mlp_dim, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = transformers.BertForPreTraining(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    labels = np.full(batch["input_ids"].shape, -100, np.int64)
+    np.put_along_axis(labels, batch["masked_lm_positions"], batch["masked_lm_ids"], 1)
+    inputs = {"input_ids": torch.from_numpy(batch["input_ids"].astype(np.int64)),
+              "attention_mask": torch.from_numpy(batch["attention_mask"].astype(np.int64)),
+              "token_type_ids": torch.from_numpy(batch["token_type_ids"].astype(np.int64)),
+              "labels": torch.from_numpy(labels),
+              "next_sentence_label": torch.from_numpy(
+                  batch["next_sentence_labels"].astype(np.int64))}
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        model(**inputs).loss.backward()
+        optimizer.step()
+
+    return {"step_seconds": _median_step(step, steps, warmup),
+            "threads": torch.get_num_threads()}
+
+
+def time_flax_hf_bert(size: str, batch: dict[str, np.ndarray], steps: int,
+                      warmup: int) -> dict[str, float] | None:
+    """HF `FlaxBertForPreTraining` (transformers<5 only) with optax AdamW."""
+    try:
+        from transformers import BertConfig, FlaxBertForPreTraining
+    except ImportError:
+        return None
+    import optax
+    reference = bert_preset(size)
+    model = FlaxBertForPreTraining(BertConfig(
+        vocab_size=reference.vocab_size, hidden_size=reference.hidden_size,
+        num_hidden_layers=reference.num_layers, num_attention_heads=reference.num_heads,
+        intermediate_size=reference.mlp_dim), seed=0)
+    tx = optax.adamw(1e-4)
+    params = model.params
+    opt_state = tx.init(params)
+
+    def loss(params, rng):
+        out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                    params=params, dropout_rng=rng, train=True)
+        logits = jnp.take_along_axis(out.prediction_logits,
+                                     batch["masked_lm_positions"][..., None], axis=1)
+        sums = bert_pretraining_sums(logits, out.seq_relationship_logits, batch)
+        return sums["loss"] / sums["weight"]
+
+    @jax.jit
+    def train_step(params, opt_state, rng):
+        grads = jax.grad(loss)(params, rng)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    state = [params, opt_state]
+    rng = jax.random.PRNGKey(0)
+
+    def step():
+        state[0], state[1] = train_step(state[0], state[1], rng)
+        jax.block_until_ready(state[0])
+
+    step()  # compile
+    return {"step_seconds": _median_step(step, steps, warmup)}
+
+
+def main(argv):
+    del argv
+    devices = jax.local_devices()
+    peak = peak_flops_per_device(_PEAK.value)
+    print(f"devices: {len(devices)} x {devices[0].device_kind}; peak {peak / 1e12:.2f} "
+          f"TFLOP/s per device ({'given' if _PEAK.value else 'table or measured matmul'}); "
+          f"batch {_BATCH.value}; {_STEPS.value} timed steps after {_WARMUP.value} warm-up")
+    results = []
+    for spec in _MODELS.value:
+        rows = {}
+        for dtype in _DTYPES.value:
+            work = workload(spec, _BATCH.value, dtype)
+            timing = time_bert_jax(work, _STEPS.value, _WARMUP.value)
+            timing.update(
+                sequences_per_second=_BATCH.value / timing["step_seconds"],
+                tokens_per_second=work.tokens / timing["step_seconds"],
+                mfu=work.flops / timing["step_seconds"] / (peak * len(devices)),
+                model_tflops_per_step=work.flops / 1e12)
+            rows[f"bert_jax {dtype}"] = timing
+        if _COMPARE.value and spec.startswith("bert-"):
+            size = spec.split(":")[0].split("-")[1]
+            for name, timer in (("pytorch float32", time_torch_bert),
+                                ("hf-flax float32", time_flax_hf_bert)):
+                timing = timer(size, work.batch, _STEPS.value, _WARMUP.value)
+                rows[name] = timing if timing is not None else {"unavailable": True}
+        results.append({"model": spec, "batch": _BATCH.value, "rows": rows})
+        print_table(spec, rows)
+    if _OUTPUT.value:
+        with open(_OUTPUT.value, "w") as f:
+            json.dump({"device": devices[0].device_kind, "num_devices": len(devices),
+                       "peak_flops_per_device": peak, "flags": {
+                           "mlm": _MLM.value, "attention_impl": _ATTENTION.value,
+                           "remat": _REMAT.value, "scan_layers": _SCAN.value},
+                       "results": results}, f, indent=2)
+
+
+def print_table(spec: str, rows: dict[str, dict]) -> None:
+    print(f"\n{spec}, batch {_BATCH.value}")
+    print(f"  {'':<18} {'step ms':>9} {'seq/s':>8} {'tokens/s':>9} {'MFU':>6} "
+          f"{'compile s':>9} {'memory GiB':>10}")
+    for name, row in rows.items():
+        if row.get("unavailable"):
+            print(f"  {name:<18} not installed (transformers<5 needed for Flax BERT)"
+                  if "flax" in name else f"  {name:<18} not installed")
+            continue
+        seconds = row["step_seconds"]
+        memory = row.get("device_peak_gib", row.get("planned_gib"))
+        print(f"  {name:<18} {seconds * 1e3:>9.1f} {_BATCH.value / seconds:>8.2f} "
+              f"{row.get('tokens_per_second', 0):>9.0f} "
+              f"{row['mfu'] * 100 if 'mfu' in row else float('nan'):>5.1f}% "
+              f"{row.get('compile_seconds', float('nan')):>9.1f} "
+              f"{memory if memory is not None else float('nan'):>10.2f}")
+    baselines = {name: row["step_seconds"] for name, row in rows.items()
+                 if not name.startswith("bert_jax") and "step_seconds" in row}
+    for name, row in rows.items():
+        if name.startswith("bert_jax"):
+            for peer, seconds in baselines.items():
+                print(f"  {name} vs {peer}: {seconds / row['step_seconds']:.2f}x faster")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    app.run(main)

@@ -1,0 +1,46 @@
+"""launch/benchmark.py end to end at toy size: it times the project's train
+step, reports MFU, compile time and memory, and times the PyTorch peer on the
+same batch."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _benchmark(*flags, tmp_path):
+    output = tmp_path / "bench.json"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+           "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "benchmark.py"), *flags,
+         f"--output={output}"], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=600)
+    return result, output
+
+
+def test_benchmark_times_bert_jax_and_pytorch(tmp_path):
+    result, output = _benchmark("--models=bert-tiny:32", "--batch=4",
+                                "--dtypes=float32,bfloat16", "--steps=3", "--warmup=1",
+                                "--compare", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(output.read_text())
+    rows = report["results"][0]["rows"]
+    for dtype in ("float32", "bfloat16"):
+        row = rows[f"bert_jax {dtype}"]
+        assert row["step_seconds"] > 0 and row["compile_seconds"] > 0
+        assert 0 < row["mfu"] < 1.5  # CPU peak is a measured matmul, so roughly
+        assert row["tokens_per_second"] == 4 * 32 / row["step_seconds"]
+        assert row["planned_gib"] > 0
+    assert rows["pytorch float32"]["step_seconds"] > 0
+    assert "bert_jax float32 vs pytorch float32:" in result.stdout
+    assert report["peak_flops_per_device"] > 0
+
+
+def test_benchmark_rejects_a_bad_model_spec(tmp_path):
+    result, _ = _benchmark("--models=bert-base", tmp_path=tmp_path)
+    assert result.returncode != 0
+    assert "expected MODEL:LENGTH" in result.stdout + result.stderr
