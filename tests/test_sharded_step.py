@@ -124,3 +124,16 @@ def test_mesh_shapes():
         mesh_shape((-1, 3, 1), 8)
     with pytest.raises(ValueError, match="uses 4 devices but 8"):
         mesh_shape((2, 2, 1), 8)
+
+
+def test_the_old_state_is_donated_to_the_step():
+    mesh = make_mesh((2, 2, 2), jax.devices())
+    ids = jnp.zeros((2, 12), jnp.int32)
+    state, shardings = create_train_state(lambda r: MODEL.init(r, ids), MODEL.apply,
+                                          optax.sgd(0.1), mesh, jax.random.PRNGKey(0))
+    step = jit_train_step(make_train_step(loss_fn), shardings, mesh)
+    with jax.set_mesh(mesh):
+        new_state, _ = step(state, global_batch(_batch(), mesh), jax.random.PRNGKey(1))
+    # The update reuses the old buffers in place: no second copy of the state.
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state.params))
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(new_state.params))
