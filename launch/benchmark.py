@@ -212,6 +212,16 @@ def time_bert_jax(work: Workload, steps: int, warmup: int) -> dict[str, float]:
     return {"step_seconds": seconds, "compile_seconds": compile_seconds, **_memory(compiled)}
 
 
+def _hf_bert_config(size: str):
+    """`transformers.BertConfig` with the sizes of bert_jax's preset `size`."""
+    import transformers
+    reference = bert_preset(size)
+    return transformers.BertConfig(
+        vocab_size=reference.vocab_size, hidden_size=reference.hidden_size,
+        num_hidden_layers=reference.num_layers, num_attention_heads=reference.num_heads,
+        intermediate_size=reference.mlp_dim, max_position_embeddings=512)
+
+
 def time_torch_bert(size: str, batch: dict[str, np.ndarray], steps: int,
                     warmup: int) -> dict[str, float] | None:
     """HF `BertForPreTraining` in PyTorch float32 with AdamW on `batch`."""
@@ -220,13 +230,8 @@ def time_torch_bert(size: str, batch: dict[str, np.ndarray], steps: int,
         import transformers
     except ImportError:
         return None
-    reference = bert_preset(size)
-    config = transformers.BertConfig(
-        vocab_size=reference.vocab_size, hidden_size=reference.hidden_size,
-        num_hidden_layers=reference.num_layers, num_attention_heads=reference.num_heads,
-        intermediate_size=reference.mlp_dim, max_position_embeddings=512)
     torch.manual_seed(0)
-    model = transformers.BertForPreTraining(config).train()
+    model = transformers.BertForPreTraining(_hf_bert_config(size)).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     labels = np.full(batch["input_ids"].shape, -100, np.int64)
     np.put_along_axis(labels, batch["masked_lm_positions"], batch["masked_lm_ids"], 1)
@@ -250,15 +255,11 @@ def time_flax_hf_bert(size: str, batch: dict[str, np.ndarray], steps: int,
                       warmup: int) -> dict[str, float] | None:
     """HF `FlaxBertForPreTraining` (transformers<5 only) with optax AdamW."""
     try:
-        from transformers import BertConfig, FlaxBertForPreTraining
+        from transformers import FlaxBertForPreTraining
     except ImportError:
         return None
     import optax
-    reference = bert_preset(size)
-    model = FlaxBertForPreTraining(BertConfig(
-        vocab_size=reference.vocab_size, hidden_size=reference.hidden_size,
-        num_hidden_layers=reference.num_layers, num_attention_heads=reference.num_heads,
-        intermediate_size=reference.mlp_dim), seed=0)
+    model = FlaxBertForPreTraining(_hf_bert_config(size), seed=0)
     tx = optax.adamw(1e-4)
     params = model.params
     opt_state = tx.init(params)
