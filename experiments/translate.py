@@ -106,3 +106,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         raise ValueError(f"experiments/translate.py: unknown variant {variant!r}; use "
                          "'' (default), multi30k, multi30k_en_de, wmt_base or wmt_big.")
     return config
+
+
+def get_sweep() -> str:
+    """`python launch/sweep.py --config=experiments/translate.py --workdir=DIR`
+    without `--sweep`: heads x layers of the default experiment."""
+    return "model.num_heads=1,2,4,8 x model.num_layers=1,2"

@@ -5,11 +5,14 @@ import pathlib
 
 import pytest
 
-from bert_jax.modeling import TransformerConfig
+from bert_jax.modeling import BertConfig, TransformerConfig
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
+FINETUNE = ["sst2", "mrpc", "stsb", "cola", "rte", "qnli", "mnli", "upos", "ner", "squad"]
 VARIANTS = {"translate.py": [None, "multi30k", "multi30k_en_de", "wmt_base", "wmt_big"],
-            "tiny_translate.py": [None]}
+            "tiny_translate.py": [None],
+            "pretrain_bert.py": [None, "corpus", "base", "large"],
+            "finetune.py": [None] + FINETUNE + ["sst2,steps=600", "squad,epochs=1"]}
 
 
 def load(name):
@@ -22,10 +25,14 @@ def load(name):
 @pytest.mark.parametrize("name, variant", [(n, v) for n, vs in VARIANTS.items() for v in vs])
 def test_config_is_consistent(name, variant):
     config = load(name).get_config(variant)
-    assert config.task == "translation"
-    model = TransformerConfig(**config.model.to_dict())  # validates every field
-    assert config.data.max_length <= model.max_len
-    assert config.decode.max_length <= model.max_len
+    if config.task == "translation":
+        model = TransformerConfig(**config.model.to_dict())  # validates every field
+        assert config.data.max_length <= model.max_len
+        assert config.decode.max_length <= model.max_len
+    else:
+        model = BertConfig(**{**config.model.to_dict(), "vocab_size": 30522})
+        assert config.data.max_seq_length <= model.max_len
+        assert config.task in ("bert_pretraining", "glue", "tagging", "squad")
     assert config.optimizer.warmup_steps <= config.train.num_steps
     assert config.train.batch_size % config.train.grad_accum_steps == 0
     assert load(name).__doc__ and "launch/train.py" in load(name).__doc__
@@ -38,3 +45,13 @@ def test_every_experiment_file_is_covered():
 def test_unknown_variant():
     with pytest.raises(ValueError, match="unknown variant 'wmt_huge'"):
         load("translate.py").get_config("wmt_huge")
+    with pytest.raises(ValueError, match="'sst2,lr=3': 'lr=3' is not epochs=E or steps=N"):
+        load("finetune.py").get_config("sst2,lr=3")
+
+
+def test_finetune_steps_follow_the_epochs():
+    config = load("finetune.py").get_config("mrpc")
+    assert config.train.num_steps == -(-3 * 3668 // 32)          # 3 epochs, batch 32
+    assert config.optimizer.warmup_steps == config.train.num_steps // 10
+    short = load("finetune.py").get_config("mrpc,steps=50")
+    assert short.train.num_steps == short.train.eval_every == 50

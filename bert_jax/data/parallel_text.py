@@ -65,12 +65,14 @@ import hashlib
 import itertools
 import os
 import re
-import threading
 from collections.abc import Iterator, Mapping
 
 import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
+
+from bert_jax.data.builder_configs import (
+    ConfigRegistry, ResolvesRuntimeConfigs, check_unchanged)
 
 # Conventional file stems and the standard tfds split names they get by default.
 STEM_ALIASES: dict[str, str] = {
@@ -105,8 +107,7 @@ class ParallelTextConfig(tfds.core.BuilderConfig):
                 os.path.join(self.path, f"{stem}.{self.target_language}"))
 
 
-_CONFIGS: dict[str, ParallelTextConfig] = {}
-_CONFIGS_LOCK = threading.Lock()
+_CONFIGS: ConfigRegistry[ParallelTextConfig] = ConfigRegistry()
 
 
 def parallel_text_config(path: str | os.PathLike, source_language: str,
@@ -155,13 +156,10 @@ def parallel_text_config(path: str | os.PathLike, source_language: str,
     digest = hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:12]
     label = re.sub(r"[^\w\-]+", "_", os.path.basename(directory))[:40] or "corpus"
     name = f"{label}_{source_language}-{target_language}_{digest}"
-    with _CONFIGS_LOCK:
-        if name not in _CONFIGS:
-            _CONFIGS[name] = ParallelTextConfig(
-                name=name, description=(
-                    f"{source_language}->{target_language} parallel text from "
-                    f"{directory}, splits {dict(mapping)}"), **params)
-        return _CONFIGS[name]
+    return _CONFIGS.intern(name, lambda: ParallelTextConfig(
+        name=name, description=(
+            f"{source_language}->{target_language} parallel text from "
+            f"{directory}, splits {dict(mapping)}"), **params))
 
 
 def discover_splits(directory: str, source_language: str, target_language: str
@@ -297,31 +295,16 @@ def check_split(cfg: ParallelTextConfig, split: str) -> SplitCheck:
     return SplitCheck(counts[0] - len(skipped), tuple(skipped))
 
 
-def _check_unchanged(cfg: ParallelTextConfig) -> None:
-    for name, size, mtime_ns in cfg.files:
-        path = os.path.join(cfg.path, name)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"parallel_text: {path} was removed after the builder was "
-                f"created") from None
-        if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
-            raise ParallelTextError(
-                f"parallel_text: {path} changed after the builder was created "
-                f"(size/mtime differ from config {cfg.name}); create the builder "
-                f"again so the new contents get a config (and folder) of their own.")
-
-
 # ----------------------------------------------------------------- builder --
 
 
-class ParallelText(tfds.core.GeneratorBasedBuilder):
+class ParallelText(ResolvesRuntimeConfigs, tfds.core.GeneratorBasedBuilder):
     """Line-aligned `{stem}.{src}` / `{stem}.{tgt}` files (see module docstring)."""
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Initial release."}
     BUILDER_CONFIGS: list[ParallelTextConfig] = []
+    CONFIGS = _CONFIGS
     # tfds 4.9.10 computes the default `code_path` through `importlib_resources`
     # (missing here) and fails; see synthetic_reverse.
     code_path = epath.Path(__file__)
@@ -351,15 +334,6 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
                                           splits=splits, skip_empty=skip_empty)
         super().__init__(config=config, **kwargs)
 
-    @classmethod
-    def get_builder_config(cls, name, version=None):
-        """Also resolves the name of any config made in this process."""
-        found = super().get_builder_config(name, version)
-        if found is None:
-            with _CONFIGS_LOCK:
-                found = _CONFIGS.get(name)
-        return found
-
     def _info(self) -> tfds.core.DatasetInfo:
         return self.dataset_info_from_configs(
             features=tfds.features.FeaturesDict({
@@ -372,7 +346,7 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
     def _split_generators(self, dl_manager):
         del dl_manager  # nothing to download
         cfg: ParallelTextConfig = self.builder_config
-        _check_unchanged(cfg)
+        check_unchanged(cfg.path, cfg.files, cfg.name, "parallel_text", ParallelTextError)
         # Check every split before tfds writes any example.
         checks = {split: check_split(cfg, split) for split, _ in cfg.splits}
         skipped = {}

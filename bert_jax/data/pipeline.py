@@ -69,6 +69,8 @@ from absl import logging
 Example = Mapping[str, Any]
 Batch = dict[str, np.ndarray]
 Preprocess = Callable[[Example], Mapping[str, Any]]
+# (local batch, 0-based global step, first global row of this process) -> batch
+BatchTransform = Callable[[Batch, int, int], Batch]
 MaxLength = int | Mapping[str, int]
 
 _SHUFFLE_PURPOSE = 0x5EED  # mixed into the user seed for the shuffle seed
@@ -227,7 +229,7 @@ class _TrainDataset(grain.IterDataset):
     def __init__(self, examples: grain.MapDataset, *, num_examples: int,
                  global_batch_size: int, local_batch_size: int, first_row: int,
                  identity: dict[str, int], max_length: MaxLength,
-                 packer: _Packer | None):
+                 packer: _Packer | None, transform: BatchTransform | None):
         super().__init__()
         self._examples = examples
         self._num_examples = num_examples
@@ -237,6 +239,7 @@ class _TrainDataset(grain.IterDataset):
         self._identity = identity
         self._max_length = max_length
         self._packer = packer
+        self._transform = transform
 
     def __iter__(self) -> TrainDatasetIterator:
         return TrainDatasetIterator(self)
@@ -298,9 +301,12 @@ class TrainDatasetIterator(grain.DatasetIterator):
         consumed, filtered = list(self._consumed), list(self._filtered)
         rows = [self._fill_row(i, consumed, filtered)
                 for i in range(self._ds._local_batch_size)]
+        batch = _stack(rows)
+        if self._ds._transform is not None:
+            batch = self._ds._transform(batch, self._step, self._ds._first_row)
         self._consumed, self._filtered = consumed, filtered
         self._step += 1
-        return _stack(rows)
+        return batch
 
     def get_state(self) -> dict[str, Any]:
         return {"step": self._step, "consumed": list(self._consumed),
@@ -422,6 +428,7 @@ def shuffle_seed(seed: int) -> int:
 def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: int,
                    process_index: int, process_count: int, preprocess: Preprocess,
                    max_length: MaxLength, pack_length: int = 0,
+                   batch_transform: BatchTransform | None = None,
                    prefetch: int = 2) -> grain.DatasetIterator:
     """Infinite local batches `[global_batch_size // process_count, max_length]`
     (`pack_length` instead of `max_length` when packing).
@@ -439,6 +446,11 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
         next examples of its row stream while all their 1-D features fit in
         `pack_length` slots, and has `key_segmentation` and `key_positions`
         features besides each 1-D feature `key` (see `_Packer`).
+      batch_transform: `f(batch, step, first_row)` applied to every local
+        batch (in the prefetch thread), `step` the 0-based index of the batch
+        and `first_row` the global index of its row 0: randomness derived from
+        (seed, step, global row) is then the same on resume and for any
+        process count (e.g. dynamic masked-LM masking).
       prefetch: batches prepared ahead in a background thread; 0 for none.
 
     Returns:
@@ -463,7 +475,8 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
     ds: grain.IterDataset = _TrainDataset(
         examples, num_examples=num_examples, global_batch_size=global_batch_size,
         local_batch_size=local, first_row=process_index * local, identity=identity,
-        max_length=max_length, packer=_Packer(pack_length) if pack_length else None)
+        max_length=max_length, packer=_Packer(pack_length) if pack_length else None,
+        transform=batch_transform)
     it = iter(ds)
     return _Prefetch(it, prefetch) if prefetch > 0 else it
 

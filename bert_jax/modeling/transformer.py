@@ -171,11 +171,23 @@ class Transformer(nn.Module):
                  targets_segmentation: Array | None = None,
                  inputs_positions: Array | None = None,
                  targets_positions: Array | None = None, *,
+                 encoder_head_mask: Array | None = None,
+                 decoder_self_head_mask: Array | None = None,
+                 cross_head_mask: Array | None = None,
                  deterministic: bool = True) -> Array:
         """Teacher-forced logits: `[batch, src_len]`, `[batch, tgt_len]` ->
-        float32 `[batch, tgt_len, target_vocab]`."""
+        float32 `[batch, tgt_len, target_vocab]`.
+
+        `encoder_head_mask`, `decoder_self_head_mask`, `cross_head_mask`
+        `[layers, heads]` multiply the attention probabilities of the encoder
+        self-attention, decoder self-attention and encoder-decoder attention
+        heads (0 removes a head; None, the default, changes nothing).
+        """
         encoded = self.encode(inputs, inputs_segmentation, inputs_positions,
+                              head_mask=encoder_head_mask,
                               deterministic=deterministic)
         return self.decode(encoded, inputs, targets, targets_segmentation,
                            targets_positions, inputs_segmentation,
+                           self_head_mask=decoder_self_head_mask,
+                           cross_head_mask=cross_head_mask,
                            deterministic=deterministic)

@@ -9,16 +9,19 @@ sums, and divides sums by weights itself so padding never counts.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import flax.linen as nn
 import jax
 import ml_collections
+from jax.experimental import multihost_utils
 
 from bert_jax.modeling.configs import StackConfig
 
 Batch = dict[str, Any]
 Sums = dict[str, jax.Array]
+
+T = TypeVar("T")
 
 _REGISTRY: dict[str, Callable[[ml_collections.ConfigDict, str], "Task"]] = {}
 
@@ -37,6 +40,16 @@ def build_task(config: ml_collections.ConfigDict, workdir: str) -> "Task":
         raise ValueError(f"config.task={config.task!r}: unknown task; registered tasks "
                          f"are {sorted(_REGISTRY)}.")
     return _REGISTRY[config.task](config, workdir)
+
+
+def written_by_process_zero(load_or_create: Callable[[bool], T], what: str) -> T:
+    """`load_or_create(is_writer)` on process 0 first (it may write files, e.g.
+    a vocabulary), then on the others after a barrier (they only read)."""
+    writer = jax.process_index() == 0
+    value = load_or_create(True) if writer else None
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"bert_jax: {what} written")
+    return value if writer else load_or_create(False)
 
 
 class Task(abc.ABC):
@@ -76,14 +89,32 @@ class Task(abc.ABC):
         """Training loss: (loss summed over real targets, their count, other sums)."""
 
     @abc.abstractmethod
-    def eval_sums(self, params: Any, batch: Batch) -> Sums:
-        """Evaluation sums with a `weight` entry; metrics are `sum / weight`."""
+    def eval_sums(self, params: Any, batch: Batch, masks: dict[str, Any] | None = None
+                  ) -> Sums:
+        """Evaluation sums with a `weight` entry; metrics are `sum / weight`.
+        `masks`: head/layer masks for ablation (`head_mask_shapes`), None for
+        the plain model."""
 
-    def generation_metrics(self, params: Any, mesh, step: int) -> dict[str, float]:
-        """Metrics of generated outputs (e.g. BLEU of decoded translations),
-        computed at evaluation steps next to the `eval_sums` metrics; by
-        default none."""
-        del params, mesh, step
+    def generation_metrics(self, params: Any, mesh, step: int,
+                           masks: dict[str, Any] | None = None) -> dict[str, float]:
+        """Metrics of generated outputs or of the predictions of the whole
+        split (e.g. BLEU of decoded translations, F1), computed at evaluation
+        steps next to the `eval_sums` metrics; by default none. `masks`: as
+        for `eval_sums`."""
+        del params, mesh, step, masks
+        return {}
+
+    def head_mask_shapes(self) -> dict[str, tuple[int, int]]:
+        """Head-ablation groups -> `(layers, heads)`: the `masks` that
+        `eval_sums(params, batch, masks)` and `generation_metrics` accept
+        (1 keeps a head, 0 removes it; e.g. BERT `{'head_mask': (L, H)}`, plus
+        an optional `layer_mask` `[L]` bool)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support head ablation.")
+
+    def derived_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Metrics computed from the evaluation means (e.g. perplexity from
+        the mean NLL); by default none."""
+        del metrics
         return {}
 
     @abc.abstractmethod

@@ -26,15 +26,15 @@ import os
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bert_jax.analysis.ablation import transformer_mask_kwargs, transformer_shapes
 from bert_jax.data import pipeline, sources, vocabulary
 from bert_jax.evaluation.decoding import transformer_search
 from bert_jax.evaluation.translation_metrics import bleu_and_chrf, write_samples
 from bert_jax.modeling import Transformer, TransformerConfig
 from bert_jax.modeling.configs import ConfigError
-from bert_jax.tasks.base import Batch, Task, register
+from bert_jax.tasks.base import Batch, Task, register, written_by_process_zero
 from bert_jax.training.flops import transformer_train_flops
 from bert_jax.training.losses import cross_entropy_sums
 
@@ -86,17 +86,11 @@ class TranslationTask(Task):
         """The workdir's vocabulary: process 0 trains it if absent, the others
         wait at a barrier and then load it."""
         data = self.config.data
-
-        def load_or_train(is_writer):
-            return vocabulary.load_or_train(self.workdir, self._training_texts(),
-                                            data.vocab_size, model_type=data.vocab_type,
-                                            is_writer=is_writer)
-
-        writer = jax.process_index() == 0
-        vocab = load_or_train(True) if writer else None
-        if jax.process_count() > 1:
-            multihost_utils.sync_global_devices("bert_jax: vocabulary written")
-        return vocab or load_or_train(False)
+        return written_by_process_zero(
+            lambda is_writer: vocabulary.load_or_train(
+                self.workdir, self._training_texts(), data.vocab_size,
+                model_type=data.vocab_type, is_writer=is_writer),
+            "vocabulary")
 
     @functools.cache
     def _source(self, split: str):
@@ -162,11 +156,12 @@ class TranslationTask(Task):
 
     # -- loss and evaluation ---------------------------------------------------
 
-    def _sums(self, params, batch, rng=None, label_smoothing=0.0):
+    def _sums(self, params, batch, rng=None, label_smoothing=0.0, masks=None):
         deterministic = rng is None
         packing = {key: batch[key] for key in _PACKING_FEATURES if key in batch}
         logits = self.model.apply(
             {"params": params}, batch["inputs"], batch["targets"], **packing,
+            **transformer_mask_kwargs(masks or {}),
             deterministic=deterministic, rngs=None if deterministic else {"dropout": rng})
         weights = batch["targets"] != self.model_config.pad_id
         return cross_entropy_sums(logits, batch["targets"], weights, label_smoothing)
@@ -176,8 +171,8 @@ class TranslationTask(Task):
         loss, weight = sums.pop("loss"), sums.pop("weight")
         return loss, weight, sums
 
-    def eval_sums(self, params, batch):
-        sums = self._sums(params, batch)
+    def eval_sums(self, params, batch, masks=None):
+        sums = self._sums(params, batch, masks=masks)
         del sums["loss"]
         return sums
 
@@ -214,9 +209,14 @@ class TranslationTask(Task):
             outputs.append(np.asarray(jax.device_get(self._search(params, chunk)))[:rows])
         return np.concatenate(outputs)
 
-    def generation_metrics(self, params, mesh, step: int) -> dict[str, float]:
+    def head_mask_shapes(self):
+        return transformer_shapes(self.model_config)
+
+    def generation_metrics(self, params, mesh, step: int, masks=None) -> dict[str, float]:
+        """BLEU and chrF of beam-search translations (not under ablation
+        masks: incremental decoding takes none; ablations use nll/accuracy)."""
         count = self.config.data.bleu_examples
-        if not count:
+        if not count or masks is not None:
             return {}
         source = self._source(self.config.data.eval_split)
         examples = [source[i] for i in range(min(count, len(source)))]

@@ -18,6 +18,7 @@ from typing import Any
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint import checkpoint_managers
@@ -112,9 +113,57 @@ def _params_location(path: str) -> tuple[str, tuple[str, ...]]:
     return os.path.join(path, str(steps[-1]), "state"), ("params",)
 
 
+def _match(saved_shapes: dict[tuple[str, ...], tuple[int, ...]], wanted: dict,
+           prefix: tuple[str, ...], where: str) -> tuple[dict, list[str], list[str]]:
+    """(wanted entries the checkpoint has, their paths, missing paths); a
+    parameter with another shape is an error naming it."""
+    target, restored_paths, missing, mismatched = {}, [], [], []
+    for key, spec in wanted.items():
+        saved_key = prefix + key
+        if saved_key not in saved_shapes:
+            missing.append("/".join(key))
+        elif tuple(saved_shapes[saved_key]) != tuple(spec.shape):
+            mismatched.append(f"{'/'.join(key)}: checkpoint {tuple(saved_shapes[saved_key])}"
+                              f" vs model {tuple(spec.shape)}")
+        else:
+            target[saved_key] = spec
+            restored_paths.append("/".join(key))
+    if mismatched:
+        raise CheckpointError(
+            f"{where} does not fit this model; mis-shaped parameters:\n  "
+            + "\n  ".join(mismatched))
+    return target, restored_paths, missing
+
+
+def _is_huggingface_folder(path: str) -> bool:
+    return all(os.path.isfile(os.path.join(path, name))
+               for name in ("config.json", "model.safetensors"))
+
+
+def _restore_huggingface(path: str, abstract_params: Any):
+    """`restore_params` for a Hugging Face BERT folder (safetensors, never pickles)."""
+    from flax import traverse_util
+
+    from bert_jax.convert.hf_bert import load_hf_bert
+
+    _, params = load_hf_bert(path)
+    saved = traverse_util.flatten_dict(params)
+    target, restored_paths, missing = _match(
+        {k: np.shape(v) for k, v in saved.items()},
+        traverse_util.flatten_dict(abstract_params), (), path)
+    def place(value, spec):  # every process builds its own shards
+        value = np.asarray(value, spec.dtype)
+        return jax.make_array_from_callback(spec.shape, spec.sharding, lambda i: value[i])
+
+    restored = {key: place(saved[key], spec) for key, spec in target.items()}
+    return traverse_util.unflatten_dict(restored), restored_paths, missing
+
+
 def restore_params(path: str, abstract_params: Any) -> tuple[Any, list[str], list[str]]:
     """Restores the parameters of `abstract_params` that `path` holds.
 
+    `path`: a bert_jax pretrained folder, a workdir, its checkpoints dir, one
+    step, or a Hugging Face BERT folder (`config.json` + `model.safetensors`).
     `abstract_params` is a tree of `jax.ShapeDtypeStruct` with shardings (the new
     model's). Parameters the checkpoint lacks (a head the new task adds) are
     left out of the result for the caller to initialise; a parameter present in
@@ -124,6 +173,8 @@ def restore_params(path: str, abstract_params: Any) -> tuple[Any, list[str], lis
     """
     from flax import traverse_util
 
+    if _is_huggingface_folder(path):
+        return _restore_huggingface(path, abstract_params)
     directory, prefix = _params_location(path)
     checkpointer = ocp.PyTreeCheckpointer()
     try:
@@ -133,23 +184,10 @@ def restore_params(path: str, abstract_params: Any) -> tuple[Any, list[str], lis
     except Exception as e:
         raise CheckpointError(f"cannot read checkpoint metadata in {directory}: {e}") from e
     saved = traverse_util.flatten_dict(saved_tree)
-    wanted = traverse_util.flatten_dict(abstract_params)
-    restored_paths, missing, mismatched = [], [], []
-    target = {}
-    for key, spec in wanted.items():
-        saved_key = prefix + key
-        if saved_key not in saved:
-            missing.append("/".join(key))
-        elif tuple(saved[saved_key].shape) != tuple(spec.shape):
-            mismatched.append(f"{'/'.join(key)}: checkpoint {tuple(saved[saved_key].shape)}"
-                              f" vs model {tuple(spec.shape)}")
-        else:
-            target[saved_key] = spec
-            restored_paths.append("/".join(key))
-    if mismatched:
-        raise CheckpointError(
-            f"{directory} does not fit this model; mis-shaped parameters:\n  "
-            + "\n  ".join(mismatched))
+    target, restored_paths, missing = _match(
+        {k: v.shape for k, v in saved.items() if hasattr(v, "shape")},
+        traverse_util.flatten_dict(abstract_params),
+        prefix, directory)
     item = traverse_util.unflatten_dict(target)
     restore_args = jax.tree.map(
         lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, global_shape=s.shape,

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from bert_jax.tasks import Task, build_task
+from bert_jax.training.losses import sums_to_means
 from bert_jax.training.checkpoints import CHECKPOINT_DIR, CheckpointError, restore_params
 from bert_jax.training.sharding import global_batch, logical_shardings, make_mesh, replicated
 
@@ -22,21 +23,23 @@ def abstract_like(tree: Any) -> Any:
 
 
 def make_evaluator(task: Task, mesh) -> Callable[[Any, int], dict[str, float]]:
-    """`evaluate(params, step) -> {'eval/<name>': ...}`: each of the task's
-    evaluation sums divided by the weight, plus its generation metrics."""
+    """`evaluate(params, step, masks=None) -> {'eval/<name>': ...}`: the means
+    of the task's evaluation sums (`sums_to_means`), its derived metrics and
+    its generation metrics; `masks` ablates heads (`Task.head_mask_shapes`)."""
     sums_fn = jax.jit(task.eval_sums, out_shardings=replicated(mesh))
 
-    def evaluate(params, step: int) -> dict[str, float]:
+    def evaluate(params, step: int, masks: dict[str, Any] | None = None) -> dict[str, float]:
         totals = None
         for batch in task.eval_batches(jax.process_index(), jax.process_count()):
-            sums = sums_fn(params, global_batch(batch, mesh))
+            sums = sums_fn(params, global_batch(batch, mesh), masks)
             totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
         if totals is None:
             raise ValueError("the evaluation split produced no batches.")
-        totals = jax.device_get(totals)
-        weight = max(float(totals.pop("weight")), 1e-9)
-        metrics = {k: float(v) / weight for k, v in totals.items()}
-        metrics.update(task.generation_metrics(params, mesh, step))
+        weight = totals.pop("weight")
+        metrics = {k: float(v) for k, v in jax.device_get(
+            sums_to_means(totals, weight)).items()}
+        metrics.update(task.derived_metrics(metrics))
+        metrics.update(task.generation_metrics(params, mesh, step, masks))
         return {f"eval/{k}": v for k, v in metrics.items()}
 
     return evaluate

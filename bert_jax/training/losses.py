@@ -35,8 +35,19 @@ def cross_entropy_sums(logits: jax.Array, labels: jax.Array, weights: jax.Array,
             "accuracy": (correct * weights).sum(), "weight": weights.sum()}
 
 
+def sums_to_means(sums: dict[str, jax.Array], weight: jax.Array) -> dict[str, jax.Array]:
+    """Metric sums -> means: a sum `<group>_<name>` is divided by the sum
+    `<group>_weight` when there is one (e.g. per-sequence `nsp_*` metrics next
+    to per-token ones), every other sum by `weight`. Weight sums are dropped."""
+    groups = {key[:-len("_weight")]: value for key, value in sums.items()
+              if key.endswith("_weight")}
+    return {key: value / jnp.maximum(groups.get(key.split("_")[0], weight), 1e-9)
+            for key, value in sums.items() if not key.endswith("_weight")}
+
+
 def bert_pretraining_sums(mlm_logits: jax.Array, nsp_logits: jax.Array,
-                          batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+                          batch: dict[str, jax.Array],
+                          sequence_weights: jax.Array | None = None) -> dict[str, jax.Array]:
     """The BERT pretraining loss as sums: `loss / weight` is the mean masked-LM
     cross-entropy plus the mean next-sentence cross-entropy (google-research/bert
     and Hugging Face `BertForPreTraining` alike).
@@ -46,19 +57,21 @@ def bert_pretraining_sums(mlm_logits: jax.Array, nsp_logits: jax.Array,
       nsp_logits: `[batch, 2]`.
       batch: `masked_lm_ids`, `masked_lm_weights` `[batch, predictions]` (weight
         0 for unused prediction slots) and `next_sentence_labels` `[batch]`.
+      sequence_weights: `[batch]`, 0 for padding rows (all ones by default).
 
     Returns:
-      loss and weight (the masked tokens), plus `mlm_nll`, `mlm_accuracy`
-      (per masked token once divided by the weight) and `nsp_nll`,
-      `nsp_accuracy` (scaled so that dividing by the weight gives the
-      per-sequence mean).
+      loss and weight (the masked tokens); `mlm_nll`, `mlm_accuracy` (per
+      masked token once divided by the weight); `nsp_nll`, `nsp_accuracy` and
+      their own `nsp_weight` (the sequences); see `sums_to_means`.
     """
     mlm = cross_entropy_sums(mlm_logits, batch["masked_lm_ids"],
                              batch["masked_lm_weights"])
     labels = batch["next_sentence_labels"]
-    nsp = cross_entropy_sums(nsp_logits, labels, jnp.ones(labels.shape, jnp.float32))
-    per_sequence = mlm["weight"] / nsp["weight"]  # turns NSP sums into weight units
+    if sequence_weights is None:
+        sequence_weights = jnp.ones(labels.shape, jnp.float32)
+    nsp = cross_entropy_sums(nsp_logits, labels, sequence_weights)
+    per_sequence = mlm["weight"] / jnp.maximum(nsp["weight"], 1e-9)
     return {"loss": mlm["loss"] + nsp["loss"] * per_sequence, "weight": mlm["weight"],
             "mlm_nll": mlm["nll"], "mlm_accuracy": mlm["accuracy"],
-            "nsp_nll": nsp["nll"] * per_sequence,
-            "nsp_accuracy": nsp["accuracy"] * per_sequence}
+            "nsp_nll": nsp["nll"], "nsp_accuracy": nsp["accuracy"],
+            "nsp_weight": nsp["weight"]}

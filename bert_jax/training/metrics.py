@@ -21,7 +21,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import logging
 
 # Dense bfloat16 peak FLOP/s per device (vendor figures).

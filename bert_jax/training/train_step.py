@@ -18,6 +18,7 @@ import optax
 from flax.training import train_state
 from jax.sharding import Mesh
 
+from bert_jax.training.losses import sums_to_means
 from bert_jax.training.sharding import RULES, batch_sharding, logical_shardings, replicated
 
 LossFn = Callable[[Any, dict[str, jax.Array], jax.Array],
@@ -61,7 +62,7 @@ def make_train_step(loss_fn: LossFn, grad_accum_steps: int = 1) -> Callable:
     """`step(state, batch, rng) -> (state, metrics)`, un-jitted (see `jit_train_step`).
 
     metrics: loss (mean over real targets), weight (their count), grad_norm,
-    and each other sum the task returns divided by the weight.
+    and the means of the other sums the task returns (`sums_to_means`).
     """
     def gradients(params, batch, rng):
         def summed(p):
@@ -91,7 +92,7 @@ def make_train_step(loss_fn: LossFn, grad_accum_steps: int = 1) -> Callable:
         grads = jax.tree.map(lambda g: g / denominator, grads)
         metrics = {"loss": loss_sum / denominator, "weight": weight,
                    "grad_norm": optax.tree.norm(grads),
-                   **{k: v / denominator for k, v in sums.items()}}
+                   **sums_to_means(sums, weight)}
         return state.apply_gradients(grads=grads), metrics
 
     return step

@@ -1,0 +1,419 @@
+"""`conllu`: token tagging data from CoNLL-U (Universal Dependencies) and
+CoNLL-2003-style column files, read from local files.
+
+    sentences = read_conllu("../shared/data/ud_en_ewt/en_ewt-ud-dev.conllu")
+    sentences[0]   # {"words": ["From", "the", "AP", ...],
+                   #  "tags": ["ADP", "DET", "PROPN", ...],
+                   #  "line": 1, "sent_id": "weblog-..."}
+    tag_ids = {tag: i for i, tag in enumerate(UPOS_TAGS)}
+
+or as a tfds dataset in `array_record` format (read without TensorFlow):
+
+    builder = Conllu(path="../shared/data/ud_en_ewt", data_dir=data_dir)
+    train = load_source(builder, "train")      # train[i]["words"], ["tags"]
+    # or by name (this module must have been imported, which registers it):
+    dev = load_source("conllu", "validation", data_dir,
+                      path="../shared/data/ud_en_ewt", column="upos")
+
+CoNLL-U (`format="conllu"`, https://universaldependencies.org/format.html):
+one word a line, 10 tab-separated fields `ID FORM LEMMA UPOS XPOS FEATS HEAD
+DEPREL DEPS MISC`; a blank line ends a sentence (a file whose last sentence
+has no blank line after it still yields it); lines starting with `#` are
+comments (`# sent_id = ...` gives `sent_id`); multi-word token ranges (`1-2`,
+the surface token of `1` and `2`) and empty nodes (`8.1`) are skipped, so
+`words` are the syntactic words, IDs 1, 2, 3, ... `column` picks the tag:
+`"upos"` (the default), `"xpos"`, `"deprel"` (or any field name, or its
+0-based index). A FORM of `_` is a word (an underscore), not a missing one.
+
+CoNLL-2003 (`format="conll2003"`): whitespace-separated columns, the word
+first (`word POS chunk NER`, BIO tags); a blank line ends a sentence;
+`-DOCSTART-` lines are skipped; no comment lines (`#` may be a word). The tag
+is the last column unless `column` says otherwise (`"pos"`, `"chunk"`,
+`"ner"`, or an index, negative from the end). Every token line of a file must
+have the same number of columns.
+
+`line` is the 1-based line where the sentence starts (its first comment line,
+if any); `sent_id` is `""` without a `# sent_id` comment.
+
+Errors (`ConlluFormatError`, a `ValueError`), naming the file, the 1-based
+line (and the character column for a field) and what to do: invalid UTF-8,
+a word line without exactly 10 tab-separated fields (CoNLL-U) or with another
+number of columns than the file's first one (CoNLL-2003), a non-integer ID,
+IDs that do not count 1, 2, 3, ... within a sentence, an empty FORM or tag.
+
+`Conllu` config name, e.g. `ud_en_ewt_upos_3f9a0c1b2d4e`: the directory's
+name, the column, and a 12-hex-digit SHA-256 of the absolute path, the split
+files, the column, the format and each file's name, size and modification
+time (ns), as in `parallel_text`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import tensorflow_datasets as tfds
+from etils import epath
+
+from bert_jax.data.builder_configs import ConfigRegistry, ResolvesRuntimeConfigs
+
+# The 17 Universal POS tags (https://universaldependencies.org/u/pos/), in the
+# order of that page's alphabetical index (and of tfds's UPOS ClassLabel).
+UPOS_TAGS: tuple[str, ...] = (
+    "ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART",
+    "PRON", "PROPN", "PUNCT", "SCONJ", "SYM", "VERB", "X")
+CONLLU_COLUMNS: tuple[str, ...] = (
+    "id", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc")
+CONLL2003_COLUMNS: tuple[str, ...] = ("word", "pos", "chunk", "ner")
+FORMATS = ("conllu", "conll2003")
+# CoNLL-U file name part -> tfds split name.
+UD_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
+
+_INT_ID = re.compile(r"[0-9]+")
+_RANGE_ID = re.compile(r"[0-9]+-[0-9]+")
+_EMPTY_NODE_ID = re.compile(r"[0-9]+\.[0-9]+")
+_SENT_ID = re.compile(r"#\s*sent_id\s*=(.*)")
+
+
+class ConlluFormatError(ValueError):
+    """A tagging file that cannot be read (the message says where and how)."""
+
+
+def _column_index(column: str | int | None, format: str) -> int:
+    """The 0-based (CoNLL-2003: possibly negative) index of the tag column."""
+    if format not in FORMATS:
+        raise ValueError(f"conllu: format must be one of {FORMATS}, got {format!r}")
+    names = CONLLU_COLUMNS if format == "conllu" else CONLL2003_COLUMNS
+    if column is None:
+        return 3 if format == "conllu" else -1
+    if isinstance(column, str):
+        if column.lower() not in names:
+            raise ValueError(f"conllu: unknown {format} column {column!r}; use one of "
+                             f"{names} or a 0-based index.")
+        return names.index(column.lower())
+    if isinstance(column, int) and not isinstance(column, bool):
+        if format == "conllu" and not 0 <= column < len(CONLLU_COLUMNS):
+            raise ValueError(f"conllu: a CoNLL-U column index is 0..9, got {column}")
+        if format == "conll2003" and column == 0:
+            raise ValueError("conllu: column 0 of a CoNLL-2003 file is the word; "
+                             "pick a tag column (e.g. -1, the last)")
+        return column
+    raise TypeError(f"conllu: column must be a name, an int or None, got {column!r}")
+
+
+def _lines(path: str) -> Iterator[tuple[int, str]]:
+    """(1-based number, text without its line break) of each line (BOM dropped)."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConlluFormatError(
+                    f"conllu: {path}:{lineno}:{e.start + 1}: invalid UTF-8 "
+                    f"({e.reason} at byte {e.start + 1} of the line); convert the "
+                    f"file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or fix that "
+                    f"line.") from None
+            if lineno == 1:
+                text = text.removeprefix("\ufeff")
+            yield lineno, text.rstrip("\r\n")
+
+
+def _char_column(fields: list[str], index: int) -> int:
+    """1-based character column where field `index` of a tab-split line starts."""
+    return 1 + sum(len(field) + 1 for field in fields[:index])
+
+
+def read_conllu(path: str | os.PathLike, column: str | int | None = None,
+                format: str = "conllu") -> list[dict[str, Any]]:
+    """The sentences of a CoNLL-U (or CoNLL-2003) file, in file order.
+
+    Args:
+      path: the file.
+      column: the tag column: a name (`"upos"`, `"xpos"`, `"deprel"`, ...;
+        CoNLL-2003: `"pos"`, `"chunk"`, `"ner"`) or a 0-based index (CoNLL-2003:
+        negative from the end). `None`: `"upos"`, or CoNLL-2003's last column.
+      format: `"conllu"` or `"conll2003"` (see the module docstring).
+
+    Returns:
+      `[{"words": [str], "tags": [str], "line": int, "sent_id": str}, ...]`,
+      `line` the 1-based line where the sentence starts.
+
+    Raises:
+      FileNotFoundError: no such file.
+      ConlluFormatError: see the module docstring; the message names the file
+        and the line.
+    """
+    index = _column_index(column, format)
+    column_name = (CONLLU_COLUMNS[index].upper() if format == "conllu"
+                   else f"column {index}")
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"conllu: {path} does not exist")
+    sentences: list[dict[str, Any]] = []
+    words: list[str] = []
+    tags: list[str] = []
+    start: int | None = None
+    sent_id = ""
+    width: tuple[int, int] | None = None   # CoNLL-2003: (columns, first line)
+
+    def finish() -> None:
+        nonlocal words, tags, start, sent_id
+        if words:
+            sentences.append({"words": words, "tags": tags, "line": start,
+                              "sent_id": sent_id})
+        words, tags, start, sent_id = [], [], None, ""
+
+    for lineno, line in _lines(path):
+        if not line.strip():
+            finish()
+            continue
+        if format == "conll2003":
+            fields = line.split()
+            if fields[0] == "-DOCSTART-":
+                finish()
+                continue
+            if start is None:
+                start = lineno
+            if width is None:
+                width = (len(fields), lineno)
+                if not -len(fields) <= index < len(fields):
+                    raise ConlluFormatError(
+                        f"conllu: {path}:{lineno}: the line has {len(fields)} "
+                        f"whitespace-separated columns, no column {index}; pass "
+                        f"column= a tag column of this file (e.g. -1, the last).")
+            elif len(fields) != width[0]:
+                raise ConlluFormatError(
+                    f"conllu: {path}:{lineno}: expected {width[0]} whitespace-"
+                    f"separated columns (as on line {width[1]}), got {len(fields)}; "
+                    f"a word with a space in it, or a missing tag? Fix that line.")
+            words.append(fields[0])
+            tags.append(fields[index])
+            continue
+        if start is None:
+            start = lineno
+        if line.startswith("#"):
+            match = _SENT_ID.match(line)
+            if match:
+                sent_id = match.group(1).strip()
+            continue
+        fields = line.split("\t")
+        if len(fields) != len(CONLLU_COLUMNS):
+            spaces = (" (it has spaces: are the fields separated by spaces instead "
+                      "of tabs?)" if len(fields) == 1 and " " in line else "")
+            raise ConlluFormatError(
+                f"conllu: {path}:{lineno}: expected 10 tab-separated fields (ID "
+                f"FORM LEMMA UPOS XPOS FEATS HEAD DEPREL DEPS MISC), got "
+                f"{len(fields)}{spaces}; separate the fields with single tabs and "
+                f"write `_` for an empty one.")
+        word_id = fields[0]
+        if _RANGE_ID.fullmatch(word_id) or _EMPTY_NODE_ID.fullmatch(word_id):
+            continue   # multi-word token range or empty node: not a word
+        if not _INT_ID.fullmatch(word_id):
+            raise ConlluFormatError(
+                f"conllu: {path}:{lineno}:1: ID {word_id!r} is not an integer (nor "
+                f"a multi-word range like '1-2' or an empty node like '1.1'); fix "
+                f"the ID field.")
+        expected = len(words) + 1
+        if int(word_id) != expected:
+            raise ConlluFormatError(
+                f"conllu: {path}:{lineno}:1: ID {word_id} where {expected} was "
+                f"expected (sentence starting on line {start}); IDs count 1, 2, "
+                f"3, ... within a sentence: is a word line missing, or the blank "
+                f"line that ends the previous sentence?")
+        if not fields[1]:
+            raise ConlluFormatError(
+                f"conllu: {path}:{lineno}:{_char_column(fields, 1)}: empty FORM; "
+                f"every word needs its form (`_` for an underscore).")
+        if not fields[index]:
+            raise ConlluFormatError(
+                f"conllu: {path}:{lineno}:{_char_column(fields, index)}: empty "
+                f"{column_name} field; write `_` for an unspecified value.")
+        words.append(fields[1])
+        tags.append(fields[index])
+    finish()
+    return sentences
+
+
+def tag_vocabulary(sentences: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The sorted unique tags of `sentences` (e.g. an NER tag set); for UPOS
+    prefer the fixed `UPOS_TAGS` order."""
+    return sorted({tag for sentence in sentences for tag in sentence["tags"]})
+
+
+# ----------------------------------------------------------------- builder --
+
+
+def discover_splits(directory: str) -> tuple[tuple[str, str], ...]:
+    """(split, file name) of the `*-ud-{train,dev,test}.conllu` files of a
+    Universal Dependencies treebank directory (dev -> `validation`)."""
+    found = []
+    for part, split in UD_SPLITS.items():
+        names = sorted(os.path.basename(p) for p in glob.glob(
+            os.path.join(glob.escape(directory), f"*-ud-{part}.conllu")))
+        if len(names) > 1:
+            raise ConlluFormatError(
+                f"conllu: {directory} has several {part} files {names}; pass "
+                f"splits={{'{split}': file name, ...}}.")
+        if names:
+            found.append((split, names[0]))
+    if not found:
+        present = sorted(n for n in os.listdir(directory) if not n.startswith("."))
+        raise ConlluFormatError(
+            f"conllu: {directory} has no `*-ud-{{train,dev,test}}.conllu` file (it "
+            f"has {present[:20]}); pass splits={{split: file name}}.")
+    return tuple(sorted(found))
+
+
+@dataclasses.dataclass(eq=False)
+class ConlluConfig(tfds.core.BuilderConfig):
+    """A tagging corpus and its fingerprint; build instances with `conllu_config`."""
+
+    path: str = ""                                # absolute, symlinks resolved
+    splits: tuple[tuple[str, str], ...] = ()      # (tfds split name, file name)
+    column: int = 3
+    format: str = "conllu"
+    # (file name, size in bytes, mtime in ns) of every file read.
+    files: tuple[tuple[str, int, int], ...] = ()
+
+    def split_file(self, split: str) -> str:
+        """The file of `split`."""
+        return os.path.join(self.path, dict(self.splits)[split])
+
+
+_CONFIGS: ConfigRegistry[ConlluConfig] = ConfigRegistry()
+
+
+def conllu_config(path: str | os.PathLike, splits: Mapping[str, str] | None = None,
+                  column: str | int | None = None, format: str = "conllu"
+                  ) -> ConlluConfig:
+    """The (validated, fingerprinted, interned) config of a corpus directory.
+
+    `splits`: tfds split name -> file name in `path`; by default the UD files
+    `*-ud-{train,dev,test}.conllu` (as `train`/`validation`/`test`). The files'
+    contents are checked when the dataset is built.
+    """
+    index = _column_index(column, format)
+    directory = os.path.realpath(os.path.expanduser(os.fspath(path)))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            f"conllu: {directory} is not a directory (path={os.fspath(path)!r}); "
+            f"pass the directory holding the files.")
+    if splits is None:
+        mapping = discover_splits(directory)
+    else:
+        if not isinstance(splits, Mapping) or not splits:
+            raise ValueError(f"conllu: splits must be a non-empty mapping of split "
+                             f"name -> file name, got {splits!r}")
+        for split, name in splits.items():
+            if not isinstance(split, str) or not re.fullmatch(r"[\w\-]+", split):
+                raise ValueError(f"conllu: split name {split!r} must use only "
+                                 f"letters, digits, '_' and '-'")
+            if not isinstance(name, str) or not name or os.sep in name:
+                raise ValueError(f"conllu: the file of split {split!r} must be a "
+                                 f"file name in {directory}, got {name!r}")
+        missing = [os.path.join(directory, n) for n in splits.values()
+                   if not os.path.isfile(os.path.join(directory, n))]
+        if missing:
+            raise FileNotFoundError(f"conllu: missing file(s) {missing} "
+                                    f"(splits={dict(splits)})")
+        mapping = tuple(sorted(splits.items()))
+    files = []
+    for _, name in mapping:
+        st = os.stat(os.path.join(directory, name))
+        files.append((name, st.st_size, st.st_mtime_ns))
+    params = dict(path=directory, splits=mapping, column=index, format=format,
+                  files=tuple(files))
+    digest = hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:12]
+    label = re.sub(r"[^\w\-]+", "_", os.path.basename(directory))[:40] or "corpus"
+    names = CONLLU_COLUMNS if format == "conllu" else CONLL2003_COLUMNS
+    column_label = (names[index] if 0 <= index < len(names) and format == "conllu"
+                    else f"col{index}".replace("-", "m"))
+    name = f"{label}_{column_label}_{digest}"
+    return _CONFIGS.intern(name, lambda: ConlluConfig(
+        name=name, description=(
+            f"{format} tagging ({column_label}) from {directory}, splits "
+            f"{dict(mapping)}"), **params))
+
+
+class Conllu(ResolvesRuntimeConfigs, tfds.core.GeneratorBasedBuilder):
+    """Sentences of CoNLL-U / CoNLL-2003 files (see the module docstring).
+
+    Features: `words` and `tags`, sequences of text of the same length.
+    Examples keep the file order. `info.metadata["tags"]`: the sorted tags
+    of all splits.
+    """
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    BUILDER_CONFIGS: list[ConlluConfig] = []
+    CONFIGS = _CONFIGS
+    # tfds 4.9.10 computes the default `code_path` through `importlib_resources`
+    # (missing here) and fails; see synthetic_reverse.
+    code_path = epath.Path(__file__)
+
+    def __init__(self, *, path: str | os.PathLike | None = None,
+                 splits: Mapping[str, str] | None = None,
+                 column: str | int | None = None, format: str | None = None,
+                 config=None, **kwargs):
+        """The corpus (`path`, optionally `splits`, `column`, `format`) or
+        `config`, not both."""
+        given = {k for k, v in dict(path=path, splits=splits, column=column,
+                                    format=format).items() if v is not None}
+        if config is not None:
+            if given:
+                raise ValueError(f"conllu: pass either config= or {sorted(given)}, "
+                                 f"not both.")
+        else:
+            if path is None:
+                raise ValueError("conllu needs path= (the corpus directory).")
+            config = conllu_config(path, splits=splits, column=column,
+                                   format=format or "conllu")
+        super().__init__(config=config, **kwargs)
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict({
+                "words": tfds.features.Sequence(tfds.features.Text()),
+                "tags": tfds.features.Sequence(tfds.features.Text()),
+            }),
+            metadata=tfds.core.MetadataDict(),
+            disable_shuffling=True,   # example i is the file's i-th sentence
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # nothing to download
+        cfg: ConlluConfig = self.builder_config
+        for name, size, mtime_ns in cfg.files:
+            file = os.path.join(cfg.path, name)
+            try:
+                st = os.stat(file)
+            except FileNotFoundError:
+                raise FileNotFoundError(f"conllu: {file} was removed after the "
+                                        f"builder was created") from None
+            if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
+                raise ConlluFormatError(
+                    f"conllu: {file} changed after the builder was created "
+                    f"(size/mtime differ from config {cfg.name}); create the "
+                    f"builder again so the new contents get a config of their own.")
+        # Read (and check) every split before tfds writes any example.
+        sentences = {split: read_conllu(cfg.split_file(split), cfg.column, cfg.format)
+                     for split, _ in cfg.splits}
+        empty = [split for split, s in sentences.items() if not s]
+        if empty:  # tfds cannot write a split with no examples
+            raise ConlluFormatError(
+                f"conllu: split(s) {empty} have no sentences "
+                f"({', '.join(cfg.split_file(s) for s in empty)}).")
+        self.info.metadata["column"] = cfg.column
+        self.info.metadata["format"] = cfg.format
+        self.info.metadata["tags"] = tag_vocabulary(
+            s for split in sentences.values() for s in split)
+        return {split: self._generate_examples(s) for split, s in sentences.items()}
+
+    def _generate_examples(self, sentences):
+        for i, sentence in enumerate(sentences):
+            yield i, {"words": sentence["words"], "tags": sentence["tags"]}

@@ -1,0 +1,581 @@
+"""BERT pretraining data: documents -> [CLS] A [SEP] B [SEP] pairs -> masked LM.
+
+The data algorithm of google-research/bert `create_pretraining_data.py`,
+without TensorFlow and with the masking split off so that it can be applied
+statically (once per example, as the original) or dynamically (fresh masks
+every step, as RoBERTa):
+
+    documents, stats = read_corpus(["corpus.txt"])
+    docs = tokenize_documents(documents, vocab.encode)     # lines -> id lists
+    instances = create_instances(docs, max_seq_length=128, short_seq_prob=0.1,
+                                 dupe_factor=5, seed=0, cls_id=vocab.cls_id,
+                                 sep_id=vocab.sep_id)
+    masker = Masker(MaskingConfig(), vocab_size=vocab.size, mask_id=vocab.mask_id,
+                    special_ids=vocab.special_ids)
+    features = masker(padded_tokens, masking_rng(seed, step, row))
+
+1. Reading (`read_documents`, `read_corpus`). The original's input format:
+   one sentence (or paragraph) a line, a blank line between documents. The
+   WikiText raw format is read as well: a ` = Title = ` line starts an
+   article, deeper ` = = Heading = = ` lines are dropped. Documents never
+   span files. Bad UTF-8 is an error naming the file and the 1-based line.
+
+2. Sentence pairs (`create_instances_from_document`, `create_instances`).
+   For each document, a target length is drawn: `max_seq_length - 3` (room for
+   [CLS] and two [SEP]s), or, with probability `short_seq_prob`, a uniform
+   length in [2, max_seq_length - 3] so that the model also sees short
+   inputs. Segments (lines) are gathered into a chunk until the chunk reaches
+   the target or the document ends; a random split point `a_end` makes
+   segments [0, a_end) sentence A. With probability 1/2 (always when the
+   chunk has a single segment) B is a *random next*: a run of segments from
+   a random point of another document, long enough to fill the target, and
+   the chunk's unused segments are put back for the next chunk; otherwise B
+   is the rest of the chunk (the *actual next*). The pair is then truncated
+   to `max_seq_length - 3` tokens by removing tokens from the longer side,
+   from the front or the back at random (`truncate_seq_pair`). The whole is
+   repeated `dupe_factor` times (the random choices differ each pass) and the
+   instances are shuffled. Everything draws from one `random.Random(seed)`.
+
+3. Masked LM (`Masker`, `create_masked_lm_predictions` of the original).
+   Candidates are all non-special positions (with whole-word masking, a
+   `##` piece joins the word of the position before it). The candidate words
+   are shuffled and taken while they fit into
+   `num_to_predict = min(max_predictions_per_seq, max(1, round(n * masked_lm_prob)))`,
+   `n` the number of non-padding tokens ([CLS] and [SEP] included, as the
+   original counts them). Each chosen position becomes [MASK] (80%), a random
+   non-special token (10%) or stays as it is (10%); its original id is the
+   label. The random generator is numpy's, keyed by `masking_rng(seed, ...)`
+   so that a mask depends only on (seed, step, row), never on the order in
+   which rows were processed.
+
+Differences from the original, all deliberate:
+- a random next is drawn until it comes from another document (the original
+  gives up after 10 tries and may then use the same document);
+- the documents are not shuffled before the passes: the instances are
+  shuffled anyway, and each `Instance` records the index of its documents in
+  the caller's list;
+- random replacement tokens are never special tokens (the original draws from
+  the whole vocabulary, [CLS], [SEP], [MASK] and [PAD] included);
+- with whole-word masking a `##` piece only joins the word of the position
+  right before it; one after [CLS]/[SEP] (B truncated from the front) starts
+  a word of its own instead of joining the last word of A across the [SEP].
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import os
+import random
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+DOCUMENT_FORMATS = ("blank_lines", "wikitext")
+PAD_ID = 0  # padding id (always treated as special)
+MASKING_PURPOSE = 0x6D61736B  # "mask": separates masking streams from other uses of `seed`
+
+
+class CorpusError(ValueError):
+    """A corpus file that cannot be read; the message names the file and the 1-based line."""
+
+
+@dataclasses.dataclass
+class CorpusStats:
+    """What `read_corpus` read.
+
+    Attributes:
+      files: number of input files.
+      documents: number of documents (all files).
+      lines: number of non-empty text lines kept in documents.
+      empty_files: paths of files with no text.
+      short_documents: documents with fewer than 2 lines (kept, as the original
+        does: they only ever give random-next pairs).
+    """
+    files: int
+    documents: int
+    lines: int
+    empty_files: list[str]
+    short_documents: int
+
+
+# -- 1. reading -----------------------------------------------------------------
+
+
+def _decoded_lines(path: str) -> Iterable[tuple[int, str]]:
+    """(1-based line number, stripped text) of each line of `path`, blank lines
+    included; lines end at '\\n' only (as the original's `readline`)."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise CorpusError(
+                    f"{path}:{lineno}: invalid UTF-8 ({e.reason} at byte {e.start + 1} of "
+                    f"line {lineno}); the corpus must be UTF-8 text.") from None
+            yield lineno, text.strip()
+
+
+def _is_wikitext_title(line: str) -> bool:
+    """`= Title =` (the line stripped): exactly one '=' each side."""
+    return (len(line) > 4 and line.startswith("= ") and line.endswith(" =")
+            and not line.startswith("= =") and not line.endswith("= ="))
+
+
+def _is_wikitext_heading(line: str) -> bool:
+    """`= = Heading = =`, `= = = Sub = = =`, ... (the line stripped)."""
+    return line.startswith("= =") and line.endswith("= =")
+
+
+def _blank_line_documents(lines: Iterable[tuple[int, str]]) -> list[list[str]]:
+    documents: list[list[str]] = [[]]
+    for _, line in lines:
+        if not line:
+            if documents[-1]:
+                documents.append([])
+        else:
+            documents[-1].append(line)
+    return [d for d in documents if d]
+
+
+def _wikitext_documents(lines: Iterable[tuple[int, str]]) -> list[list[str]]:
+    documents: list[list[str]] = [[]]
+    for _, line in lines:
+        if not line or _is_wikitext_heading(line):
+            continue
+        if _is_wikitext_title(line):
+            if documents[-1]:
+                documents.append([])
+        else:
+            documents[-1].append(line)
+    return [d for d in documents if d]
+
+
+def read_documents(path: str, document_format: str = "blank_lines") -> list[list[str]]:
+    """One file -> documents, each a list of its non-empty lines (stripped).
+
+    Formats:
+      'blank_lines': one sentence or paragraph a line, a blank line between
+        documents (the original's format); several blank lines count as one.
+      'wikitext': WikiText raw files: a line ` = Title = ` (exactly one '='
+        each side) starts a new document (the title itself is not text);
+        section heading lines (` = = Heading = = ` and deeper) are dropped;
+        blank lines are ignored.
+
+    A byte-order mark at the start is dropped. An empty file (or one with
+    only blank lines) gives [] (the caller records it).
+
+    Raises:
+      CorpusError: invalid UTF-8; the message names the file and the line.
+      ValueError: an unknown `document_format`.
+      FileNotFoundError: no such file.
+    """
+    if document_format not in DOCUMENT_FORMATS:
+        raise ValueError(f"document_format={document_format!r}: expected one of {DOCUMENT_FORMATS}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"corpus file {path} does not exist")
+    lines = _decoded_lines(path)
+    if document_format == "wikitext":
+        return _wikitext_documents(lines)
+    return _blank_line_documents(lines)
+
+
+def read_corpus(paths: Sequence[str], document_format: str = "blank_lines"
+                ) -> tuple[list[list[str]], CorpusStats]:
+    """All files' documents in order (documents never span files), and stats.
+
+    Raises:
+      FileNotFoundError: a missing file (named; checked before any is read).
+      CorpusError: no documents at all (the files are listed), or a bad file.
+    """
+    paths = [os.fspath(p) for p in paths]
+    for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"corpus file {path} does not exist")
+    documents: list[list[str]] = []
+    empty_files: list[str] = []
+    for path in paths:
+        file_documents = read_documents(path, document_format)
+        if not file_documents:
+            empty_files.append(path)
+        documents.extend(file_documents)
+    if not documents:
+        listed = ", ".join(paths) if paths else "(no files given)"
+        raise CorpusError(f"no documents (no non-blank text line) in the corpus files: {listed}")
+    stats = CorpusStats(files=len(paths), documents=len(documents),
+                        lines=sum(len(d) for d in documents), empty_files=empty_files,
+                        short_documents=sum(1 for d in documents if len(d) < 2))
+    return documents, stats
+
+
+def tokenize_documents(documents: Sequence[Sequence[str]], encode: Callable[[str], list[int]]
+                       ) -> list[list[list[int]]]:
+    """Documents of lines -> documents of segments (token id lists), e.g. with
+    `WordPiece.encode`. Lines that give no tokens are dropped (as the original
+    does); a document may become empty (`create_instances` removes those), so
+    document indices stay those of `documents`."""
+    return [[ids for ids in (list(encode(line)) for line in document) if ids]
+            for document in documents]
+
+
+# -- 2. sentence pairs ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Instance:
+    """One next-sentence-prediction pair (before masking).
+
+    Attributes:
+      tokens: `[CLS] A [SEP] B [SEP]` ids, [length], length <= max_seq_length.
+      segment_ids: [length]; 0 for `[CLS] A [SEP]`, 1 for `B [SEP]`.
+      is_random_next: B comes from another document (the NSP label 1).
+      document: index of the document A comes from.
+      next_document: index of the document B comes from (== document unless random).
+    """
+    tokens: list[int]
+    segment_ids: list[int]
+    is_random_next: bool
+    document: int
+    next_document: int
+
+
+def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int,
+                      rng: random.Random) -> None:
+    """Truncates the pair in place to at most `max_num_tokens` tokens in all, as
+    the original: one token at a time from the longer one (B when equal), from
+    the front or the back with probability 1/2 each (one `rng.random()` per
+    token removed)."""
+    while len(tokens_a) + len(tokens_b) > max_num_tokens:
+        trunc_tokens = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+        if rng.random() < 0.5:
+            del trunc_tokens[0]
+        else:
+            trunc_tokens.pop()
+
+
+def _check_lengths(max_seq_length: int, short_seq_prob: float) -> None:
+    if max_seq_length < 5:
+        raise ValueError(f"max_seq_length={max_seq_length}: it must hold [CLS], [SEP], [SEP] and "
+                         "at least one token of each sentence (>= 5)")
+    if not 0.0 <= short_seq_prob <= 1.0:
+        raise ValueError(f"short_seq_prob={short_seq_prob} is not a probability")
+
+
+def _random_other_document(num_documents: int, document_index: int, rng: random.Random) -> int:
+    """A uniform random index != document_index (retried until different; the
+    first draws consume `rng` as the original's loop does)."""
+    while True:
+        index = rng.randint(0, num_documents - 1)
+        if index != document_index:
+            return index
+
+
+def _random_next_segments(document: Sequence[Sequence[int]], target_b_length: int,
+                          rng: random.Random) -> list[int]:
+    """Tokens of segments from a random start of `document`, until at least
+    `target_b_length` (at least one segment)."""
+    tokens_b: list[int] = []
+    random_start = rng.randint(0, len(document) - 1)
+    for j in range(random_start, len(document)):
+        tokens_b.extend(document[j])
+        if len(tokens_b) >= target_b_length:
+            break
+    return tokens_b
+
+
+def _pair(tokens_a: list[int], tokens_b: list[int], cls_id: int, sep_id: int
+          ) -> tuple[list[int], list[int]]:
+    """`[CLS] A [SEP] B [SEP]` and its segment ids."""
+    tokens = [cls_id, *tokens_a, sep_id, *tokens_b, sep_id]
+    segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+    return tokens, segment_ids
+
+
+def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int]]],
+                                   document_index: int, *, max_seq_length: int,
+                                   short_seq_prob: float, rng: random.Random,
+                                   cls_id: int, sep_id: int) -> list[Instance]:
+    """The NSP pairs of one document: the original's algorithm line for line.
+
+    Args:
+      all_documents: documents as lists of segments (non-empty token id
+        lists); at least 2 documents (a random next needs another one).
+      document_index: the document to cut into pairs.
+      max_seq_length: length of `[CLS] A [SEP] B [SEP]` at most (>= 5).
+      short_seq_prob: probability of a shorter target length for this document.
+      rng: the one generator of the whole run (its state advances).
+      cls_id, sep_id: the [CLS] and [SEP] ids.
+
+    Returns:
+      Instances with tokens of length <= max_seq_length, A and B non-empty.
+    """
+    _check_lengths(max_seq_length, short_seq_prob)
+    if len(all_documents) < 2:
+        raise ValueError(f"{len(all_documents)} document(s): a random next sentence needs "
+                         "at least 2 documents")
+    document = all_documents[document_index]
+    if any(len(segment) == 0 for segment in document):
+        raise ValueError(f"document {document_index} has an empty segment; drop empty lines "
+                         "(tokenize_documents does)")
+    max_num_tokens = max_seq_length - 3  # room for [CLS], [SEP], [SEP]
+    target_seq_length = max_num_tokens
+    if rng.random() < short_seq_prob:
+        target_seq_length = rng.randint(2, max_num_tokens)
+
+    instances: list[Instance] = []
+    current_chunk: list[Sequence[int]] = []
+    current_length = 0
+    i = 0
+    while i < len(document):
+        segment = document[i]
+        current_chunk.append(segment)
+        current_length += len(segment)
+        if i == len(document) - 1 or current_length >= target_seq_length:
+            # Segments [0, a_end) of the chunk are A.
+            a_end = 1
+            if len(current_chunk) >= 2:
+                a_end = rng.randint(1, len(current_chunk) - 1)
+            tokens_a = [t for segment_a in current_chunk[:a_end] for t in segment_a]
+
+            if len(current_chunk) == 1 or rng.random() < 0.5:
+                is_random_next = True
+                next_document = _random_other_document(len(all_documents), document_index, rng)
+                random_document = all_documents[next_document]
+                tokens_b = _random_next_segments(random_document,
+                                                 target_seq_length - len(tokens_a), rng)
+                # The chunk's segments after A go back, for the next chunk.
+                i -= len(current_chunk) - a_end
+            else:
+                is_random_next = False
+                next_document = document_index
+                tokens_b = [t for segment_b in current_chunk[a_end:] for t in segment_b]
+            truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+
+            tokens, segment_ids = _pair(tokens_a, tokens_b, cls_id, sep_id)
+            instances.append(Instance(tokens=tokens, segment_ids=segment_ids,
+                                      is_random_next=is_random_next, document=document_index,
+                                      next_document=next_document))
+            current_chunk = []
+            current_length = 0
+        i += 1
+    return instances
+
+
+def create_instances(all_documents: Sequence[Sequence[Sequence[int]]], *, max_seq_length: int,
+                     short_seq_prob: float, dupe_factor: int, seed: int, cls_id: int,
+                     sep_id: int) -> list[Instance]:
+    """All NSP pairs of a corpus, as the original's `create_training_instances`.
+
+    Empty documents are removed first; then `dupe_factor` passes over all
+    documents with one `rng = random.Random(seed)`, and the instances are
+    shuffled with that rng. `Instance.document`/`next_document` index
+    `all_documents` as given (empty documents included).
+
+    Args:
+      all_documents: documents as lists of segments (token id lists; empty
+        segments are dropped).
+      max_seq_length, short_seq_prob: as `create_instances_from_document`.
+      dupe_factor: number of passes (>= 1).
+      seed: the seed of the one `random.Random`.
+      cls_id, sep_id: the [CLS] and [SEP] ids.
+
+    Raises:
+      ValueError: fewer than 2 non-empty documents, or a bad argument.
+    """
+    _check_lengths(max_seq_length, short_seq_prob)
+    if dupe_factor < 1:
+        raise ValueError(f"dupe_factor={dupe_factor}: expected >= 1")
+    kept_index: list[int] = []
+    documents: list[list[Sequence[int]]] = []
+    for index, document in enumerate(all_documents):
+        segments = [segment for segment in document if len(segment) > 0]
+        if segments:
+            kept_index.append(index)
+            documents.append(segments)
+    if len(documents) < 2:
+        raise ValueError(f"{len(documents)} non-empty document(s) of {len(all_documents)}: "
+                         "next sentence prediction needs at least 2 (a random next comes "
+                         "from another document)")
+    rng = random.Random(seed)
+    instances: list[Instance] = []
+    for _ in range(dupe_factor):
+        for document_index in range(len(documents)):
+            for instance in create_instances_from_document(
+                    documents, document_index, max_seq_length=max_seq_length,
+                    short_seq_prob=short_seq_prob, rng=rng, cls_id=cls_id, sep_id=sep_id):
+                instances.append(dataclasses.replace(
+                    instance, document=kept_index[instance.document],
+                    next_document=kept_index[instance.next_document]))
+    rng.shuffle(instances)
+    return instances
+
+
+# -- 3. masked LM --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingConfig:
+    """Masked-LM options (the original's flags).
+
+    Attributes:
+      masked_lm_prob: fraction of the (non-padding) tokens to predict.
+      max_predictions_per_seq: the most predictions in a sequence (the length
+        of the `masked_lm_*` arrays).
+      mask_token_prob: of the chosen tokens, the fraction replaced by [MASK].
+      random_token_prob: of the chosen tokens, the fraction replaced by a random
+        non-special token; the rest stay unchanged.
+      whole_word: choose whole words (a word and its `##` pieces) at once.
+    """
+    masked_lm_prob: float = 0.15
+    max_predictions_per_seq: int = 20
+    mask_token_prob: float = 0.8
+    random_token_prob: float = 0.1
+    whole_word: bool = False
+
+    def __post_init__(self):
+        for name in ("masked_lm_prob", "mask_token_prob", "random_token_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"MaskingConfig.{name}={value} is not a probability")
+        if self.mask_token_prob + self.random_token_prob > 1.0 + 1e-9:
+            raise ValueError(f"MaskingConfig: mask_token_prob + random_token_prob = "
+                             f"{self.mask_token_prob + self.random_token_prob} > 1")
+        if self.max_predictions_per_seq < 1:
+            raise ValueError(f"MaskingConfig.max_predictions_per_seq="
+                             f"{self.max_predictions_per_seq}: expected >= 1")
+
+
+def masking_rng(seed: int, *key: int) -> np.random.Generator:
+    """The generator of one mask: `masking_rng(seed, step, row)` for dynamic
+    masking, `masking_rng(seed, example_index)` for static masking. Keys are
+    non-negative ints; `MASKING_PURPOSE` keeps these streams apart from other
+    generators seeded with the same `seed`."""
+    entropy = [int(seed), MASKING_PURPOSE, *(int(k) for k in key)]
+    if any(k < 0 for k in entropy):
+        raise ValueError(f"masking_rng(seed={seed}, key={key}): seed and keys must be >= 0")
+    return np.random.default_rng(np.random.SeedSequence(entropy))
+
+
+class Masker:
+    """BERT's masked-LM corruption of one sequence (or a batch of them).
+
+    Args:
+      config: the masking options.
+      vocab_size: number of ids; random replacements are drawn from the
+        non-special ids in [0, vocab_size).
+      mask_id: the [MASK] id.
+      special_ids: ids never chosen nor drawn ([PAD], [UNK], [CLS], [SEP],
+        [MASK]: e.g. `WordPiece.special_ids`); the pad id 0 is always added.
+      continuation_ids: ids of `##` pieces, for whole-word masking.
+    """
+
+    def __init__(self, config: MaskingConfig, *, vocab_size: int, mask_id: int,
+                 special_ids: Iterable[int], continuation_ids: Iterable[int] = ()):
+        self.config = config
+        self.vocab_size = int(vocab_size)
+        self.mask_id = int(mask_id)
+        special = {int(i) for i in special_ids} | {PAD_ID}
+        self.special_ids = np.array(sorted(special), dtype=np.int64)
+        self.continuation_ids = np.array(sorted({int(i) for i in continuation_ids}), dtype=np.int64)
+        self.replacement_ids = np.setdiff1d(np.arange(self.vocab_size), self.special_ids)
+        if not 0 <= self.mask_id < self.vocab_size:
+            raise ValueError(f"mask_id={mask_id} is outside the vocabulary [0, {vocab_size})")
+        if self.replacement_ids.size == 0 and config.random_token_prob > 0:
+            raise ValueError(f"vocab_size={vocab_size}: no non-special id to draw random "
+                             "replacements from")
+
+    # -- one row ---------------------------------------------------------------
+
+    def _candidate_words(self, positions: np.ndarray, tokens: np.ndarray) -> list[np.ndarray]:
+        """Candidate positions ([num_candidates], ascending) grouped into whole
+        words: a '##' piece right after another candidate joins its word."""
+        joins = np.isin(tokens[positions], self.continuation_ids)
+        joins[1:] &= positions[1:] == positions[:-1] + 1
+        joins[:1] = False
+        return np.split(positions, np.flatnonzero(~joins)[1:])
+
+    def _choose(self, tokens: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Positions to predict, ascending: [num_chosen], num_chosen <= num_to_predict."""
+        config = self.config
+        num_real = int(np.count_nonzero(tokens != PAD_ID))
+        num_to_predict = min(config.max_predictions_per_seq,
+                             max(1, int(round(num_real * config.masked_lm_prob))))
+        positions = np.flatnonzero(~np.isin(tokens, self.special_ids))
+        if not config.whole_word or positions.size == 0:
+            return np.sort(rng.permutation(positions)[:num_to_predict])
+        words = self._candidate_words(positions, tokens)
+        chosen_words: list[np.ndarray] = []
+        count = 0
+        for w in rng.permutation(len(words)):
+            if count >= num_to_predict:
+                break
+            if count + len(words[w]) > num_to_predict:
+                continue  # a word that would not fit is skipped, as the original
+            chosen_words.append(words[w])
+            count += len(words[w])
+        if not chosen_words:
+            return np.zeros([0], np.int64)
+        return np.sort(np.concatenate(chosen_words))
+
+    def __call__(self, tokens: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Masks one sequence.
+
+        Args:
+          tokens: [length] int ids, may end with padding 0s (never chosen).
+          rng: this row's generator (e.g. `masking_rng(seed, step, row)`).
+
+        Returns:
+          'input_ids': [length] int32, the masked sequence;
+          'masked_lm_positions': [max_predictions] int32, ascending, then 0s;
+          'masked_lm_ids': [max_predictions] int32, the original ids there;
+          'masked_lm_weights': [max_predictions] float32, 1.0 for real
+            predictions, 0.0 for padding slots.
+        """
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 1:
+            raise ValueError(f"tokens: expected [length], got shape {tokens.shape}")
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            raise ValueError(f"tokens: ids outside [0, {self.vocab_size}): "
+                             f"min {tokens.min()}, max {tokens.max()}")
+        config = self.config
+        positions = self._choose(tokens, rng)
+        n = positions.size
+        draw = rng.random(n)
+        replace_random = (draw >= config.mask_token_prob) & (
+            draw < config.mask_token_prob + config.random_token_prob)
+        input_ids = tokens.astype(np.int32, copy=True)
+        input_ids[positions[draw < config.mask_token_prob]] = self.mask_id
+        num_random = int(np.count_nonzero(replace_random))
+        if num_random:
+            draws = rng.integers(0, self.replacement_ids.size, num_random)
+            input_ids[positions[replace_random]] = self.replacement_ids[draws]
+
+        max_predictions = config.max_predictions_per_seq
+        masked_lm_positions = np.zeros([max_predictions], np.int32)
+        masked_lm_ids = np.zeros([max_predictions], np.int32)
+        masked_lm_weights = np.zeros([max_predictions], np.float32)
+        masked_lm_positions[:n] = positions
+        masked_lm_ids[:n] = tokens[positions]
+        masked_lm_weights[:n] = 1.0
+        return {"input_ids": input_ids, "masked_lm_positions": masked_lm_positions,
+                "masked_lm_ids": masked_lm_ids, "masked_lm_weights": masked_lm_weights}
+
+    def mask_batch(self, tokens: np.ndarray, rngs: Sequence[np.random.Generator]
+                   ) -> dict[str, np.ndarray]:
+        """[batch, length] -> the keys of `__call__` with a leading batch axis;
+        row i uses rngs[i]."""
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens: expected [batch, length], got shape {tokens.shape}")
+        if len(rngs) != tokens.shape[0]:
+            raise ValueError(f"{len(rngs)} generators for a batch of {tokens.shape[0]} rows")
+        rows = [self(row, rng) for row, rng in zip(tokens, rngs)]
+        if not rows:
+            max_predictions = self.config.max_predictions_per_seq
+            return {"input_ids": np.zeros(tokens.shape, np.int32),
+                    "masked_lm_positions": np.zeros([0, max_predictions], np.int32),
+                    "masked_lm_ids": np.zeros([0, max_predictions], np.int32),
+                    "masked_lm_weights": np.zeros([0, max_predictions], np.float32)}
+        return {key: np.stack([row[key] for row in rows]) for key in rows[0]}

@@ -1,0 +1,446 @@
+"""SQuAD v1.1 span question answering for BERT: examples, windows, answers.
+
+    examples = read_squad("dev-v1.1.json", slice(0, 38))      # one QAExample a question
+    windows = windows_for(examples, vocab, WindowConfig())     # model inputs, unpadded
+    ... start_logits, end_logits = model(windows)             # [n_windows, padded_length] each
+    predictions = predict_answers(examples, windows, start_logits, end_logits)
+    bert_jax.evaluation.squad.evaluate(squad_json(examples), predictions)
+
+A context longer than the model's input is cut into overlapping windows as in
+google-research/bert `run_squad.py`: each window is `[CLS] question [SEP]
+context-window [SEP]`, the question cut to `max_query_length` tokens, the
+windows starting every `doc_stride` context tokens (the last one ending at the
+end of the context). The training target of a window is the token span of the
+example's first answer, or `(0, 0)` (the `[CLS]` token) when that answer does
+not lie entirely inside the window.
+
+Tokens are located in the context by the tokenizer's character offsets (as
+Hugging Face's `run_qa.py` does), not by `run_squad.py`'s whitespace words: the
+answer's tokens are those that cover any of its characters, and a predicted span
+is read back as `context[start_char_of_first_token:end_char_of_last_token]`, the
+original text with its case, accents and punctuation. An answer that begins or
+ends inside a word piece ("30" in "1930s") therefore comes back as the whole
+piece ("1930").
+
+At prediction time each window proposes its `n_best` spans
+(`bert_jax.evaluation.squad.best_spans`), whose start token must be one for
+which this window is the one with the most context (`run_squad.py`'s
+`_check_is_max_context`), so a span lying in the overlap of two windows is
+proposed by one of them only; the best `start_logit + end_logit` over all the
+windows of a question is its answer.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from bert_jax.evaluation.squad import EXPECTED_VERSION, best_spans
+
+WINDOW_KEYS = ("input_ids", "token_type_ids", "start_position", "end_position",
+               "example_index", "window_index", "context_offsets", "max_context")
+
+
+class SquadFormatError(ValueError):
+    """A SQuAD file that does not have the v1.1 layout, or an answer that is
+    not where its `answer_start` says it is."""
+
+
+# --------------------------------------------------------------------------
+# Examples.
+
+@dataclasses.dataclass(frozen=True)
+class QAExample:
+    """One question of a SQuAD file.
+
+    answers / answer_starts: the gold answer texts and their character offsets
+    in `context` (one each, same length; the first is the training target; may
+    be empty for a question without gold answers, which then never has a
+    target in its windows).
+    """
+    id: str
+    question: str
+    context: str
+    answers: tuple[str, ...]
+    answer_starts: tuple[int, ...]
+    title: str
+
+    def __post_init__(self):
+        if len(self.answers) != len(self.answer_starts):
+            raise ValueError(f"question {self.id!r}: {len(self.answers)} answers but "
+                             f"{len(self.answer_starts)} answer_starts; give one start per answer.")
+
+
+def _require(mapping: Any, key: str, kind: type, path: str, where: str) -> Any:
+    """`mapping[key]`, checked to be a `kind`; SquadFormatError otherwise."""
+    if not isinstance(mapping, dict):
+        raise SquadFormatError(f"{path}: {where} is a JSON {type(mapping).__name__}, "
+                               "expected an object; is this a SQuAD v1.1 dataset file?")
+    if key not in mapping:
+        raise SquadFormatError(f"{path}: {where} has no {key!r} key; a SQuAD v1.1 file needs it.")
+    value = mapping[key]
+    if kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        raise SquadFormatError(f"{path}: {where} {key!r} is a JSON {type(value).__name__}, "
+                               f"expected a {kind.__name__}.")
+    return value
+
+
+def read_squad(path: str, articles: slice | None = None, *,
+               check_answers: bool = True) -> list[QAExample]:
+    """The questions of a SQuAD v1.1 JSON file, in file order.
+
+    articles: which articles (entries of `data`) to read, e.g. `slice(0, 38)`
+      and `slice(38, None)` for a train/eval split of the 48 development
+      articles; None reads them all.
+    check_answers: require every answer text to equal
+      `context[answer_start:answer_start + len(text)]`.
+
+    Raises SquadFormatError naming the file when it is not version 1.1, when a
+    key is missing (naming it, and the article / question), when a question id
+    repeats, or (check_answers) when an answer is not at its `answer_start`
+    (naming the question id and both strings).
+    """
+    if articles is not None and not isinstance(articles, slice):
+        raise TypeError(f"articles must be a slice (e.g. slice(0, 38)) or None, "
+                        f"got {type(articles).__name__}.")
+    with open(path, encoding="utf-8") as f:
+        try:
+            contents = json.load(f)
+        except json.JSONDecodeError as e:
+            raise SquadFormatError(f"{path} is not valid JSON ({e}).") from e
+    if not isinstance(contents, dict) or "data" not in contents:
+        raise SquadFormatError(f"{path} has no top-level 'data' list; pass a SQuAD dataset "
+                               "file (such as dev-v1.1.json), not a predictions file.")
+    version = contents.get("version")
+    if version != EXPECTED_VERSION:
+        raise SquadFormatError(f"{path} is SQuAD version {version!r} but SQuAD "
+                               f"{EXPECTED_VERSION!r} is expected (version 2.0 has "
+                               "unanswerable questions, which these windows cannot train).")
+    data = _require(contents, "data", list, path, "the file")
+    examples: list[QAExample] = []
+    seen: set[str] = set()
+    selected = range(len(data))[articles] if articles is not None else range(len(data))
+    for a in selected:
+        article = data[a]
+        where = f"article {a}"
+        title = _require(article, "title", str, path, where)
+        where = f"article {a} ({title!r})"
+        for p, paragraph in enumerate(_require(article, "paragraphs", list, path, where)):
+            where = f"article {a} ({title!r}) paragraph {p}"
+            context = _require(paragraph, "context", str, path, where)
+            for qa in _require(paragraph, "qas", list, path, where):
+                qid = _require(qa, "id", str, path, f"a question of {where}")
+                q_where = f"question {qid!r} ({where})"
+                if qid in seen:
+                    raise SquadFormatError(f"{path}: question id {qid!r} appears twice "
+                                           f"(again in {where}); ids must be unique.")
+                seen.add(qid)
+                question = _require(qa, "question", str, path, q_where)
+                texts, starts = [], []
+                for i, answer in enumerate(_require(qa, "answers", list, path, q_where)):
+                    a_where = f"answer {i} of {q_where}"
+                    text = _require(answer, "text", str, path, a_where)
+                    start = _require(answer, "answer_start", int, path, a_where)
+                    if check_answers:
+                        found = context[start:start + len(text)] if start >= 0 else ""
+                        if found != text:
+                            raise SquadFormatError(
+                                f"{path}: question {qid!r}: answer {i} {text!r} is not in its "
+                                f"context at answer_start={start}: the context has {found!r} "
+                                f"there (context length {len(context)}).")
+                    texts.append(text)
+                    starts.append(start)
+                examples.append(QAExample(id=qid, question=question, context=context,
+                                          answers=tuple(texts), answer_starts=tuple(starts),
+                                          title=title))
+    return examples
+
+
+def squad_json(examples: Iterable[QAExample]) -> list[dict[str, Any]]:
+    """The `data` list of a SQuAD file holding `examples`, for
+    `bert_jax.evaluation.squad.evaluate`.
+
+    Consecutive examples with the same title form one article, consecutive
+    examples of an article with the same context one paragraph (the order
+    `read_squad` returns them in), so `squad_json(read_squad(path))` has the
+    file's articles, paragraphs and questions.
+    """
+    data: list[dict[str, Any]] = []
+    for example in examples:
+        if not data or data[-1]["title"] != example.title:
+            data.append({"title": example.title, "paragraphs": []})
+        paragraphs = data[-1]["paragraphs"]
+        if not paragraphs or paragraphs[-1]["context"] != example.context:
+            paragraphs.append({"context": example.context, "qas": []})
+        paragraphs[-1]["qas"].append({
+            "id": example.id, "question": example.question,
+            "answers": [{"text": text, "answer_start": start}
+                        for text, start in zip(example.answers, example.answer_starts)]})
+    return data
+
+
+# --------------------------------------------------------------------------
+# Windows.
+
+@dataclasses.dataclass(frozen=True)
+class WindowConfig:
+    """How questions and contexts are cut (google-research/bert's defaults).
+
+    max_seq_length: tokens of a window, specials included.
+    doc_stride: context tokens between the starts of consecutive windows.
+    max_query_length: the question is cut to this many tokens.
+    """
+    max_seq_length: int = 384
+    doc_stride: int = 128
+    max_query_length: int = 64
+
+    def __post_init__(self):
+        if self.doc_stride < 1 or self.max_query_length < 1:
+            raise ValueError(f"doc_stride={self.doc_stride} and max_query_length="
+                             f"{self.max_query_length} must be at least 1.")
+        if self.max_seq_length < self.max_query_length + 4:
+            raise ValueError(
+                f"max_seq_length={self.max_seq_length} leaves no room for context after a "
+                f"question of max_query_length={self.max_query_length} tokens and 3 special "
+                f"tokens: use max_seq_length >= {self.max_query_length + 4}.")
+
+
+def _answer_tokens(example: QAExample,
+                   offsets: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
+    """Context-token indices `(first, last)` of the tokens covering any
+    character of the first answer; None when there is no answer or no token
+    covers it (an answer of only spaces or removed control characters)."""
+    if not example.answers:
+        return None
+    begin = example.answer_starts[0]
+    end = begin + len(example.answers[0])
+    if not 0 <= begin <= end <= len(example.context):
+        raise ValueError(f"question {example.id!r}: answer {example.answers[0]!r} at "
+                         f"answer_start={begin} lies outside its context of "
+                         f"{len(example.context)} characters.")
+    covering = [i for i, (s, e) in enumerate(offsets) if s < end and e > begin]
+    return (covering[0], covering[-1]) if covering else None
+
+
+def _doc_spans(n_tokens: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
+    """`(start, length)` of each window over `n_tokens` context tokens
+    (`run_squad.py`); one empty window for an empty context."""
+    spans, start = [], 0
+    while True:
+        length = min(n_tokens - start, max_tokens)
+        spans.append((start, length))
+        if start + length >= n_tokens:
+            return spans
+        start += min(length, stride)
+
+
+def _is_max_context(spans: Sequence[tuple[int, int]], span_index: int, position: int) -> bool:
+    """`run_squad.py` `_check_is_max_context`: whether window `span_index` is
+    the one where context token `position` has the largest
+    min(left, right) context + 0.01 * window length (the first on ties)."""
+    best_score, best_index = None, None
+    for index, (start, length) in enumerate(spans):
+        end = start + length - 1
+        if not start <= position <= end:
+            continue
+        score = min(position - start, end - position) + 0.01 * length
+        if best_score is None or score > best_score:
+            best_score, best_index = score, index
+    return best_index == span_index
+
+
+def _make_windows(example: QAExample, question_ids: Sequence[int], context_ids: Sequence[int],
+                  context_offsets: Sequence[tuple[int, int]], vocab, config: WindowConfig,
+                  example_index: int) -> list[dict[str, np.ndarray]]:
+    question_ids = list(question_ids)[:config.max_query_length]
+    max_tokens = config.max_seq_length - len(question_ids) - 3
+    answer = _answer_tokens(example, context_offsets)
+    spans = _doc_spans(len(context_ids), max_tokens, config.doc_stride)
+    prefix = [vocab.cls_id, *question_ids, vocab.sep_id]
+    windows = []
+    for window_index, (start, length) in enumerate(spans):
+        n = len(prefix) + length + 1
+        input_ids = np.array([*prefix, *context_ids[start:start + length], vocab.sep_id],
+                             dtype=np.int32)
+        token_type_ids = np.zeros(n, np.int32)
+        token_type_ids[len(prefix):] = 1
+        offsets = np.full((n, 2), -1, np.int32)
+        max_context = np.zeros(n, bool)
+        for j in range(length):
+            offsets[len(prefix) + j] = context_offsets[start + j]
+            max_context[len(prefix) + j] = _is_max_context(spans, window_index, start + j)
+        start_position = end_position = 0
+        if answer is not None and start <= answer[0] and answer[1] < start + length:
+            start_position = answer[0] - start + len(prefix)
+            end_position = answer[1] - start + len(prefix)
+        windows.append({
+            "input_ids": input_ids,
+            "token_type_ids": token_type_ids,
+            "start_position": np.int32(start_position),
+            "end_position": np.int32(end_position),
+            "example_index": np.int32(example_index),
+            "window_index": np.int32(window_index),
+            "context_offsets": offsets,
+            "max_context": max_context,
+        })
+    return windows
+
+
+def make_windows(example: QAExample, vocab, config: WindowConfig, *,
+                 example_index: int) -> list[dict[str, np.ndarray]]:
+    """The model inputs of one question: `[CLS] question [SEP] window [SEP]`.
+
+    vocab: a `bert_jax.data.wordpiece.WordPiece` (`encode`,
+    `encode_with_offsets`, `cls_id`, `sep_id`). The question is cut to
+    `config.max_query_length` tokens; the context windows start at context
+    token 0, then each `min(doc_stride, window length)` tokens after the
+    previous start, until one reaches the end (an empty context gives one
+    window without context tokens). Each window, with `n <= max_seq_length`
+    its (unpadded) length:
+
+      input_ids        [n] int32
+      token_type_ids   [n] int32: 0 on `[CLS] question [SEP]`, 1 on the
+                       context tokens and the last `[SEP]`
+      start_position,  int32 scalars: indices in the window of the first and
+      end_position     last token of the first answer; both 0 (`[CLS]`) when
+                       it is not entirely inside this window (or there is none)
+      example_index    int32 scalar: `example_index` (its place in the list)
+      window_index     int32 scalar: 0, 1, ... over this example's windows
+      context_offsets  [n, 2] int32: `(start, end)` character offsets into
+                       `example.context` of the context tokens; (-1, -1) on the
+                       question and special tokens
+      max_context      [n] bool: True on the context tokens for which this is
+                       the window with the most context (`run_squad.py`
+                       `_check_is_max_context`); each context token has it in
+                       exactly one window
+
+    Raises ValueError naming the question when its first answer lies outside
+    its context.
+    """
+    context_ids, context_offsets = vocab.encode_with_offsets(example.context)
+    return _make_windows(example, vocab.encode(example.question), context_ids, context_offsets,
+                         vocab, config, example_index)
+
+
+def windows_for(examples: Sequence[QAExample], vocab,
+                config: WindowConfig) -> list[dict[str, np.ndarray]]:
+    """`make_windows` of every example (`example_index` = its place in
+    `examples`), all in one list, in order. Each distinct context is
+    tokenized once."""
+    contexts: dict[str, tuple[list[int], list[tuple[int, int]]]] = {}
+    windows: list[dict[str, np.ndarray]] = []
+    for index, example in enumerate(examples):
+        if example.context not in contexts:
+            contexts[example.context] = vocab.encode_with_offsets(example.context)
+        context_ids, context_offsets = contexts[example.context]
+        windows += _make_windows(example, vocab.encode(example.question), context_ids,
+                                 context_offsets, vocab, config, index)
+    return windows
+
+
+# --------------------------------------------------------------------------
+# Predictions.
+
+class Candidate(NamedTuple):
+    """A proposed answer of one question.
+
+    window: index into the `windows` list; start, end: token indices in that
+    window (inclusive); char_start, char_end: `text` is
+    `context[char_start:char_end]`; score: start_logit + end_logit.
+    """
+    text: str
+    score: float
+    window: int
+    start: int
+    end: int
+    char_start: int
+    char_end: int
+
+
+def _logit_rows(logits: Any, name: str,
+                windows: Sequence[Mapping[str, np.ndarray]]) -> list[np.ndarray]:
+    """The per-window rows of `[n_windows, padded_length]` logits (a list of
+    rows of different lengths is accepted too), cut to each window's length."""
+    if len(logits) != len(windows):
+        raise ValueError(f"{name} has {len(logits)} rows but there are {len(windows)} "
+                         "windows: give one row of logits per window, in order.")
+    rows = []
+    for w, (row, window) in enumerate(zip(logits, windows)):
+        row = np.asarray(row, dtype=np.float32)
+        n = len(window["input_ids"])
+        if row.ndim != 1 or row.shape[0] < n:
+            raise ValueError(f"{name}[{w}] has shape {row.shape}, but window {w} has {n} "
+                             "tokens: each row must be [padded_length >= window length].")
+        rows.append(row[:n])
+    return rows
+
+
+def nbest_answers(examples: Sequence[QAExample], windows: Sequence[Mapping[str, np.ndarray]],
+                  start_logits: Any, end_logits: Any, *, n_best: int = 20,
+                  max_answer_length: int = 30) -> dict[str, list[Candidate]]:
+    """`{question id: its best candidate spans, best first}`, over all its
+    windows (at most `n_best` from each window; an empty list when none).
+
+    start_logits, end_logits: `[n_windows, padded_length]`, row `w` the
+    logits of `windows[w]` (beyond its length ignored). In each window,
+    `best_spans` searches the context tokens, the start restricted to tokens
+    whose `max_context` is True (the end may be any context token of the
+    window), so a span is proposed by one window only. Ties keep window order.
+    """
+    starts = _logit_rows(start_logits, "start_logits", windows)
+    ends = _logit_rows(end_logits, "end_logits", windows)
+    by_example: dict[int, list[int]] = collections.defaultdict(list)
+    for w, window in enumerate(windows):
+        index = int(window["example_index"])
+        if not 0 <= index < len(examples):
+            raise ValueError(f"window {w} has example_index {index}, outside the "
+                             f"{len(examples)} examples: pass the examples the windows were "
+                             "made from.")
+        by_example[index].append(w)
+    results: dict[str, list[Candidate]] = {}
+    for index, example in enumerate(examples):
+        candidates = []
+        for w in by_example.get(index, ()):
+            window = windows[w]
+            offsets = np.asarray(window["context_offsets"])
+            is_context = offsets[:, 0] >= 0
+            max_context = np.asarray(window["max_context"], dtype=bool) & is_context
+            # Starts outside max_context sort last among the valid tokens, so
+            # they take no top-n_best slot while a max-context start remains.
+            start_row = np.where(max_context, starts[w], -np.inf)
+            for span in best_spans(start_row, ends[w], n_best=n_best,
+                                   max_answer_length=max_answer_length, valid=is_context):
+                if not max_context[span.start]:
+                    continue
+                char_start, char_end = int(offsets[span.start, 0]), int(offsets[span.end, 1])
+                candidates.append(Candidate(example.context[char_start:char_end], span.score,
+                                            w, span.start, span.end, char_start, char_end))
+        candidates.sort(key=lambda c: -c.score)  # stable: window order on ties
+        results[example.id] = candidates[:n_best]
+    return results
+
+
+def predict_answers(examples: Sequence[QAExample], windows: Sequence[Mapping[str, np.ndarray]],
+                    start_logits: Any, end_logits: Any, *, n_best: int = 20,
+                    max_answer_length: int = 30) -> dict[str, str]:
+    """`{question id: answer text}`, the input of `evaluate`.
+
+    start_logits, end_logits: `[n_windows, padded_length]`, one row per
+    window of `windows` (as `windows_for(examples, ...)` made them), padding
+    beyond each window's length ignored. The answer is the best-scoring
+    (start_logit + end_logit) span of `nbest_answers` over all the question's
+    windows, read from the original context
+    (`context[offsets[start][0]:offsets[end][1]]`, case and punctuation kept);
+    '' when no window has a valid span.
+    """
+    nbest = nbest_answers(examples, windows, start_logits, end_logits, n_best=n_best,
+                          max_answer_length=max_answer_length)
+    return {qid: candidates[0].text if candidates else "" for qid, candidates in nbest.items()}

@@ -1,0 +1,62 @@
+"""Built-in documents for BERT pretraining: the default experiment runs anywhere.
+
+Sentences of the invented source language of `synthetic_translation` (its
+grammar: articles, adjectives after nouns, tense particle, subordinate
+clauses), grouped into documents with a *topic*: every document draws
+`TOPIC_NOUNS` nouns and each noun of its sentences is replaced by one of them
+(number kept). So a masked word is predictable from its sentence (grammar)
+and from its document (topic), and a "next" segment from the same document
+shares nouns with its first segment while a random one rarely does: both
+pretraining tasks have something to learn.
+
+    write_corpus(path, num_documents=2000, seed=0)   # one sentence a line,
+                                                     # a blank line between documents
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+
+from bert_jax.data import synthetic_translation as grammar
+
+TOPIC_NOUNS = 4
+MIN_SENTENCES, MAX_SENTENCES = 2, 12
+
+
+def _topical(sentence: str, topic: list[int]) -> str:
+    words = []
+    for word in sentence.split():
+        kind = grammar.SOURCE_WORDS.get(word)
+        if kind is not None and kind[0] == "noun":
+            _, noun, plural = kind
+            stem = grammar.NOUNS[topic[noun % len(topic)]].source
+            word = stem + (grammar.SOURCE_PLURAL_SUFFIX if plural else "")
+        words.append(word)
+    return " ".join(words)
+
+
+def documents(num_documents: int, seed: int = 0) -> list[list[str]]:
+    """`num_documents` documents of `MIN_SENTENCES..MAX_SENTENCES` sentences."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(num_documents):
+        topic = rng.sample(range(len(grammar.NOUNS)), TOPIC_NOUNS)
+        count = rng.randint(MIN_SENTENCES, MAX_SENTENCES)
+        out.append([_topical(grammar.render_source(grammar.sample_sentence(rng, 2)), topic)
+                    for _ in range(count)])
+    return out
+
+
+def write_corpus(path: str, num_documents: int, seed: int = 0) -> str:
+    """Writes the corpus to `path` (atomically) unless it exists; returns `path`."""
+    if os.path.isfile(path):
+        return path
+    text = "\n\n".join("\n".join(document) for document in documents(num_documents, seed))
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=os.path.dirname(path) or ".",
+                                     delete=False, suffix=".tmp") as f:
+        f.write(text + "\n")
+    os.replace(f.name, path)
+    return path

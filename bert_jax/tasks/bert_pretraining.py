@@ -1,0 +1,209 @@
+"""BERT pretraining: masked-LM + next-sentence prediction from raw documents.
+
+Data: the corpus (`data.corpus_files`, `path` or `path:format`, or
+`data.synthetic_documents > 0` built-in documents written into the workdir)
+becomes instances through the `bert_pretraining` tfds builder (google-research/
+bert's `create_pretraining_data` algorithm; `eval_documents` held out). The
+model and the WordPiece vocabulary come from `bert_backbone`: from scratch,
+`config.model` and `data.vocab_file` or a vocabulary trained on the corpus into
+`WORKDIR/vocab/` (`data.vocab_size`, `data.lowercase`); to continue
+pretraining, the checkpoint `config.init_from` names and its vocabulary.
+
+Masking (`bert_jax.data.pretraining_data.Masker`: 15% of the non-special
+tokens, 80% [MASK] / 10% random / 10% unchanged, at most
+`max_predictions_per_seq`, optionally whole words) is applied in the input
+pipeline: with `data.static_masking=False` (dynamic, the default) row `r` of
+global batch `k` is masked from (seed, k, r), so every epoch sees new masks
+and a resumed run the same ones; with `static_masking=True` an instance is
+masked from (seed, its index) every time it is seen, as the original files
+were. Held-out instances are always masked from (seed, index), so every
+evaluation scores the same predictions.
+
+Batches: `input_ids`, `token_type_ids` `[batch, max_seq_length]`,
+`masked_lm_positions`, `masked_lm_ids`, `masked_lm_weights` `[batch,
+max_predictions_per_seq]`, `next_sentence_labels` `[batch]`. The MLM head runs
+only at the masked positions. Loss: mean masked-LM cross-entropy + mean NSP
+cross-entropy. Evaluation: `mlm_accuracy`, `mlm_nll`, `mlm_perplexity` (per
+masked token), `nsp_accuracy`, `nsp_nll` (per sequence).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from bert_jax.data import (
+    pipeline, pretraining_data, sources, synthetic_documents, wordpiece)
+from bert_jax.data.bert_pretraining import BertPretraining, parse_file_spec
+from bert_jax.modeling.bert import BertForPreTraining
+from bert_jax.modeling.configs import ConfigError
+from bert_jax.tasks.base import Batch, Task, register, written_by_process_zero
+from bert_jax.tasks.bert_backbone import resolve_backbone
+from bert_jax.training.flops import bert_train_flops
+from bert_jax.training.losses import bert_pretraining_sums
+
+_EVAL_MASKING = 1 << 20   # key of held-out masking: (seed, _EVAL_MASKING, index)
+_STATIC_MASKING = 1 << 21  # key of static training masking: (seed, _STATIC_MASKING, index)
+SYNTHETIC_CORPUS = os.path.join("corpus", "synthetic_documents.txt")
+
+
+@register("bert_pretraining")
+class BertPretrainingTask(Task):
+
+    def __init__(self, config, workdir):
+        super().__init__(config, workdir)
+        data = config.data
+        self.max_length = data.max_seq_length
+        self.max_predictions = data.max_predictions_per_seq
+        self.corpus_files = self._corpus_files()
+        backbone = resolve_backbone(config, workdir, self._corpus_texts)
+        self.vocab, self.model_config = backbone.vocab, backbone.config
+        self.model_config.check_length(self.max_length, "config.data.max_seq_length")
+        self.model = BertForPreTraining(self.model_config)
+        vocab_tokens = self.vocab.convert_ids_to_tokens(range(self.vocab.size))
+        self.masker = pretraining_data.Masker(
+            pretraining_data.MaskingConfig(
+                masked_lm_prob=data.masked_lm_prob,
+                max_predictions_per_seq=self.max_predictions,
+                whole_word=data.whole_word_masking),
+            vocab_size=self.vocab.size, mask_id=self.vocab.mask_id,
+            special_ids=self.vocab.special_ids,
+            continuation_ids=[i for i, t in enumerate(vocab_tokens)
+                              if t.startswith(wordpiece.CONTINUATION)])
+
+    # -- corpus and vocabulary --------------------------------------------------
+
+    def _corpus_files(self) -> list[str]:
+        data = self.config.data
+        if data.synthetic_documents:
+            path = os.path.join(self.workdir, SYNTHETIC_CORPUS)
+            written_by_process_zero(
+                lambda is_writer: synthetic_documents.write_corpus(
+                    path, data.synthetic_documents, self.config.seed) if is_writer else path,
+                "synthetic corpus")
+            return [path]
+        files = list(data.corpus_files)
+        if not files:
+            raise ConfigError("config.data.corpus_files is empty and "
+                              "config.data.synthetic_documents is 0: give text files "
+                              "('path' or 'path:wikitext') or a number of synthetic documents.")
+        return files
+
+    def _corpus_texts(self):
+        for spec in self.corpus_files:
+            path, fmt = parse_file_spec(spec)
+            for document in pretraining_data.read_documents(path, fmt):
+                yield from document
+
+    @functools.cache
+    def _source(self, split: str):
+        data = self.config.data
+        builder = BertPretraining(
+            files=self.corpus_files, vocab_file=self.vocab.path, lowercase=data.lowercase,
+            max_seq_length=data.max_seq_length, short_seq_prob=data.short_seq_prob,
+            dupe_factor=data.dupe_factor, eval_documents=data.eval_documents,
+            seed=self.config.seed, data_dir=data.data_dir or None)
+        return sources.load_source(builder, split)
+
+    # -- examples ----------------------------------------------------------------
+
+    def _row(self, example) -> Batch:
+        """An instance -> unmasked row features."""
+        return {"input_ids": np.asarray(example["tokens"], np.int32),
+                "token_type_ids": np.asarray(example["segment_ids"], np.int32),
+                "next_sentence_labels": np.int32(example["next_sentence_label"])}
+
+    def _masked_row(self, example, purpose: int) -> Batch:
+        """An instance masked from (seed, purpose, its index)."""
+        row = self._row(example)
+        rng = pretraining_data.masking_rng(self.config.seed, purpose, int(example["index"]))
+        row.update(self.masker(row["input_ids"], rng))
+        return row
+
+    def _mask_batch(self, batch: Batch, step: int, first_row: int) -> Batch:
+        """Dynamic masking: global row r of batch `step` from (seed, step, r)."""
+        rngs = [pretraining_data.masking_rng(self.config.seed, step, first_row + i)
+                for i in range(len(batch["input_ids"]))]
+        return {**batch, **self.masker.mask_batch(batch["input_ids"], rngs)}
+
+    @property
+    def _lengths(self) -> dict[str, int]:
+        n, p = self.max_length, self.max_predictions
+        return {"input_ids": n, "token_type_ids": n, "masked_lm_positions": p,
+                "masked_lm_ids": p, "masked_lm_weights": p}
+
+    def dummy_batch(self) -> Batch:
+        n, p = self.max_length, self.max_predictions
+        return {"input_ids": np.zeros((1, n), np.int32),
+                "token_type_ids": np.zeros((1, n), np.int32),
+                "masked_lm_positions": np.zeros((1, p), np.int32)}
+
+    def model_inputs(self, batch: Batch) -> tuple:
+        return (batch["input_ids"], batch["input_ids"] != self.vocab.pad_id,
+                batch["token_type_ids"], batch["masked_lm_positions"])
+
+    def train_iterator(self, process_index: int, process_count: int):
+        data = self.config.data
+        static = data.static_masking
+        return pipeline.train_iterator(
+            self._source("train"), global_batch_size=self.config.train.batch_size,
+            seed=self.config.seed, process_index=process_index, process_count=process_count,
+            preprocess=(functools.partial(self._masked_row, purpose=_STATIC_MASKING)
+                        if static else self._row),
+            max_length=self._lengths, batch_transform=None if static else self._mask_batch)
+
+    def _eval_source(self):
+        """The first `data.eval_examples` instances of `data.eval_split` (all of
+        them when it has fewer)."""
+        data = self.config.data
+        source = self._source(data.eval_split)
+        if data.eval_examples and len(source) > data.eval_examples:
+            source = self._source(f"{data.eval_split}[:{data.eval_examples}]")
+        return source
+
+    def eval_batches(self, process_index: int, process_count: int):
+        return pipeline.eval_batches(
+            self._eval_source(),
+            global_batch_size=self.config.train.batch_size, process_index=process_index,
+            process_count=process_count,
+            preprocess=functools.partial(self._masked_row, purpose=_EVAL_MASKING),
+            max_length=self._lengths)
+
+    # -- loss and evaluation -------------------------------------------------------
+
+    def _outputs(self, params, batch, rng=None, masks=None):
+        deterministic = rng is None
+        return self.model.apply({"params": params}, *self.model_inputs(batch),
+                                **(masks or {}), deterministic=deterministic,
+                                rngs=None if deterministic else {"dropout": rng})
+
+    def loss_fn(self, params, batch, rng):
+        out = self._outputs(params, batch, rng)
+        sums = bert_pretraining_sums(out.mlm_logits, out.nsp_logits, batch)
+        return sums.pop("loss"), sums.pop("weight"), sums
+
+    def eval_sums(self, params, batch, masks=None):
+        """Per masked token: mlm_*; per real sequence (`nsp_weight`): nsp_*."""
+        out = self._outputs(params, batch, masks=masks)
+        sums = bert_pretraining_sums(out.mlm_logits, out.nsp_logits, batch,
+                                     sequence_weights=batch["input_ids"][:, 0] != 0)
+        del sums["loss"]
+        return sums
+
+    def head_mask_shapes(self):
+        return {"head_mask": (self.model_config.num_layers, self.model_config.num_heads)}
+
+    def derived_metrics(self, metrics):
+        return {"mlm_perplexity": float(np.exp(min(metrics["mlm_nll"], 50.0)))}
+
+    # -- throughput ------------------------------------------------------------------
+
+    def flops_per_step(self) -> float:
+        return bert_train_flops(self.model_config, self.config.train.batch_size,
+                                self.max_length, self.max_predictions)
+
+    def tokens_per_step(self) -> float:
+        return float(self.config.train.batch_size * self.max_length)
+

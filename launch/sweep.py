@@ -1,0 +1,136 @@
+r"""Sweeps an experiment over a grid of config values, then tabulates and plots.
+
+  python launch/sweep.py --config=experiments/NAME.py[:ARG] --workdir=DIR \
+      --sweep='model.num_heads=1,2,4,8 x model.num_layers=1,2' \
+      [--metric=eval/bleu] [--metrics=eval/bleu,eval/nll] \
+      [--launcher=local|print|tpu_vm|slurm] [--report_only] \
+      [--config.train.num_steps=1000 ...]
+
+Grammar (bert_jax/analysis/sweeps.py): `KEY=V1,V2,...` axes; ` x ` makes a
+product, ` + ` zips axes of equal length (zips bind tighter:
+`a=1,2 + b=3,4 x c=5,6` is 4 runs). Values are Python literals, or strings
+without quotes. Without --sweep, the config file's `get_sweep()` is used.
+--config.KEY=VALUE overrides apply to every run (a swept key wins).
+
+Each point trains in DIR/<run name>/ (e.g. DIR/num_heads=2,num_layers=1/).
+- local (default): the runs train here one after another; finished runs are
+  skipped and an interrupted one resumes, so re-running the same command
+  continues a sweep. At the end DIR/results.csv, DIR/results.md and PNGs
+  (heatmap of --metric over --x/--y, metric against parameters, training
+  curves) are written and the Markdown table is printed.
+- print, tpu_vm, slurm: one shell-quoted command per unfinished run is printed
+  (and written to DIR/commands.sh): `python launch/train.py ...`,
+  `python launch/tpu_vm.py train NAME [--launcher_flags] -- ...` (NAME from
+  --tpu_name, e.g. bert-jax-{index}; the workdir must be under /gcs/ unless
+  --launcher_flags=--allow_local_workdir) or
+  `sbatch --job-name=RUN [--launcher_flags] launch/slurm_train.sbatch ...`.
+  --submit runs them too. Afterwards `--report_only` (with DIR readable here,
+  e.g. a gcsfuse mount or shared filesystem; --command_workdir if the jobs see
+  DIR under another path) tabulates whatever has finished so far.
+"""
+
+import os
+import shlex
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+import common_flags as launch_flags  # noqa: E402
+from bert_jax.analysis import sweeps  # noqa: E402
+
+SWEEP = flags.DEFINE_string(
+    "sweep", None, "Sweep spec, e.g. 'model.num_heads=1,2,4 x model.num_layers=1,2' "
+    "(default: the config file's get_sweep()).")
+METRIC = flags.DEFINE_string(
+    "metric", None, "Metric of the heatmap and plots (default: train.best_metric if it "
+    "is logged, else the first eval/* metric).")
+METRICS = flags.DEFINE_list(
+    "metrics", None, "Metric columns of the tables (default: every eval/* metric).")
+LAUNCHER = flags.DEFINE_enum("launcher", "local", list(sweeps.LAUNCHERS),
+                             "Train here (local) or print/submit one command per run.")
+REPORT_ONLY = flags.DEFINE_bool(
+    "report_only", False, "Train nothing: tabulate and plot DIR as it is (partial "
+    "sweeps included).")
+X = flags.DEFINE_string("x", None, "Swept key on the heatmap's columns (default: the "
+                        "first swept key).")
+Y = flags.DEFINE_string("y", None, "Swept key on the heatmap's rows (default: the "
+                        "second swept key).")
+SUBMIT = flags.DEFINE_bool("submit", False, "With --launcher=tpu_vm or slurm: also run "
+                           "the printed commands.")
+LAUNCHER_FLAGS = flags.DEFINE_string(
+    "launcher_flags", "", "Extra arguments for `tpu_vm.py train` (e.g. '--zone=Z') or "
+    "`sbatch` (e.g. '--nodes=1 --gpus-per-node=1 --ntasks-per-node=1'), shell syntax.")
+TPU_NAME = flags.DEFINE_string("tpu_name", "bert-jax-{index}",
+                               "TPU VM per run: a format string of {index} and {name}.")
+COMMAND_WORKDIR = flags.DEFINE_string(
+    "command_workdir", None, "The sweep directory as the launched jobs see it (default: "
+    "--workdir).")
+STOP_ON_ERROR = flags.DEFINE_bool("stop_on_error", False,
+                                  "Local: stop at the first failed run (default: record "
+                                  "it in its run.json and go on).")
+
+
+def default_metric(config, rows) -> str | None:
+    logged = {k for row in rows for k in row["metrics"]}
+    best = config.train.get("best_metric") if "train" in config else None
+    if best and best in logged:
+        return best
+    evals = sorted(k for k in logged if k.startswith("eval/"))
+    return evals[0] if evals else None
+
+
+def main(argv):
+    try:
+        return run(argv)
+    except sweeps.SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(argv):
+    launch_flags.start(argv)
+    config = launch_flags.CONFIG.value
+    workdir = launch_flags.WORKDIR.value
+    config_flag = flags.FLAGS["config"]
+    config_file = config_flags.get_config_filename(config_flag)
+    base_overrides = dict(config_flags.get_override_values(config_flag))
+
+    failed = []
+    if not REPORT_ONLY.value:
+        points = sweeps.parse_sweep(SWEEP.value) if SWEEP.value else \
+            sweeps.load_sweep(config_file)
+        sweep = sweeps.Sweep(
+            config, workdir, points, config_file=config_file,
+            base_overrides=base_overrides, launcher=LAUNCHER.value,
+            command_directory=COMMAND_WORKDIR.value,
+            launcher_flags=shlex.split(LAUNCHER_FLAGS.value), tpu_name=TPU_NAME.value)
+        if LAUNCHER.value != "local":
+            sweep.launch(submit=SUBMIT.value)
+            return 0
+        outcome = sweep.run(stop_on_error=STOP_ON_ERROR.value)
+        failed = [name for name, status in outcome.items() if status == "failed"]
+
+    rows = sweeps.collect(workdir)
+    if not rows:
+        raise app.UsageError(f"{workdir} holds no sweep runs (no */overrides.json).")
+    metric = METRIC.value or default_metric(config, rows)
+    table = sweeps.write_tables(rows, workdir, METRICS.value)
+    if metric:
+        mode = None
+        if metric == config.train.get("best_metric"):
+            mode = config.train.get("best_mode")
+        paths = sweeps.plot(rows, workdir, metric, x=X.value, y=Y.value, mode=mode)
+        print(f"wrote {os.path.join(workdir, 'results.csv')}, results.md, "
+              + ", ".join(os.path.basename(p) for p in paths.values()), file=sys.stderr)
+    print(table, end="")
+    if failed:
+        print(f"failed runs (see their run.json): {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

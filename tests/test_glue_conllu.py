@@ -1,0 +1,404 @@
+"""Fine-tuning data: GLUE-style TSV tasks (`bert_jax.data.glue`) and CoNLL-U /
+CoNLL-2003 token tagging (`bert_jax.data.conllu`): parsing, errors, the tfds
+builders read back through `load_source`, the tfds catalog under mock_data,
+and the real files of ../shared/data when present."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from bert_jax.data.conllu import (
+    UPOS_TAGS, Conllu, ConlluFormatError, conllu_config, read_conllu, tag_vocabulary)
+from bert_jax.data.glue import (
+    GLUE_TASKS, GlueFormatError, GlueTaskSpec, GlueTsv, from_catalog, glue_tsv_config,
+    read_tsv)
+from bert_jax.data.sources import load_source
+from bert_jax.evaluation import classification_metrics
+
+
+def _text(value) -> str:
+    if isinstance(value, np.ndarray):
+        value = value.item()
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _texts(values) -> list[str]:
+    return [_text(v) for v in values]
+
+
+def _write(path, text: str | bytes) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, str):
+        text = text.encode("utf-8")
+    path.write_bytes(text)
+    return str(path)
+
+
+def _error(exc_type, fn, *args, **kwargs) -> str:
+    with pytest.raises(exc_type) as info:
+        fn(*args, **kwargs)
+    return str(info.value)
+
+
+# ================================================================== GLUE ==
+
+MRPC_HEAD = "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+
+
+def test_task_specs():
+    assert {"sst2", "mrpc", "stsb", "cola", "rte", "qnli", "mnli"} <= set(GLUE_TASKS)
+    for name, spec in GLUE_TASKS.items():
+        assert spec.name == name and spec.catalog == f"glue/{name}"
+        assert spec.splits["train"] == "train.tsv"
+        for metric in spec.metrics:
+            assert callable(getattr(classification_metrics, metric)), (name, metric)
+        assert spec.num_labels == (1 if spec.is_regression else len(spec.labels))
+    assert GLUE_TASKS["stsb"].is_regression and GLUE_TASKS["stsb"].num_labels == 1
+    assert GLUE_TASKS["mnli"].num_labels == 3
+    assert GLUE_TASKS["mnli"].splits["validation"] == "dev_matched.tsv"
+    assert GLUE_TASKS["mrpc"].metrics == ("accuracy", "f1")
+    assert GLUE_TASKS["cola"].metrics == ("matthews_corrcoef",)
+    assert not GLUE_TASKS["cola"].has_header and GLUE_TASKS["sst2"].has_header
+    with pytest.raises(ValueError, match="all header names or all"):
+        GlueTaskSpec(name="x", text_a=0, text_b="b", label_column=1, labels=("0",),
+                     metrics=(), splits={"train": "t.tsv"}, catalog="",
+                     catalog_text_a="", catalog_text_b=None)
+
+
+def test_read_tsv_bom_quotes_and_pairs(tmp_path):
+    path = _write(tmp_path / "dev.tsv", MRPC_HEAD
+                  + '1\t11\t12\tHe said " hi " .\t" Hi , " he said .\n'
+                  + "0\t13\t14\tA 'quoted\" thing\tOther  \n")
+    ex = read_tsv(path, "mrpc")
+    assert ex == [
+        {"text_a": 'He said " hi " .', "text_b": '" Hi , " he said .', "label": 1,
+         "line": 2},
+        {"text_a": "A 'quoted\" thing", "text_b": "Other", "label": 0, "line": 3}]
+    sst = _write(tmp_path / "sst.tsv", 'sentence\tlabel\n" a film \t1\r\nbad \t0\n')
+    assert read_tsv(sst, GLUE_TASKS["sst2"]) == [
+        {"text_a": '" a film', "text_b": "", "label": 1, "line": 2},
+        {"text_a": "bad", "text_b": "", "label": 0, "line": 3}]
+
+
+def test_read_tsv_regression_headerless_and_unlabelled(tmp_path):
+    head = "\t".join(["index", "genre", "filename", "year", "old_index", "source1",
+                      "source2", "sentence1", "sentence2"])
+    stsb = _write(tmp_path / "train.tsv", f"{head}\tscore\n"
+                  + "0\tg\tf\t2012\t0\tn\tn\tA man .\tA person .\t3.800\n")
+    assert read_tsv(stsb, "stsb") == [
+        {"text_a": "A man .", "text_b": "A person .", "label": 3.8, "line": 2}]
+    test = _write(tmp_path / "test.tsv", f"{head}\n0\tg\tf\t2012\t0\tn\tn\tA .\tB .\n")
+    [row] = read_tsv(test, "stsb", labels_required=False)
+    assert math.isnan(row["label"]) and row["text_b"] == "B ."
+    msg = _error(GlueFormatError, read_tsv, test, "stsb")
+    assert "test.tsv:1:" in msg and "'score'" in msg
+
+    cola = _write(tmp_path / "cola.tsv", "gj04\t1\t\tThe sailors rode the breeze .\n"
+                  "gj04\t0\t*\tThe more we study verbs , the crazier .\n")
+    assert [(e["text_a"][:3], e["label"], e["line"]) for e in read_tsv(cola, "cola")] == [
+        ("The", 1, 1), ("The", 0, 2)]
+    sst_test = _write(tmp_path / "sst_test.tsv", "index\tsentence\n0\tfine .\n")
+    assert read_tsv(sst_test, "sst2", labels_required=False) == [
+        {"text_a": "fine .", "text_b": "", "label": -1, "line": 2}]
+
+
+@pytest.mark.parametrize("name, content, task, where, words", [
+    ("hdr.tsv", "sentence\tscore\nok\t1\n", "sst2", ":1:",
+     ["'label'", "header", "['sentence', 'score']"]),
+    ("few.tsv", MRPC_HEAD + "1\t2\t3\tonly one sentence\n", "mrpc", ":2:",
+     ["expected 5", "got 4", "text_b"]),
+    ("blank.tsv", "sentence\tlabel\nok\t1\n\nfine\t0\n", "sst2", ":3:",
+     ["blank line", "got 0"]),
+    ("lab.tsv", "sentence\tlabel\nok\t1\nbad\tpositive\n", "sst2", ":3:5:",
+     ["unknown label 'positive'", "['0', '1']"]),
+    ("reg.tsv", "sentence1\tsentence2\tscore\na\tb\t4.2\na\tb\tfive\n", "stsb", ":3:5:",
+     ["'five'", "not a number"]),
+    ("nan.tsv", "sentence1\tsentence2\tscore\na\tb\tnan\n", "stsb", ":2:5:",
+     ["not a number"]),
+    ("empty.tsv", MRPC_HEAD + "1\t2\t3\tfine\t  \n", "mrpc", ":2:12:",
+     ["empty text_b", "'#2 String'"]),
+    ("utf8.tsv", b"sentence\tlabel\nok\t1\ncaf\xe9\t0\n", "sst2", ":3:4:",
+     ["invalid UTF-8", "iconv"]),
+    ("cr.tsv", "sentence\tlabel\na\rb\t1\n", "sst2", ":2:", ["carriage return"]),
+    ("cola.tsv", "src\t1\t\tfine .\nsrc\t1\n", "cola", ":2:",
+     ["at least 4", "got 2"]),
+])
+def test_read_tsv_errors_name_file_and_line(tmp_path, name, content, task, where, words):
+    path = _write(tmp_path / name, content)
+    msg = _error(GlueFormatError, read_tsv, path, task)
+    assert f"{path}{where}" in msg, msg
+    for word in words:
+        assert word in msg, msg
+
+
+def test_read_tsv_missing_file(tmp_path):
+    msg = _error(FileNotFoundError, read_tsv, tmp_path / "nope.tsv", "sst2")
+    assert "nope.tsv" in msg and "does not exist" in msg
+    assert "unknown task 'sst3'" in _error(ValueError, read_tsv, tmp_path / "x", "sst3")
+
+
+def _sst2_dir(root, n_train=5) -> str:
+    _write(root / "train.tsv", "sentence\tlabel\n" + "".join(
+        f"train sentence {i} \t{i % 2}\n" for i in range(n_train)))
+    _write(root / "dev.tsv", 'sentence\tlabel\n" quoted "\t1\nplain\t0\n')
+    _write(root / "test.tsv", "index\tsentence\n0\tunlabelled one\n")
+    return str(root)
+
+
+def test_glue_tsv_builder_reads_back(tmp_path):
+    path = _sst2_dir(tmp_path / "glue" / "SST-2")
+    data_dir = tmp_path / "tfds"
+    dev = load_source("glue_tsv", "validation", data_dir, path=path, task="sst2")
+    assert len(dev) == 2
+    assert [(_text(dev[i]["text_a"]), _text(dev[i]["text_b"]), int(dev[i]["label"]),
+             int(dev[i]["idx"])) for i in range(2)] == [
+        ('" quoted "', "", 1, 0), ("plain", "", 0, 1)]
+    builder = GlueTsv(path=path, task="sst2", data_dir=data_dir)
+    assert set(builder.info.splits.keys()) == {"train", "validation", "test"}
+    assert builder.builder_config.name.startswith("SST-2_sst2_")
+    assert builder.info.metadata["metrics"] == ["accuracy"]
+    train = load_source(builder, "train")
+    assert [_text(train[i]["text_a"]) for i in range(5)] == [
+        f"train sentence {i}" for i in range(5)]   # file order, stripped
+    test = load_source(builder, "test")
+    assert int(test[0]["label"]) == -1
+    # The GLUE root works too (the task's directory inside it), same config.
+    assert glue_tsv_config(tmp_path / "glue", "sst2") is builder.builder_config
+    # The config name resolves in this process.
+    by_name = tfds.builder(f"glue_tsv/{builder.builder_config.name}", data_dir=data_dir)
+    assert by_name.data_dir == builder.data_dir
+
+
+def test_glue_tsv_regression_and_fingerprint(tmp_path):
+    root = tmp_path / "stsb"
+    _write(root / "train.tsv", "sentence1\tsentence2\tscore\na b\tc d\t2.5\n")
+    _write(root / "dev.tsv", "sentence1\tsentence2\tscore\ne\tf\t0.25\n")
+    builder = GlueTsv(path=root, task="stsb", data_dir=tmp_path / "tfds")
+    dev = load_source(builder, "validation")
+    assert builder.info.features["label"].np_dtype == np.float32
+    assert float(dev[0]["label"]) == 0.25
+    assert (_text(dev[0]["text_a"]), _text(dev[0]["text_b"])) == ("e", "f")
+    # An edited file gets another config; an edit after construction is an error.
+    _write(root / "dev.tsv", "sentence1\tsentence2\tscore\ne\tf\t0.5\n")
+    other = GlueTsv(path=root, task="stsb", data_dir=tmp_path / "tfds")
+    assert other.builder_config.name != builder.builder_config.name
+    os.utime(root / "train.tsv", ns=(1, 1))
+    msg = _error(GlueFormatError, load_source, other, "train")
+    assert "train.tsv changed after the builder was created" in msg
+
+
+def test_glue_tsv_build_errors(tmp_path):
+    root = tmp_path / "bad"
+    _write(root / "train.tsv", "sentence\tlabel\nok\t1\nnot ok\t7\n")
+    builder = GlueTsv(path=root, task="sst2", data_dir=tmp_path / "tfds")
+    msg = _error(GlueFormatError, load_source, builder, "train")
+    assert f"{root / 'train.tsv'}:3:8:" in msg and "unknown label '7'" in msg
+    msg = _error(FileNotFoundError, GlueTsv, path=tmp_path, task="mrpc")
+    assert "train.tsv" in msg and "MRPC" in msg
+    with pytest.raises(ValueError, match="missing: task"):
+        GlueTsv(path=root)
+
+
+def test_from_catalog_maps_labels():
+    mnli = GLUE_TASKS["mnli"]
+    # Catalog class order: entailment, neutral, contradiction.
+    got = [from_catalog(mnli, {"premise": b"p ", "hypothesis": "h", "label": np.int64(i),
+                               "idx": np.int32(0)})["label"] for i in (0, 1, 2, -1)]
+    assert [mnli.labels[i] for i in got[:3]] == ["entailment", "neutral", "contradiction"]
+    assert got[3] == -1
+    assert from_catalog("sst2", {"sentence": "x ", "label": 1, "idx": 3}) == {
+        "text_a": "x", "text_b": "", "label": 1}
+    assert math.isnan(from_catalog("stsb", {"sentence1": "a", "sentence2": "b",
+                                            "label": np.float32(-1)})["label"])
+    with pytest.raises(KeyError, match="no feature 'sentence1'"):
+        from_catalog("mrpc", {"sentence": "a", "label": 0})
+
+
+def test_from_catalog_under_mock_data(tmp_path):
+    # Catalog datasets register when their module is imported; mock_data
+    # (offline, random examples) cannot find `glue` otherwise.
+    import tensorflow_datasets.text.glue  # noqa: F401
+    with tfds.testing.mock_data(num_examples=4):
+        for task in ("sst2", "mrpc", "stsb", "mnli"):
+            spec = GLUE_TASKS[task]
+            source = load_source(spec.catalog, "train", tmp_path / task)
+            assert len(source) == 4
+            for i in range(len(source)):
+                ex = from_catalog(spec, source[i])
+                assert set(ex) == {"text_a", "text_b", "label"}
+                assert isinstance(ex["text_a"], str) and isinstance(ex["text_b"], str)
+                assert (ex["text_b"] == "") == (spec.text_b is None)
+                if spec.is_regression:
+                    assert isinstance(ex["label"], float)
+                else:
+                    assert isinstance(ex["label"], int)
+                    assert 0 <= ex["label"] < spec.num_labels
+
+
+# =============================================================== CoNLL-U ==
+
+CONLLU = (
+    "# newdoc id = d1\n"
+    "# sent_id = s-1\n"
+    "# text = Don't go_\n"
+    "1-2\tDon't\t_\t_\t_\t_\t_\t_\t_\t_\n"
+    "1\tDo\tdo\tAUX\tVBP\t_\t3\taux\t3:aux\t_\n"
+    "2\tn't\tnot\tPART\tRB\t_\t3\tadvmod\t3:advmod\t_\n"
+    "3\tgo\tgo\tVERB\tVB\t_\t0\troot\t0:root\t_\n"
+    "3.1\tgo\tgo\tVERB\tVB\t_\t_\t_\t3:conj\tCopyOf=3\n"
+    "4\t_\t_\tPUNCT\tNFP\t_\t3\tpunct\t3:punct\t_\n"
+    "\n\n"
+    "1\tHi\thi\tINTJ\tUH\t_\t0\troot\t0:root\t_\n"     # no blank line at the end
+)
+
+
+def test_read_conllu(tmp_path):
+    path = _write(tmp_path / "x-ud-train.conllu", CONLLU)
+    s = read_conllu(path)
+    assert s == [
+        {"words": ["Do", "n't", "go", "_"], "tags": ["AUX", "PART", "VERB", "PUNCT"],
+         "line": 1, "sent_id": "s-1"},
+        {"words": ["Hi"], "tags": ["INTJ"], "line": 12, "sent_id": ""}]
+    assert read_conllu(path, "xpos")[0]["tags"] == ["VBP", "RB", "VB", "NFP"]
+    assert read_conllu(path, "deprel")[0]["tags"] == ["aux", "advmod", "root", "punct"]
+    assert read_conllu(path, 2)[0]["tags"] == ["do", "not", "go", "_"]
+    # A BOM and CRLF line ends are fine.
+    crlf = _write(tmp_path / "crlf.conllu", "\ufeff" + CONLLU.replace("\n", "\r\n"))
+    assert read_conllu(crlf) == s
+    with pytest.raises(ValueError, match="unknown conllu column 'ner'"):
+        read_conllu(path, "ner")
+
+
+def test_read_conll2003(tmp_path):
+    path = _write(tmp_path / "eng.train", (
+        "-DOCSTART- -X- -X- O\n\n"
+        "EU NNP B-NP B-ORG\nrejects VBZ B-VP O\nGerman JJ B-NP B-MISC\n\n"
+        "Peter NNP B-NP B-PER\nBlackburn NNP I-NP I-PER\n\n\n"
+        "-DOCSTART- -X- -X- O\n\n# NN B-NP O\n"))
+    s = read_conllu(path, format="conll2003")
+    assert [(x["words"], x["tags"], x["line"]) for x in s] == [
+        (["EU", "rejects", "German"], ["B-ORG", "O", "B-MISC"], 3),
+        (["Peter", "Blackburn"], ["B-PER", "I-PER"], 7),
+        (["#"], ["O"], 13)]
+    assert read_conllu(path, "pos", format="conll2003")[0]["tags"] == ["NNP", "VBZ", "JJ"]
+    assert tag_vocabulary(s) == ["B-MISC", "B-ORG", "B-PER", "I-PER", "O"]
+    bad = _write(tmp_path / "bad.txt", "EU NNP B-NP B-ORG\nrejects O\n")
+    msg = _error(ConlluFormatError, read_conllu, bad, format="conll2003")
+    assert f"{bad}:2:" in msg and "expected 4" in msg and "line 1" in msg
+
+
+@pytest.mark.parametrize("content, where, words", [
+    ("1\tA\ta\tDET\n", ":1:", ["expected 10 tab-separated fields", "got 4"]),
+    ("1 A a DET DT _ 0 root _ _\n", ":1:", ["got 1", "spaces instead of tabs"]),
+    ("# c\n1\tA\ta\tDET\tDT\t_\t0\troot\t_\t_\nx\tB\tb\tX\tX\t_\t1\tdep\t_\t_\n", ":3:1:",
+     ["ID 'x' is not an integer"]),
+    ("1\tA\ta\tDET\tDT\t_\t0\troot\t_\t_\n3\tB\tb\tX\tX\t_\t1\tdep\t_\t_\n", ":2:1:",
+     ["ID 3 where 2 was expected", "starting on line 1"]),
+    ("1\tA\ta\tDET\tDT\t_\t0\troot\t_\t_\n1\tB\tb\tX\tX\t_\t1\tdep\t_\t_\n", ":2:1:",
+     ["ID 1 where 2 was expected", "blank line"]),
+    ("1\tA\ta\tDET\tDT\t_\t0\troot\t_\t_\n\n2\tB\tb\tX\tX\t_\t0\troot\t_\t_\n", ":3:1:",
+     ["ID 2 where 1 was expected"]),
+    ("1\t\ta\tDET\tDT\t_\t0\troot\t_\t_\n", ":1:3:", ["empty FORM"]),
+    ("1\tA\ta\t\tDT\t_\t0\troot\t_\t_\n", ":1:7:", ["empty UPOS"]),
+    (b"1\tA\ta\tDET\tDT\t_\t0\troot\t_\t_\n2\t\xff\tb\tX\tX\t_\t1\tdep\t_\t_\n", ":2:3:",
+     ["invalid UTF-8"]),
+])
+def test_read_conllu_errors_name_file_and_line(tmp_path, content, where, words):
+    path = _write(tmp_path / "bad.conllu", content)
+    msg = _error(ConlluFormatError, read_conllu, path)
+    assert f"{path}{where}" in msg, msg
+    for word in words:
+        assert word in msg, msg
+    assert "does not exist" in _error(FileNotFoundError, read_conllu, tmp_path / "no")
+
+
+def test_upos_tags():
+    assert len(UPOS_TAGS) == len(set(UPOS_TAGS)) == 17
+    assert UPOS_TAGS == tuple(sorted(UPOS_TAGS))
+    assert {"NOUN", "VERB", "PROPN", "AUX", "CCONJ", "SCONJ", "X"} <= set(UPOS_TAGS)
+
+
+def test_conllu_builder(tmp_path):
+    root = tmp_path / "UD_X"
+    _write(root / "x-ud-train.conllu", CONLLU)
+    _write(root / "x-ud-dev.conllu", "1\tHi\thi\tINTJ\tUH\t_\t0\troot\t0:root\t_\n\n")
+    data_dir = tmp_path / "tfds"
+    train = load_source("conllu", "train", data_dir, path=root)
+    assert len(train) == 2
+    assert _texts(train[0]["words"]) == ["Do", "n't", "go", "_"]
+    assert _texts(train[0]["tags"]) == ["AUX", "PART", "VERB", "PUNCT"]
+    builder = Conllu(path=root, column="xpos", data_dir=data_dir)
+    assert builder.builder_config.name.startswith("UD_X_xpos_")
+    dev = load_source(builder, "validation")
+    assert _texts(dev[0]["tags"]) == ["UH"]
+    assert builder.info.metadata["tags"] == ["NFP", "RB", "UH", "VB", "VBP"]
+    with pytest.raises(ValueError, match="no split 'test'"):
+        load_source(builder, "test")
+    # CoNLL-2003 with explicit files.
+    _write(root / "eng.testa", "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\n")
+    ner = Conllu(path=root, splits={"validation": "eng.testa"}, format="conll2003",
+                 data_dir=data_dir)
+    assert _texts(load_source(ner, "validation")[0]["tags"]) == ["B-ORG"]
+    # Errors surface at build time with file and line.
+    _write(tmp_path / "B" / "b-ud-train.conllu", "1\tA\ta\tDET\n")
+    msg = _error(ConlluFormatError, load_source, "conllu", "train", data_dir,
+                 path=tmp_path / "B")
+    assert "b-ud-train.conllu:1:" in msg
+    msg = _error(ConlluFormatError, conllu_config, tmp_path / "tfds")
+    assert "-ud-{train,dev,test}.conllu" in msg
+
+
+# ============================================================ real files ==
+
+@pytest.fixture(scope="module")
+def real_glue(shared_data):
+    return shared_data / "glue"
+
+
+def test_real_glue_counts(real_glue, tmp_path):
+    expected = {("sst2", "SST-2"): (67349, 872), ("mrpc", "MRPC"): (3668, 408),
+                ("stsb", "STS-B"): (5749, 1500)}
+    for (task, folder), counts in expected.items():
+        examples = [read_tsv(real_glue / folder / f, task)
+                    for f in ("train.tsv", "dev.tsv")]
+        assert tuple(map(len, examples)) == counts, task
+        spec = GLUE_TASKS[task]
+        for ex in examples[1]:
+            assert ex["text_a"] and (ex["text_b"] != "") == (spec.text_b is not None)
+        if spec.is_regression:
+            assert all(0.0 <= ex["label"] <= 5.0 for ex in examples[0])
+        else:
+            assert {ex["label"] for ex in examples[0]} == {0, 1}
+    # MRPC keeps the quote characters of its sentences (csv.QUOTE_NONE).
+    dev = read_tsv(real_glue / "MRPC" / "dev.tsv", "mrpc")
+    assert sum('"' in ex["text_a"] + ex["text_b"] for ex in dev) > 10
+    # Through the builders (the small tasks), from the GLUE root.
+    for task, split, n in (("mrpc", "validation", 408), ("stsb", "train", 5749)):
+        source = load_source("glue_tsv", split, tmp_path, path=real_glue, task=task)
+        assert len(source) == n
+        ref = read_tsv(real_glue / GLUE_TASKS[task].directory
+                       / GLUE_TASKS[task].splits[split], task)
+        for i in (0, n - 1):
+            assert _text(source[i]["text_a"]) == ref[i]["text_a"]
+            assert _text(source[i]["text_b"]) == ref[i]["text_b"]
+            assert np.isclose(source[i]["label"], ref[i]["label"])
+
+
+def test_real_ud_ewt(shared_data, tmp_path):
+    builder = Conllu(path=shared_data / "ud_en_ewt", data_dir=tmp_path)
+    counts = {split: len(load_source(builder, split))
+              for split in ("train", "validation", "test")}
+    assert counts == {"train": 12544, "validation": 2001, "test": 2077}
+    assert builder.info.metadata["tags"] == sorted(UPOS_TAGS)   # all 17 occur
+    dev = read_conllu(shared_data / "ud_en_ewt" / "en_ewt-ud-dev.conllu")
+    assert all(len(s["words"]) == len(s["tags"]) > 0 and s["sent_id"] for s in dev)
+    assert set(tag_vocabulary(dev)) <= set(UPOS_TAGS)
+    source = load_source(builder, "validation")
+    for i in (0, 2000):
+        assert _texts(source[i]["words"]) == dev[i]["words"]
+        assert _texts(source[i]["tags"]) == dev[i]["tags"]
