@@ -226,13 +226,24 @@ class FinetuneTask(Task):
 
     # -- throughput --------------------------------------------------------------------
 
+    @functools.cached_property
+    def mean_batch_length(self) -> float:
+        """The expected length of a training batch after bucketing, from 256
+        batches drawn at random from the training rows (for FLOPs and tokens)."""
+        if len(self.buckets) == 1:
+            return float(self.max_length)
+        lengths = np.array([len(row["input_ids"]) for row in self.rows("train")])
+        draws = np.random.default_rng(0).integers(
+            0, len(lengths), (256, self.config.train.batch_size))
+        return float(np.mean([next(b for b in self.buckets if b >= n)
+                              for n in lengths[draws].max(axis=1)]))
+
     def flops_per_step(self) -> float:
-        """At `max_seq_length` (an upper bound when buckets cut batches)."""
         return bert_train_flops(self.model_config, self.config.train.batch_size,
-                                self.max_length, None, 2)
+                                self.mean_batch_length, None, 2)
 
     def tokens_per_step(self) -> float:
-        return float(self.config.train.batch_size * self.max_length)
+        return self.config.train.batch_size * self.mean_batch_length
 
 
 # ------------------------------------------------------------------------ GLUE --

@@ -32,7 +32,7 @@ def transformer_train_flops(config: TransformerConfig, batch: int, source_length
     return 3.0 * forward
 
 
-def bert_train_flops(config: BertConfig, batch: int, length: int,
+def bert_train_flops(config: BertConfig, batch: int, length: float,
                      predictions: int | None = None, num_outputs: int = 2) -> float:
     """Training-step FLOPs of BERT: encoder, pooler, and either the MLM head at
     `predictions` masked positions per sequence plus NSP (pretraining), or a

@@ -30,11 +30,11 @@ class DevicePrefetch(grain.DatasetIterator):
     def __init__(self, parent: grain.DatasetIterator, to_device: Callable[[Any], Any],
                  size: int):
         super().__init__(parent)
+        self._queue: collections.deque[tuple[Any, Any]] = collections.deque()  # close() needs it
         if size < 0:
             raise ValueError(f"device prefetch size must be >= 0, got {size}")
         self._to_device = to_device
         self._size = size
-        self._queue: collections.deque[tuple[Any, Any]] = collections.deque()
         self._state = parent.get_state()
 
     def _enqueue(self) -> None:
