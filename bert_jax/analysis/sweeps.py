@@ -732,14 +732,17 @@ class Sweep:
     # Local runs.
 
     def run(self, *, stop_on_error: bool = False) -> dict[str, str]:
-        """Trains every unfinished point here, one after another. Returns
-        {run name: 'skipped' | 'done' | 'failed'}."""
+        """Trains every unfinished point here, one after another, stopping
+        after a preempted one. Returns {run name: 'skipped' | 'done' | 'failed'
+        | 'interrupted'}."""
         if self.launcher != "local":
             raise SweepError(f"run() trains locally; launcher={self.launcher!r} uses launch()")
         self.prepare()
         outcome = {}
         for run in self.runs:
             outcome[run.name] = self.run_one(run, stop_on_error=stop_on_error)
+            if outcome[run.name] == "interrupted":   # preempted: stop here
+                break
         return outcome
 
     def run_one(self, run: Run, *, stop_on_error: bool = False) -> str:
@@ -798,6 +801,12 @@ class Sweep:
             if stop_on_error:
                 raise
             return "failed"
+        if not any(step >= num_steps for step in checkpoint_steps(run.workdir)):
+            # The trainer returns early after a preemption (SIGTERM) checkpoint.
+            finish("interrupted")
+            self.log(f"sweep: {run.name}: stopped before step {num_steps} (preempted); "
+                     "relaunch the sweep to resume it")
+            return "interrupted"
         finish("done")
         _write_json(os.path.join(run.workdir, DONE_FILE),
                     {"num_steps": num_steps, "time": _now()})
