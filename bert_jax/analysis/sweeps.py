@@ -65,7 +65,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 PRODUCT_OPERATORS = ("x", "*", "\u00d7")
 ZIP_OPERATORS = ("+",)
@@ -189,36 +189,9 @@ def _scan(spec: str) -> list[tuple[str, str, int]]:
     return items
 
 
-def _split_values(text: str, offset: int, spec: str) -> list[tuple[str, int]]:
-    """Top-level comma-separated values of an axis, with their positions."""
-    out, stack, quote, start, escaped = [], [], None, 0, False
-    for i, c in enumerate(text + ","):
-        if quote is not None:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == quote:
-                quote = None
-            continue
-        if c in "'\"":
-            quote = c
-        elif c in _BRACKETS:
-            stack.append(c)
-        elif c in _BRACKETS.values() and stack:
-            stack.pop()
-        elif c == "," and not stack:
-            raw = text[start:i]
-            stripped = raw.strip()
-            pos = offset + start + (len(raw) - len(raw.lstrip()))
-            out.append((stripped, pos))
-            start = i + 1
-    return out
-
-
-def _has_top_level_space(text: str) -> int:
-    """Index of the first whitespace outside quotes/brackets, or -1."""
-    stack, quote, escaped = 0, None, False
+def _top_level(text: str) -> Iterator[tuple[int, str]]:
+    """(index, character) of every character outside quotes and brackets."""
+    depth, quote, escaped = 0, None, False
     for i, c in enumerate(text):
         if quote is not None:
             if escaped:
@@ -230,12 +203,27 @@ def _has_top_level_space(text: str) -> int:
         elif c in "'\"":
             quote = c
         elif c in _BRACKETS:
-            stack += 1
-        elif c in _BRACKETS.values():
-            stack -= 1
-        elif c.isspace() and stack == 0:
-            return i
-    return -1
+            depth += 1
+        elif c in _BRACKETS.values() and depth:
+            depth -= 1
+        elif depth == 0:
+            yield i, c
+
+
+def _split_values(text: str, offset: int, spec: str) -> list[tuple[str, int]]:
+    """Top-level comma-separated values of an axis, with their positions."""
+    out, start = [], 0
+    for i, c in _top_level(text + ","):
+        if c == ",":
+            raw = text[start:i]
+            out.append((raw.strip(), offset + start + (len(raw) - len(raw.lstrip()))))
+            start = i + 1
+    return out
+
+
+def _has_top_level_space(text: str) -> int:
+    """Index of the first whitespace outside quotes/brackets, or -1."""
+    return next((i for i, c in _top_level(text) if c.isspace()), -1)
 
 
 def _parse_axis(text: str, position: int, spec: str) -> Axis:
