@@ -76,6 +76,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         hidden_size=384, num_heads=12, mlp_dim=1536, num_layers=6, max_len=512,
         vocab_size=1, dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32"))
 
+    # GLUE tasks: the sequence is pooled by 'cls' (BERT's pooler on [CLS]) or
+    # 'mean' (the mean over real tokens; how all-MiniLM-L6-v2 was trained).
+    config.head = ml_collections.ConfigDict(dict(pooling="cls"))
+
     config.data = ml_collections.ConfigDict(dict(
         path="", data_dir="", vocab_file="", vocab_size=30522, lowercase=True,
         max_seq_length=128, length_buckets=(32, 64), eval_split="validation"))

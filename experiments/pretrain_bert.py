@@ -49,7 +49,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model = ml_collections.ConfigDict(dict(
         hidden_size=128, num_heads=2, mlp_dim=512, num_layers=2, max_len=128,
         vocab_size=1,              # replaced by the vocabulary's size
-        dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32"))
+        norm_position="post", dropout_rate=0.1, attention_dropout_rate=0.1,
+        dtype="float32"))
 
     config.data = ml_collections.ConfigDict(dict(
         corpus_files=[],           # 'path' or 'path:wikitext'

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from bert_jax.evaluation import squad
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax.tasks.bert_backbone import resolve_backbone
@@ -177,3 +178,33 @@ def test_vocabulary_of_another_size_than_the_checkpoint_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"23 tokens.*30522 rows in "
                                           r"bert/embeddings/word_embeddings/embedding"):
         resolve_backbone(config, str(tmp_path / "w"), lambda: iter(()))
+
+
+def test_squad_trains_from_a_json_file_and_writes_the_official_predictions(tmp_path):
+    rng = np.random.default_rng(0)
+    articles = []
+    for a in range(3):
+        paragraphs = []
+        for p in range(2):
+            words = list(rng.choice(WORDS, size=30))
+            context = " ".join(words)
+            start = int(rng.integers(0, 28))
+            answer = " ".join(words[start:start + 2])
+            offset = len(" ".join(words[:start])) + (1 if start else 0)
+            paragraphs.append({"context": context, "qas": [{
+                "id": f"q{a}-{p}", "question": f"which {words[start]} ?",
+                "answers": [{"text": answer, "answer_start": offset}]}]})
+        articles.append({"title": f"article {a}", "paragraphs": paragraphs})
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps({"version": "1.1", "data": articles}))
+    config = experiment("squad,steps=4", path, tmp_path, train_articles="0:2",
+                        eval_articles="2:", max_seq_length=24, doc_stride=8,
+                        max_query_length=6, length_buckets=(24,))
+    logged = trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    predictions = json.loads((tmp_path / "run" / "predictions" / "validation_4.json")
+                             .read_text())
+    assert set(predictions) == {"q2-0", "q2-1"}   # the official {id: answer} file
+    assert all(isinstance(answer, str) for answer in predictions.values())
+    official = squad.evaluate(articles[2:], predictions)
+    assert logged["eval/f1"] == pytest.approx(official["f1"])
+    assert logged["eval/exact_match"] == pytest.approx(official["exact_match"])

@@ -22,6 +22,7 @@ import pytest
 from bert_jax.convert import (
     WeightConversionError, load_hf_bert, load_pretrained, save_hf_bert, save_pretrained)
 from bert_jax.convert.hf_bert import params_from_hf, params_to_hf
+from bert_jax.modeling.bert import mean_pool
 from bert_jax.modeling import (
     BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
     BertModel, bert_preset)
@@ -150,8 +151,7 @@ def test_sentence_embeddings_match_sentence_transformers(imported, model_path, b
     config, params = imported
     out = BertModel(config).apply({"params": params["bert"]}, batch["input_ids"],
                                   batch["attention_mask"], batch["token_type_ids"])
-    mask = batch["attention_mask"][..., None].astype(np.float32)
-    pooled = (np.asarray(out.sequence_output) * mask).sum(1) / mask.sum(1)
+    pooled = np.asarray(mean_pool(out.sequence_output, batch["attention_mask"]))
     cosine = (pooled * reference).sum(-1) / (
         np.linalg.norm(pooled, axis=-1) * np.linalg.norm(reference, axis=-1))
     assert np.all(1.0 - cosine < 1e-5), 1.0 - cosine

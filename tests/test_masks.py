@@ -7,13 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.modeling import BertModel, Transformer
+from bert_jax.modeling import BertForSequenceClassification, BertModel, Transformer
 from bert_jax.modeling.attention import (
     causal_mask,
     combine_masks,
     padding_mask,
     segment_mask,
 )
+from bert_jax.modeling.bert import POOLINGS
+from bert_jax.modeling.configs import ConfigError
 from bert_jax.modeling.layers import EncoderStack
 
 from tiny_models import BERT, TRANSFORMER, random_variables, jitted, max_diff
@@ -49,6 +51,35 @@ def test_bert_padded_tokens_do_not_change_real_positions(bert):
                                np.asarray(ref.pooled_output), rtol=0, atol=1e-6)
     # The padded positions themselves did change (their own tokens changed).
     assert max_diff(seq[~valid], ref_seq[~valid]) > 1e-2
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_sequence_classifier_pooling_ignores_padding(bert, pooling):
+    _, _, ids, attention_mask = bert
+    model = BertForSequenceClassification(BERT, num_labels=3, pooling=pooling)
+    apply, variables = jitted(model), random_variables(model, ids)
+    ref = np.asarray(apply(variables, ids, attention_mask))
+    padded = jnp.where(attention_mask == 0, (ids + 7) % 47 + 3, ids)
+    np.testing.assert_allclose(np.asarray(apply(variables, padded, attention_mask)), ref,
+                               rtol=0, atol=1e-6)
+    real = ids.at[:, 4].set((ids[:, 4] + 5) % 47 + 3)  # position 4 is real in both rows
+    assert max_diff(apply(variables, real, attention_mask), ref) > 1e-3
+
+
+def test_mean_pooling_averages_real_positions_only(bert):
+    _, _, ids, attention_mask = bert
+    model = BertForSequenceClassification(BERT, num_labels=3, pooling="mean")
+    variables = random_variables(model, ids)
+    logits, state = model.apply(variables, ids, attention_mask, capture_intermediates=True,
+                                mutable=["intermediates"])
+    sequence = np.asarray(state["intermediates"]["bert"]["__call__"][0].sequence_output)
+    mask = np.asarray(attention_mask, np.float32)[..., None]
+    pooled = (sequence * mask).sum(1) / mask.sum(1)
+    classifier = variables["params"]["classifier"]
+    expected = pooled @ np.asarray(classifier["kernel"]) + np.asarray(classifier["bias"])
+    np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match="pooling='max'"):
+        BertForSequenceClassification(BERT, pooling="max").init(jax.random.PRNGKey(0), ids)
 
 
 def test_bert_real_tokens_do_change_other_positions(bert):

@@ -53,7 +53,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
-from bert_jax.data.builder_configs import ConfigRegistry, ResolvesRuntimeConfigs
+from bert_jax.data.builder_configs import ConfigRegistry, LocalFilesBuilder
 
 from bert_jax.data import pretraining_data
 from bert_jax.data.wordpiece import WordPiece
@@ -166,14 +166,10 @@ def tokenize_documents(documents: Sequence[Sequence[str]], vocab: WordPiece
     return out
 
 
-class BertPretraining(ResolvesRuntimeConfigs, tfds.core.GeneratorBasedBuilder):
+class BertPretraining(LocalFilesBuilder):
     """Pretraining examples of a text corpus (see module docstring)."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
-    BUILDER_CONFIGS: list[BertPretrainingConfig] = []
     CONFIGS = _CONFIGS
-    code_path = epath.Path(__file__)  # see synthetic_reverse: tfds 4.9.10 workaround
 
     def __init__(self, *, files: Sequence[str] | None = None, vocab_file: str | None = None,
                  config=None, lowercase: bool = True, max_seq_length: int = 128,

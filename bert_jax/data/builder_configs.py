@@ -4,10 +4,16 @@ that those files did not change before the dataset is built."""
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import os
+import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import ClassVar, Generic, TypeVar
+
+import tensorflow_datasets as tfds
+from etils import epath
 
 C = TypeVar("C")
 FileStat = tuple[str, int, int]   # (file name, size in bytes, mtime in ns)
@@ -32,16 +38,48 @@ class ConfigRegistry(Generic[C]):
             return self._configs.get(name)
 
 
-class ResolvesRuntimeConfigs:
-    """Builder mixin: `get_builder_config` also resolves the configs of
-    `CONFIGS` (so `tfds.builder('name/config')` works in the same process)."""
+class LocalFilesBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """Base of the builders over local files, whose configs are made at run
+    time (from the files given) and kept in the subclass's `CONFIGS`;
+    `get_builder_config` resolves them too, so `tfds.builder('name/config')`
+    works in the same process."""
 
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
     CONFIGS: ClassVar[ConfigRegistry]
+
+    def __init_subclass__(cls, **kwargs):
+        cls.BUILDER_CONFIGS = []
+        # tfds 4.9.10 computes the default `code_path` through
+        # `importlib_resources` (missing here) and fails; see synthetic_reverse.
+        cls.code_path = epath.Path(inspect.getfile(cls))
+        super().__init_subclass__(**kwargs)
 
     @classmethod
     def get_builder_config(cls, name, version=None):
         found = super().get_builder_config(name, version)
         return found if found is not None else cls.CONFIGS.get(name)
+
+
+def check_split_names(what: str, splits: object, values: str,
+                      error: type[Exception] = ValueError) -> None:
+    """Raises `error` unless `splits` is a non-empty mapping whose keys are
+    valid tfds split names (`values` says what its values are, for the message)."""
+    if not isinstance(splits, Mapping) or not splits:
+        raise error(f"{what}: splits must be a non-empty mapping of tfds split name -> "
+                    f"{values}; got {splits!r}")
+    for split in splits:
+        if not isinstance(split, str) or not re.fullmatch(r"[\w\-]+", split):
+            raise error(f"{what}: split name {split!r} must use only letters, digits, "
+                        f"'_' and '-'")
+
+
+def config_name(directory: str, params: dict, *labels: str, default: str) -> str:
+    """`<folder>_<labels...>_<digest>`: a readable, filesystem-safe config name
+    whose last part is a fingerprint of `params` (files, stats, options)."""
+    digest = hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:12]
+    folder = re.sub(r"[^\w\-]+", "_", os.path.basename(directory))[:40] or default
+    return "_".join([folder, *(re.sub(r"[^\w\-]+", "_", x) for x in labels), digest])
 
 
 def file_stats(directory: str, names: Iterable[str]) -> tuple[FileStat, ...]:

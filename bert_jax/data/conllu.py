@@ -51,16 +51,16 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import hashlib
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import tensorflow_datasets as tfds
-from etils import epath
 
-from bert_jax.data.builder_configs import ConfigRegistry, ResolvesRuntimeConfigs
+from bert_jax.data.builder_configs import (
+    ConfigRegistry, LocalFilesBuilder, check_split_names, check_unchanged, config_name,
+    file_stats)
 
 # The 17 Universal POS tags (https://universaldependencies.org/u/pos/), in the
 # order of that page's alphabetical index (and of tfds's UPOS ClassLabel).
@@ -306,13 +306,8 @@ def conllu_config(path: str | os.PathLike, splits: Mapping[str, str] | None = No
     if splits is None:
         mapping = discover_splits(directory)
     else:
-        if not isinstance(splits, Mapping) or not splits:
-            raise ValueError(f"conllu: splits must be a non-empty mapping of split "
-                             f"name -> file name, got {splits!r}")
+        check_split_names("conllu", splits, "file name")
         for split, name in splits.items():
-            if not isinstance(split, str) or not re.fullmatch(r"[\w\-]+", split):
-                raise ValueError(f"conllu: split name {split!r} must use only "
-                                 f"letters, digits, '_' and '-'")
             if not isinstance(name, str) or not name or os.sep in name:
                 raise ValueError(f"conllu: the file of split {split!r} must be a "
                                  f"file name in {directory}, got {name!r}")
@@ -322,25 +317,19 @@ def conllu_config(path: str | os.PathLike, splits: Mapping[str, str] | None = No
             raise FileNotFoundError(f"conllu: missing file(s) {missing} "
                                     f"(splits={dict(splits)})")
         mapping = tuple(sorted(splits.items()))
-    files = []
-    for _, name in mapping:
-        st = os.stat(os.path.join(directory, name))
-        files.append((name, st.st_size, st.st_mtime_ns))
     params = dict(path=directory, splits=mapping, column=index, format=format,
-                  files=tuple(files))
-    digest = hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:12]
-    label = re.sub(r"[^\w\-]+", "_", os.path.basename(directory))[:40] or "corpus"
+                  files=file_stats(directory, [name for _, name in mapping]))
     names = CONLLU_COLUMNS if format == "conllu" else CONLL2003_COLUMNS
     column_label = (names[index] if 0 <= index < len(names) and format == "conllu"
                     else f"col{index}".replace("-", "m"))
-    name = f"{label}_{column_label}_{digest}"
+    name = config_name(directory, params, column_label, default="corpus")
     return _CONFIGS.intern(name, lambda: ConlluConfig(
         name=name, description=(
             f"{format} tagging ({column_label}) from {directory}, splits "
             f"{dict(mapping)}"), **params))
 
 
-class Conllu(ResolvesRuntimeConfigs, tfds.core.GeneratorBasedBuilder):
+class Conllu(LocalFilesBuilder):
     """Sentences of CoNLL-U / CoNLL-2003 files (see the module docstring).
 
     Features: `words` and `tags`, sequences of text of the same length.
@@ -348,13 +337,7 @@ class Conllu(ResolvesRuntimeConfigs, tfds.core.GeneratorBasedBuilder):
     of all splits.
     """
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
-    BUILDER_CONFIGS: list[ConlluConfig] = []
     CONFIGS = _CONFIGS
-    # tfds 4.9.10 computes the default `code_path` through `importlib_resources`
-    # (missing here) and fails; see synthetic_reverse.
-    code_path = epath.Path(__file__)
 
     def __init__(self, *, path: str | os.PathLike | None = None,
                  splits: Mapping[str, str] | None = None,
@@ -388,18 +371,7 @@ class Conllu(ResolvesRuntimeConfigs, tfds.core.GeneratorBasedBuilder):
     def _split_generators(self, dl_manager):
         del dl_manager  # nothing to download
         cfg: ConlluConfig = self.builder_config
-        for name, size, mtime_ns in cfg.files:
-            file = os.path.join(cfg.path, name)
-            try:
-                st = os.stat(file)
-            except FileNotFoundError:
-                raise FileNotFoundError(f"conllu: {file} was removed after the "
-                                        f"builder was created") from None
-            if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
-                raise ConlluFormatError(
-                    f"conllu: {file} changed after the builder was created "
-                    f"(size/mtime differ from config {cfg.name}); create the "
-                    f"builder again so the new contents get a config of their own.")
+        check_unchanged(cfg.path, cfg.files, cfg.name, "conllu", ConlluFormatError)
         # Read (and check) every split before tfds writes any example.
         sentences = {split: read_conllu(cfg.split_file(split), cfg.column, cfg.format)
                      for split, _ in cfg.splits}

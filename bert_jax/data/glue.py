@@ -56,19 +56,16 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import hashlib
 import math
 import os
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
-from etils import epath
 
 from bert_jax.data.builder_configs import (
-    ConfigRegistry, ResolvesRuntimeConfigs, check_unchanged)
+    ConfigRegistry, LocalFilesBuilder, check_unchanged, config_name, file_stats)
 
 Column = str | int
 
@@ -517,25 +514,18 @@ def glue_tsv_config(path: str | os.PathLike, task: str | GlueTaskSpec
             f"glue {spec.name}: {directory} has none of the task's files "
             f"{sorted(set(spec.splits.values()))} (nor a {spec.directory!r} folder); "
             f"pass the task's directory.")
-    files = []
-    for _, name in present:
-        st = os.stat(os.path.join(directory, name))
-        files.append((name, st.st_size, st.st_mtime_ns))
     params = dict(path=directory, task=spec._fingerprint(),
-                  splits=tuple(sorted(present)), files=tuple(files))
-    digest = hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:12]
-    label = re.sub(r"[^\w\-]+", "_", os.path.basename(directory))[:40] or "glue"
-    task_label = re.sub(r"[^\w\-]+", "_", spec.name)
-    name = f"{label}_{task_label}_{digest}"
+                  splits=tuple(sorted(present)),
+                  files=file_stats(directory, [name for _, name in present]))
+    name = config_name(directory, params, spec.name, default="glue")
     return _CONFIGS.intern(name, lambda: GlueTsvConfig(
         name=name, description=(
             f"GLUE task {spec.name} from {directory}, splits "
             f"{dict(present)}"),
-        path=directory, task=spec, splits=tuple(sorted(present)),
-        files=tuple(files)))
+        path=directory, task=spec, splits=params["splits"], files=params["files"]))
 
 
-class GlueTsv(ResolvesRuntimeConfigs, tfds.core.GeneratorBasedBuilder):
+class GlueTsv(LocalFilesBuilder):
     """A GLUE-style task read from local TSV files (see the module docstring).
 
     Features: `text_a`, `text_b` (text; `""` for single-sentence tasks),
@@ -544,13 +534,7 @@ class GlueTsv(ResolvesRuntimeConfigs, tfds.core.GeneratorBasedBuilder):
     its file). Examples keep the file order.
     """
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
-    BUILDER_CONFIGS: list[GlueTsvConfig] = []
     CONFIGS = _CONFIGS
-    # tfds 4.9.10 computes the default `code_path` through `importlib_resources`
-    # (missing here) and fails; see synthetic_reverse.
-    code_path = epath.Path(__file__)
 
     def __init__(self, *, path: str | os.PathLike | None = None,
                  task: str | GlueTaskSpec | None = None, config=None, **kwargs):

@@ -61,7 +61,6 @@ builder.data_path)`, or in the same process `ParallelText(config=name)`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import os
 import re
@@ -69,10 +68,10 @@ from collections.abc import Iterator, Mapping
 
 import tensorflow_datasets as tfds
 from absl import logging
-from etils import epath
 
 from bert_jax.data.builder_configs import (
-    ConfigRegistry, ResolvesRuntimeConfigs, check_unchanged)
+    ConfigRegistry, LocalFilesBuilder, check_split_names, check_unchanged, config_name,
+    file_stats)
 
 # Conventional file stems and the standard tfds split names they get by default.
 STEM_ALIASES: dict[str, str] = {
@@ -80,7 +79,6 @@ STEM_ALIASES: dict[str, str] = {
     "test_2016_flickr": "test",
 }
 _LANGUAGE_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
-_SPLIT_RE = re.compile(r"^[\w\-]+$")
 _MAX_REPORTED_LINES = 10
 
 
@@ -144,18 +142,13 @@ def parallel_text_config(path: str | os.PathLike, source_language: str,
         mapping = discover_splits(directory, source_language, target_language)
     else:
         mapping = _check_splits(directory, source_language, target_language, splits)
-    files = []
-    for _, stem in mapping:
-        for language in (source_language, target_language):
-            name = f"{stem}.{language}"
-            st = os.stat(os.path.join(directory, name))
-            files.append((name, st.st_size, st.st_mtime_ns))
+    files = file_stats(directory, [f"{stem}.{language}" for _, stem in mapping
+                                   for language in (source_language, target_language)])
     params = dict(path=directory, source_language=source_language,
                   target_language=target_language, splits=mapping,
-                  skip_empty=skip_empty, files=tuple(files))
-    digest = hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:12]
-    label = re.sub(r"[^\w\-]+", "_", os.path.basename(directory))[:40] or "corpus"
-    name = f"{label}_{source_language}-{target_language}_{digest}"
+                  skip_empty=skip_empty, files=files)
+    name = config_name(directory, params, f"{source_language}-{target_language}",
+                       default="corpus")
     return _CONFIGS.intern(name, lambda: ParallelTextConfig(
         name=name, description=(
             f"{source_language}->{target_language} parallel text from "
@@ -204,16 +197,9 @@ def discover_splits(directory: str, source_language: str, target_language: str
 
 def _check_splits(directory: str, source_language: str, target_language: str,
                   splits: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    if not isinstance(splits, Mapping) or not splits:
-        raise ParallelTextError(
-            f"parallel_text: splits must be a non-empty mapping of tfds split name "
-            f"-> file stem, e.g. {{'train': 'train', 'validation': 'val'}}; got "
-            f"{splits!r}")
+    check_split_names("parallel_text", splits, "file stem, e.g. {'train': 'train', "
+                      "'validation': 'val'}", ParallelTextError)
     for split, stem in splits.items():
-        if not isinstance(split, str) or not _SPLIT_RE.match(split):
-            raise ParallelTextError(
-                f"parallel_text: split name {split!r} must use only letters, digits, "
-                f"'_' and '-'")
         if not isinstance(stem, str) or not stem or os.sep in stem:
             raise ParallelTextError(
                 f"parallel_text: the file stem of split {split!r} must be a file "
@@ -298,16 +284,10 @@ def check_split(cfg: ParallelTextConfig, split: str) -> SplitCheck:
 # ----------------------------------------------------------------- builder --
 
 
-class ParallelText(ResolvesRuntimeConfigs, tfds.core.GeneratorBasedBuilder):
+class ParallelText(LocalFilesBuilder):
     """Line-aligned `{stem}.{src}` / `{stem}.{tgt}` files (see module docstring)."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
-    BUILDER_CONFIGS: list[ParallelTextConfig] = []
     CONFIGS = _CONFIGS
-    # tfds 4.9.10 computes the default `code_path` through `importlib_resources`
-    # (missing here) and fails; see synthetic_reverse.
-    code_path = epath.Path(__file__)
 
     def __init__(self, *, path: str | os.PathLike | None = None,
                  source_language: str | None = None,

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.modeling.attention import padding_mask
-from bert_jax.modeling.configs import BertConfig
+from bert_jax.modeling.configs import BertConfig, ConfigError
 from bert_jax.modeling.embeddings import PositionEmbedding, token_embedding
 from bert_jax.modeling.initializers import partitioned
 from bert_jax.modeling.layers import ACTIVATION_FNS, EncoderStack, dense, layer_norm
@@ -191,21 +191,42 @@ class BertForPreTraining(_BertWithHead):
         return PreTrainingOutput(mlm_logits, nsp_logits, out)
 
 
+POOLINGS = ("cls", "mean")
+
+
+def mean_pool(sequence: Array, attention_mask: Array | None) -> Array:
+    """`[batch, length, hidden]` -> `[batch, hidden]`: the mean over real tokens."""
+    if attention_mask is None:
+        return sequence.mean(axis=1)
+    weights = attention_mask.astype(sequence.dtype)[..., None]
+    return (sequence * weights).sum(axis=1) / jnp.maximum(weights.sum(axis=1), 1)
+
+
 class BertForSequenceClassification(_BertWithHead):
-    """A Dense head on the pooled [CLS] output: classes, or `num_labels=1` for
-    regression. Returns float32 `[batch, num_labels]`."""
+    """A Dense head on a pooled sequence: classes, or `num_labels=1` for
+    regression. Returns float32 `[batch, num_labels]`.
+
+    `pooling`: 'cls' (BERT: the pooler, Dense + tanh, on [CLS]) or 'mean' (the
+    mean of the last layer over real tokens, as Sentence-BERT models such as
+    all-MiniLM-L6-v2 were trained; the pooler is then unused).
+    """
 
     num_labels: int = 2
+    pooling: str = "cls"
 
     def setup(self):
         super().setup()
+        if self.pooling not in POOLINGS:
+            raise ConfigError(f"pooling={self.pooling!r}: choose one of {POOLINGS}.")
         self.classifier = dense(self.config, self.num_labels, ("embed", "classes"))
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *,
                  deterministic: bool = True, **bert_kwargs: Any) -> Array:
         out = self.encode(input_ids, attention_mask, token_type_ids,
                           deterministic=deterministic, **bert_kwargs)
-        pooled = self.dropout(out.pooled_output, deterministic=deterministic)
+        pooled = (out.pooled_output if self.pooling == "cls"
+                  else mean_pool(out.sequence_output, attention_mask))
+        pooled = self.dropout(pooled, deterministic=deterministic)
         return self.classifier(pooled).astype(jnp.float32)
 
 

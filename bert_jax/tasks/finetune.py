@@ -15,14 +15,17 @@ prediction, not sums), which are also written to
                   `bert_jax.data.glue.GLUE_TASKS`) read from `data.path` (the
                   task's TSV folder) or, with `data.path=''`, from the tfds
                   catalog; `[CLS] A [SEP] (B [SEP])`, the pair truncated longest
-                  first; a classifier on the pooled [CLS] (cross-entropy) or a
-                  regression output (`num_labels=1`, squared error).
+                  first; a classifier (cross-entropy) or a regression output
+                  (`num_labels=1`, squared error) on the pooled sequence:
+                  `head.pooling` 'cls' (BERT's pooler on [CLS]) or 'mean' (the
+                  mean over real tokens, as Sentence-BERT models were trained).
   task='tagging'  CoNLL-U (or CoNLL-2003) files in `data.path`, tag column
                   `data.tag_column`; the label of a word sits on its first
                   sub-token (the others are not scored); accuracy over words, and
                   entity F1 when the tags are BIO.
-  task='squad'    SQuAD v1.1 JSON `data.path`, articles `data.train_articles` /
-                  `data.eval_articles` (`'0:38'`, `'38:'`): windows of
+  task='squad'    SQuAD v1.1 JSON `data.path` (the `squad_json` builder), articles
+                  `data.train_articles` / `data.eval_articles` (`'0:38'`, `'38:'`),
+                  or with `data.path=''` the catalog's `squad/v1.1`: windows of
                   `max_seq_length` every `doc_stride` tokens, start/end logits,
                   n-best span search (`bert_jax.data.squad_windows`).
 
@@ -45,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from bert_jax.data import conllu, glue, pipeline, sources, squad_windows
+from bert_jax.data import conllu, glue, pipeline, sources, squad_json, squad_windows
 from bert_jax.evaluation import classification_metrics, squad
 from bert_jax.modeling.bert import (
     BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification)
@@ -291,8 +294,9 @@ class GlueTask(FinetuneTask):
         return rows
 
     def make_model(self):
-        return BertForSequenceClassification(self.model_config,
-                                             num_labels=self.spec.num_labels)
+        return BertForSequenceClassification(
+            self.model_config, num_labels=self.spec.num_labels,
+            pooling=self.config.get("head", {}).get("pooling", "cls"))
 
     def head_sums(self, logits, batch, real):
         if self.spec.is_regression:
@@ -413,12 +417,6 @@ class TaggingTask(FinetuneTask):
 
 # ----------------------------------------------------------------------- SQuAD --
 
-def _articles(spec: str) -> slice:
-    """'0:38' -> slice(0, 38); '38:' -> slice(38, None)."""
-    start, _, stop = str(spec).partition(":")
-    return slice(int(start) if start else None, int(stop) if stop else None)
-
-
 @register("squad")
 class SquadTask(FinetuneTask):
     """Span QA on windows of long contexts; EM/F1 by the official evaluator."""
@@ -437,7 +435,19 @@ class SquadTask(FinetuneTask):
         if split not in articles:
             raise ConfigError(f"squad has splits 'train' and 'validation' (the articles "
                               f"data.train_articles / data.eval_articles), not {split!r}.")
-        return squad_windows.read_squad(data.path, _articles(articles[split]))
+        if data.path:
+            builder = squad_json.SquadJson(path=data.path, splits=articles,
+                                           data_dir=data.data_dir or None)
+            source = sources.load_source(builder, split)
+        elif all(str(a).strip() in ("", ":") for a in articles.values()):
+            source = sources.load_source(squad_json.CATALOG, split, data.data_dir or None)
+        else:
+            raise ConfigError(
+                f"config.data.path='' reads the tfds catalog's {squad_json.CATALOG}, whose "
+                f"splits are whole: set data.train_articles=':' and data.eval_articles=':' "
+                f"(they are {data.train_articles!r}, {data.eval_articles!r}), or give "
+                f"data.path a SQuAD JSON file to split by articles.")
+        return [squad_json.from_features(source[i]) for i in range(len(source))]
 
     def training_texts(self):
         for example in self.examples("train"):
