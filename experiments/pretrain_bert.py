@@ -61,6 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         max_seq_length=128, short_seq_prob=0.1, dupe_factor=5,
         eval_documents=200, eval_split="validation", eval_examples=1024,
         masked_lm_prob=0.15, max_predictions_per_seq=20, whole_word_masking=False,
+        train_masked_lm_prob=0.0,  # > 0: training masks this fraction, evaluation 15%
         static_masking=False))     # True: the original's fixed masks per instance
 
     config.train = ml_collections.ConfigDict(dict(

@@ -125,11 +125,30 @@ def test_static_masking_masks_an_instance_the_same_way_every_time(tmp_path):
     config = experiment_config(tmp_path / "tfds", static_masking=True)
     static = build_task(config, str(tmp_path / "work"))
     source = static._source("train")
-    a = static._masked_row(source[3], purpose=7)
-    b = static._masked_row(source[3], purpose=7)
+    a = static._masked_row(source[3], purpose=7, masker=static.train_masker)
+    b = static._masked_row(source[3], purpose=7, masker=static.train_masker)
     assert_batches_equal(a, b)
-    c = static._masked_row(source[4], purpose=7)
+    c = static._masked_row(source[4], purpose=7, masker=static.train_masker)
     assert not np.array_equal(a["input_ids"], c["input_ids"])
+
+
+def _masked_fraction(batch):
+    """Predicted tokens / maskable tokens (real, not [CLS] or [SEP]) of a batch."""
+    maskable = (batch["input_ids"] != 0).sum() - 3 * len(batch["input_ids"])
+    return (batch["masked_lm_weights"] > 0).sum() / maskable
+
+
+def test_training_masking_rate_leaves_evaluation_at_the_original(tmp_path):
+    task = build_task(experiment_config(tmp_path / "tfds", train_masked_lm_prob=0.4),
+                      str(tmp_path / "work"))
+    it = task.train_iterator(0, 1)
+    train = take(it, 4)
+    it.close()
+    assert train[0]["masked_lm_positions"].shape == (8, 20)   # ceil(0.4 * 48)
+    assert 0.35 < np.mean([_masked_fraction(b) for b in train]) < 0.45
+    evaluation = list(task.eval_batches(0, 1))
+    assert evaluation[0]["masked_lm_positions"].shape == (8, 8)
+    assert 0.1 < np.mean([_masked_fraction(b) for b in evaluation]) < 0.2
 
 
 def test_loss_and_evaluation_run(task):

@@ -53,7 +53,7 @@ import dataclasses
 import glob
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import tensorflow_datasets as tfds
@@ -61,6 +61,7 @@ import tensorflow_datasets as tfds
 from bert_jax.data.builder_configs import (
     ConfigRegistry, LocalFilesBuilder, check_split_names, check_unchanged, config_name,
     file_stats)
+from bert_jax.data.text_files import utf8_lines
 
 # The 17 Universal POS tags (https://universaldependencies.org/u/pos/), in the
 # order of that page's alphabetical index (and of tfds's UPOS ClassLabel).
@@ -104,23 +105,6 @@ def _column_index(column: str | int | None, format: str) -> int:
                              "pick a tag column (e.g. -1, the last)")
         return column
     raise TypeError(f"conllu: column must be a name, an int or None, got {column!r}")
-
-
-def _lines(path: str) -> Iterator[tuple[int, str]]:
-    """(1-based number, text without its line break) of each line (BOM dropped)."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ConlluFormatError(
-                    f"conllu: {path}:{lineno}:{e.start + 1}: invalid UTF-8 "
-                    f"({e.reason} at byte {e.start + 1} of the line); convert the "
-                    f"file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or fix that "
-                    f"line.") from None
-            if lineno == 1:
-                text = text.removeprefix("\ufeff")
-            yield lineno, text.rstrip("\r\n")
 
 
 def _char_column(fields: list[str], index: int) -> int:
@@ -168,7 +152,8 @@ def read_conllu(path: str | os.PathLike, column: str | int | None = None,
                               "sent_id": sent_id})
         words, tags, start, sent_id = [], [], None, ""
 
-    for lineno, line in _lines(path):
+    for lineno, line in utf8_lines(path, ConlluFormatError, "conllu: "):
+        line = line.rstrip("\r\n")
         if not line.strip():
             finish()
             continue

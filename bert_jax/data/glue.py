@@ -66,6 +66,7 @@ import tensorflow_datasets as tfds
 
 from bert_jax.data.builder_configs import (
     ConfigRegistry, LocalFilesBuilder, check_unchanged, config_name, file_stats)
+from bert_jax.data.text_files import utf8_lines
 
 Column = str | int
 
@@ -254,20 +255,9 @@ def get_task(task: str | GlueTaskSpec) -> GlueTaskSpec:
 
 def _decoded_lines(path: str, where: list[int], prefix: str) -> Iterator[str]:
     """The lines of a UTF-8 file (BOM dropped); `where[0]` is the current line."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            where[0] = lineno
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise GlueFormatError(
-                    f"{prefix}{path}:{lineno}:{e.start + 1}: invalid UTF-8 "
-                    f"({e.reason} at byte {e.start + 1} of the line); convert the "
-                    f"file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or fix that "
-                    f"line.") from None
-            if lineno == 1:
-                text = text.removeprefix("\ufeff")
-            yield text
+    for lineno, text in utf8_lines(path, GlueFormatError, prefix):
+        where[0] = lineno
+        yield text
 
 
 def _char_column(row: list[str], index: int) -> int:

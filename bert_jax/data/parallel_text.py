@@ -72,6 +72,7 @@ from absl import logging
 from bert_jax.data.builder_configs import (
     ConfigRegistry, LocalFilesBuilder, check_split_names, check_unchanged, config_name,
     file_stats)
+from bert_jax.data.text_files import utf8_lines
 
 # Conventional file stems and the standard tfds split names they get by default.
 STEM_ALIASES: dict[str, str] = {
@@ -220,18 +221,8 @@ def _check_splits(directory: str, source_language: str, target_language: str,
 
 def read_lines(path: str) -> Iterator[tuple[int, str]]:
     """(1-based line number, stripped text) of every line of a UTF-8 file."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ParallelTextError(
-                    f"parallel_text: {path}:{lineno}: invalid UTF-8 ({e.reason} at "
-                    f"byte {e.start} of the line); convert the file to UTF-8 (e.g. "
-                    f"`iconv -f latin1 -t utf-8`) or fix that line.") from None
-            if lineno == 1:
-                text = text.removeprefix("\ufeff")
-            yield lineno, text.strip()
+    for lineno, text in utf8_lines(path, ParallelTextError, "parallel_text: "):
+        yield lineno, text.strip()
 
 
 @dataclasses.dataclass(frozen=True)

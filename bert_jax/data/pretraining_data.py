@@ -63,13 +63,14 @@ Differences from the original, all deliberate:
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import os
 import random
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
+
+from bert_jax.data.text_files import utf8_lines
 
 DOCUMENT_FORMATS = ("blank_lines", "wikitext")
 PAD_ID = 0  # padding id (always treated as special)
@@ -105,17 +106,8 @@ class CorpusStats:
 def _decoded_lines(path: str) -> Iterable[tuple[int, str]]:
     """(1-based line number, stripped text) of each line of `path`, blank lines
     included; lines end at '\\n' only (as the original's `readline`)."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8):]
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise CorpusError(
-                    f"{path}:{lineno}: invalid UTF-8 ({e.reason} at byte {e.start + 1} of "
-                    f"line {lineno}); the corpus must be UTF-8 text.") from None
-            yield lineno, text.strip()
+    for lineno, text in utf8_lines(path, CorpusError):
+        yield lineno, text.strip()
 
 
 def _is_wikitext_title(line: str) -> bool:

@@ -17,7 +17,12 @@ global batch `k` is masked from (seed, k, r), so every epoch sees new masks
 and a resumed run the same ones; with `static_masking=True` an instance is
 masked from (seed, its index) every time it is seen, as the original files
 were. Held-out instances are always masked from (seed, index), so every
-evaluation scores the same predictions.
+evaluation scores the same predictions. `data.train_masked_lm_prob > 0` masks
+that fraction in training only (e.g. 0.4: Wettig et al. 2023, "Should You
+Mask 15% in Masked Language Modeling?"; more predictions per step for the
+same compute), with `max(max_predictions_per_seq, ceil(prob *
+max_seq_length))` predictions a sequence; evaluation keeps `masked_lm_prob`,
+so its figures stay comparable.
 
 Batches: `input_ids`, `token_type_ids` `[batch, max_seq_length]`,
 `masked_lm_positions`, `masked_lm_ids`, `masked_lm_weights` `[batch,
@@ -30,6 +35,7 @@ masked token), `nsp_accuracy`, `nsp_nll` (per sequence).
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import numpy as np
@@ -62,12 +68,21 @@ class BertPretrainingTask(Task):
         self.vocab, self.model_config = backbone.vocab, backbone.config
         self.model_config.check_length(self.max_length, "config.data.max_seq_length")
         self.model = BertForPreTraining(self.model_config)
+        self.masker = self._masker(data.masked_lm_prob, self.max_predictions)
+        train_prob = data.get("train_masked_lm_prob", 0.0)
+        if train_prob:
+            self.train_predictions = max(self.max_predictions,
+                                         math.ceil(train_prob * self.max_length))
+            self.train_masker = self._masker(train_prob, self.train_predictions)
+        else:
+            self.train_predictions, self.train_masker = self.max_predictions, self.masker
+
+    def _masker(self, masked_lm_prob: float, max_predictions: int) -> pretraining_data.Masker:
         vocab_tokens = self.vocab.convert_ids_to_tokens(range(self.vocab.size))
-        self.masker = pretraining_data.Masker(
+        return pretraining_data.Masker(
             pretraining_data.MaskingConfig(
-                masked_lm_prob=data.masked_lm_prob,
-                max_predictions_per_seq=self.max_predictions,
-                whole_word=data.whole_word_masking),
+                masked_lm_prob=masked_lm_prob, max_predictions_per_seq=max_predictions,
+                whole_word=self.config.data.whole_word_masking),
             vocab_size=self.vocab.size, mask_id=self.vocab.mask_id,
             special_ids=self.vocab.special_ids,
             continuation_ids=[i for i, t in enumerate(vocab_tokens)
@@ -115,22 +130,21 @@ class BertPretrainingTask(Task):
                 "token_type_ids": np.asarray(example["segment_ids"], np.int32),
                 "next_sentence_labels": np.int32(example["next_sentence_label"])}
 
-    def _masked_row(self, example, purpose: int) -> Batch:
-        """An instance masked from (seed, purpose, its index)."""
+    def _masked_row(self, example, purpose: int, masker) -> Batch:
+        """An instance masked by `masker` from (seed, purpose, its index)."""
         row = self._row(example)
         rng = pretraining_data.masking_rng(self.config.seed, purpose, int(example["index"]))
-        row.update(self.masker(row["input_ids"], rng))
+        row.update(masker(row["input_ids"], rng))
         return row
 
     def _mask_batch(self, batch: Batch, step: int, first_row: int) -> Batch:
         """Dynamic masking: global row r of batch `step` from (seed, step, r)."""
         rngs = [pretraining_data.masking_rng(self.config.seed, step, first_row + i)
                 for i in range(len(batch["input_ids"]))]
-        return {**batch, **self.masker.mask_batch(batch["input_ids"], rngs)}
+        return {**batch, **self.train_masker.mask_batch(batch["input_ids"], rngs)}
 
-    @property
-    def _lengths(self) -> dict[str, int]:
-        n, p = self.max_length, self.max_predictions
+    def _lengths(self, predictions: int) -> dict[str, int]:
+        n, p = self.max_length, predictions
         return {"input_ids": n, "token_type_ids": n, "masked_lm_positions": p,
                 "masked_lm_ids": p, "masked_lm_weights": p}
 
@@ -150,9 +164,11 @@ class BertPretrainingTask(Task):
         return pipeline.train_iterator(
             self._source("train"), global_batch_size=self.config.train.batch_size,
             seed=self.config.seed, process_index=process_index, process_count=process_count,
-            preprocess=(functools.partial(self._masked_row, purpose=_STATIC_MASKING)
+            preprocess=(functools.partial(self._masked_row, purpose=_STATIC_MASKING,
+                                          masker=self.train_masker)
                         if static else self._row),
-            max_length=self._lengths, batch_transform=None if static else self._mask_batch)
+            max_length=self._lengths(self.train_predictions),
+            batch_transform=None if static else self._mask_batch)
 
     def _eval_source(self):
         """The first `data.eval_examples` instances of `data.eval_split` (all of
@@ -168,8 +184,9 @@ class BertPretrainingTask(Task):
             self._eval_source(),
             global_batch_size=self.config.train.batch_size, process_index=process_index,
             process_count=process_count,
-            preprocess=functools.partial(self._masked_row, purpose=_EVAL_MASKING),
-            max_length=self._lengths)
+            preprocess=functools.partial(self._masked_row, purpose=_EVAL_MASKING,
+                                         masker=self.masker),
+            max_length=self._lengths(self.max_predictions))
 
     # -- loss and evaluation -------------------------------------------------------
 
@@ -202,7 +219,7 @@ class BertPretrainingTask(Task):
 
     def flops_per_step(self) -> float:
         return bert_train_flops(self.model_config, self.config.train.batch_size,
-                                self.max_length, self.max_predictions)
+                                self.max_length, self.train_predictions)
 
     def tokens_per_step(self) -> float:
         return float(self.config.train.batch_size * self.max_length)

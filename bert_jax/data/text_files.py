@@ -1,0 +1,27 @@
+"""Reading the project's local text files: UTF-8, line by line, with errors
+that name the file, the line and the column."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+
+def utf8_lines(path: str, error: type[Exception], prefix: str = ""
+               ) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text with its line break) of each line of `path`.
+
+    Lines end at '\\n' only; a byte-order mark at the start of the file is
+    dropped. A line that is not valid UTF-8 raises `error` with the message
+    `{prefix}{path}:{line}:{column}: invalid UTF-8 ...`, saying how to convert
+    the file.
+    """
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise error(
+                    f"{prefix}{path}:{lineno}:{e.start + 1}: invalid UTF-8 ({e.reason} at "
+                    f"byte {e.start + 1} of line {lineno}); convert the file to UTF-8 "
+                    f"(e.g. `iconv -f latin1 -t utf-8`) or fix that line.") from None
+            yield lineno, text.removeprefix("\ufeff") if lineno == 1 else text
