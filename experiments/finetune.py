@@ -34,9 +34,10 @@ SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..
                            "shared", "data")
 GLUE_DIRS = {"sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "cola": "CoLA",
              "rte": "RTE", "qnli": "QNLI", "mnli": "MNLI"}
-# Training examples (rows for SQuAD: windows), to turn epochs into steps.
+# Training examples (rows for SQuAD: windows of 256 tokens, stride 128), to turn
+# epochs into steps.
 TRAIN_SIZES = {"sst2": 67349, "mrpc": 3668, "stsb": 5749, "cola": 8551, "rte": 2490,
-               "qnli": 104743, "mnli": 392702, "upos": 12544, "ner": 14041, "squad": 8500}
+               "qnli": 104743, "mnli": 392702, "upos": 12544, "ner": 14041, "squad": 9885}
 VARIANTS = tuple(TRAIN_SIZES)
 
 

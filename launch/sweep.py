@@ -6,7 +6,7 @@ r"""Sweeps an experiment over a grid of config values, then tabulates and plots.
       [--launcher=local|print|tpu_vm|slurm] [--report_only] \
       [--config.train.num_steps=1000 ...]
 
-Grammar (bert_jax/analysis/sweeps.py): `KEY=V1,V2,...` axes; ` x ` makes a
+Grammar (bert_jax/analysis/sweeps/grammar.py): `KEY=V1,V2,...` axes; ` x ` makes a
 product, ` + ` zips axes of equal length (zips bind tighter:
 `a=1,2 + b=3,4 x c=5,6` is 4 runs). Values are Python literals, or strings
 without quotes. Without --sweep, the config file's `get_sweep()` is used.

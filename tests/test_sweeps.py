@@ -1,4 +1,4 @@
-"""Sweeps (bert_jax/analysis/sweeps.py, launch/sweep.py): the grammar and its
+"""Sweeps (bert_jax/analysis/sweeps/, launch/sweep.py): the grammar and its
 errors, key validation, run names, launcher commands, and a real tiny sweep of
 experiments/tiny_translate.py (tables, plots, skip of finished runs, resume of
 an interrupted one)."""

@@ -1,0 +1,65 @@
+r"""Hyperparameter sweeps: a small grammar, a runner, results tables and plots.
+
+One job a module, each importing only from those listed before it:
+
+    grammar     the sweep grammar (`parse_sweep`, `load_sweep`) and SweepError
+    overrides   config keys: applying and validating a point's overrides
+    names       run names (`run_name`) and short key/value texts
+    files       a run directory's files (records, metrics, checkpoints, DONE)
+    runner      `Sweep`: trains the points here or writes launcher commands
+    results     `collect`, `write_tables` (results.csv, results.md)
+    plots       `plot` (heatmap, metric against parameters, curves), `report`
+
+A spec such as `model.num_heads=1,2,4,8 x model.num_layers=1,2` (product: 8
+runs; ` + ` zips axes of equal length) is described in `grammar`.
+
+A sweep directory holds one workdir per point, named by `run_name` (e.g.
+`num_heads=2,num_layers=1`)::
+
+    DIR/sweep.json                   the sweep: config file, base overrides, points
+    DIR/<run>/overrides.json         the point's overrides (written before it runs)
+    DIR/<run>/run.json               runner's record: parameters, status, sessions
+                                     (start/end times, steps), wall time
+    DIR/<run>/DONE                   written when a local run finished its steps
+    DIR/<run>/config.json, metrics.jsonl, checkpoints/ ...   the trainer's
+    DIR/results.csv, results.md, *.png                        `write_tables`, `plot`
+    DIR/commands.sh                  launcher commands (print/tpu_vm/slurm)
+
+`Sweep.run()` trains the points one after another in this process; a run
+whose DONE marker (or final-step checkpoint) exists is skipped, and an
+interrupted one resumes from its last checkpoint (the trainer resumes). With
+`launcher='print'|'tpu_vm'|'slurm'`, `Sweep.launch()` writes (and prints) one
+shell-quoted command per run instead: `python launch/train.py ...`,
+`python launch/tpu_vm.py train NAME ... -- ...` or
+`sbatch ... launch/slurm_train.sbatch ...`.
+
+`collect(DIR)` reads what exists (partial sweeps included), `write_tables`
+writes results.csv / results.md and `plot` the heatmap, the metric against
+the parameter count and the training curves.
+"""
+
+from bert_jax.analysis.sweeps.grammar import (
+    PRODUCT_OPERATORS, ZIP_OPERATORS, Axis, SweepError, SweepPoints, as_points,
+    load_sweep, parse_sweep, parse_value)
+from bert_jax.analysis.sweeps.overrides import apply_overrides, config_keys, validate
+from bert_jax.analysis.sweeps.names import (
+    MAX_NAME_LENGTH, format_value, run_name, short_keys)
+from bert_jax.analysis.sweeps.files import (
+    DONE_FILE, OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, checkpoint_steps, count_parameters,
+    is_finished, read_metrics)
+from bert_jax.analysis.sweeps.runner import (
+    COMMANDS_FILE, LAUNCHERS, Run, Sweep, flag_text, override_flags)
+from bert_jax.analysis.sweeps.results import collect, markdown, table, write_tables
+from bert_jax.analysis.sweeps.plots import metric_mode, plot, report
+
+__all__ = [
+    "PRODUCT_OPERATORS", "ZIP_OPERATORS", "Axis", "SweepError", "SweepPoints",
+    "as_points", "load_sweep", "parse_sweep", "parse_value",
+    "apply_overrides", "config_keys", "validate",
+    "MAX_NAME_LENGTH", "format_value", "run_name", "short_keys",
+    "DONE_FILE", "OVERRIDES_FILE", "RUN_FILE", "SWEEP_FILE", "checkpoint_steps",
+    "count_parameters", "is_finished", "read_metrics",
+    "COMMANDS_FILE", "LAUNCHERS", "Run", "Sweep", "flag_text", "override_flags",
+    "collect", "markdown", "table", "write_tables",
+    "metric_mode", "plot", "report",
+]
