@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from bert_jax.evaluation.squad import EXPECTED_VERSION, best_spans
+from bert_jax.evaluation.squad import best_spans, load_dataset
 
 WINDOW_KEYS = ("input_ids", "token_type_ids", "start_position", "end_position",
                "example_index", "window_index", "context_offsets", "max_context")
@@ -111,20 +110,10 @@ def read_squad(path: str, articles: slice | None = None, *,
     if articles is not None and not isinstance(articles, slice):
         raise TypeError(f"articles must be a slice (e.g. slice(0, 38)) or None, "
                         f"got {type(articles).__name__}.")
-    with open(path, encoding="utf-8") as f:
-        try:
-            contents = json.load(f)
-        except json.JSONDecodeError as e:
-            raise SquadFormatError(f"{path} is not valid JSON ({e}).") from e
-    if not isinstance(contents, dict) or "data" not in contents:
-        raise SquadFormatError(f"{path} has no top-level 'data' list; pass a SQuAD dataset "
-                               "file (such as dev-v1.1.json), not a predictions file.")
-    version = contents.get("version")
-    if version != EXPECTED_VERSION:
-        raise SquadFormatError(f"{path} is SQuAD version {version!r} but SQuAD "
-                               f"{EXPECTED_VERSION!r} is expected (version 2.0 has "
-                               "unanswerable questions, which these windows cannot train).")
-    data = _require(contents, "data", list, path, "the file")
+    data = load_dataset(path, SquadFormatError)
+    if not isinstance(data, list):
+        raise SquadFormatError(f"{path}: 'data' is a JSON {type(data).__name__}, expected "
+                               "a list of articles.")
     examples: list[QAExample] = []
     seen: set[str] = set()
     selected = range(len(data))[articles] if articles is not None else range(len(data))

@@ -107,21 +107,26 @@ def evaluate(dataset: Sequence[Mapping[str, Any]],
 # --------------------------------------------------------------------------
 # Files.
 
-def load_dataset(path: str) -> list[dict[str, Any]]:
+def load_dataset(path: str, error: type[ValueError] = ValueError) -> list[dict[str, Any]]:
     """The `data` list of a SQuAD v1.1 JSON file.
 
-    Raises ValueError naming the file when it is not version 1.1 (SQuAD 2.0
-    has unanswerable questions, which this metric cannot score) or has no `data`.
+    Raises `error` naming the file when it is not JSON, has no `data` or is not
+    version 1.1 (SQuAD 2.0 has unanswerable questions, which neither this
+    metric nor the project's windows handle).
     """
     with open(path, encoding="utf-8") as f:
-        contents = json.load(f)
+        try:
+            contents = json.load(f)
+        except json.JSONDecodeError as e:
+            raise error(f"{path} is not valid JSON ({e}).") from e
     if not isinstance(contents, dict) or "data" not in contents:
-        raise ValueError(f"{path} has no top-level 'data' list; pass a SQuAD dataset file "
-                         "(such as dev-v1.1.json), not a predictions file.")
+        raise error(f"{path} has no top-level 'data' list; pass a SQuAD dataset file "
+                    "(such as dev-v1.1.json), not a predictions file.")
     version = contents.get("version")
     if version != EXPECTED_VERSION:
-        raise ValueError(f"{path} is SQuAD version {version!r} but this evaluation expects "
-                         f"{EXPECTED_VERSION!r}; pass a SQuAD v1.1 file.")
+        raise error(f"{path} is SQuAD version {version!r} but {EXPECTED_VERSION!r} is "
+                    "expected (version 2.0 has unanswerable questions); pass a SQuAD "
+                    "v1.1 file.")
     return contents["data"]
 
 
