@@ -195,11 +195,13 @@ POOLINGS = ("cls", "mean")
 
 
 def mean_pool(sequence: Array, attention_mask: Array | None) -> Array:
-    """`[batch, length, hidden]` -> `[batch, hidden]`: the mean over real tokens."""
+    """`[batch, length, hidden]` -> `[batch, hidden]`: the mean over real tokens
+    (summed in float32, returned in the sequence's dtype)."""
     if attention_mask is None:
-        return sequence.mean(axis=1)
-    weights = attention_mask.astype(sequence.dtype)[..., None]
-    return (sequence * weights).sum(axis=1) / jnp.maximum(weights.sum(axis=1), 1)
+        attention_mask = jnp.ones(sequence.shape[:2])
+    weights = attention_mask.astype(jnp.float32)[..., None]
+    total = (sequence.astype(jnp.float32) * weights).sum(axis=1)
+    return (total / jnp.maximum(weights.sum(axis=1), 1.0)).astype(sequence.dtype)
 
 
 class BertForSequenceClassification(_BertWithHead):
