@@ -18,11 +18,15 @@ scratch, `config.model`). New heads are initialised; `WORKDIR/init_from.json`
 lists what was restored and what was initialised.
 
 Hyperparameters: the BERT paper's fine-tuning recipe (batch 32, AdamW with
-warmup over 10% of the steps then linear decay, 3 epochs, dropout 0.1), the
-learning rate at the top of its range (5e-5) for the small MiniLM. Length
-buckets (32, 64, 128) keep short sentences from being padded to 128.
-Results on the 2-core CPU (fewer steps for SST-2 and SQuAD): see the README's
-results table.
+warmup over 10% of the steps then linear decay, 3 epochs, dropout 0.1) with
+the learning rate that compact models take (1e-4, from the {1e-4, 5e-5, 3e-5}
+grid of Turc et al. 2019 for small BERTs; the paper's 2e-5..5e-5 is for
+BERT-base and -large), and sentence(-pair) heads on the mean of the last layer
+(`head.pooling='mean'`), as all-MiniLM-L6-v2 was trained (a BERT checkpoint
+pretrained with NSP may prefer `'cls'`, its pooler). On the 2-core CPU these
+two changes took MRPC F1 from 85.0 to 86.1 and STS-B Pearson from 84.4 to
+86.7 (the README's results table has both recipes). Length buckets (32, 64,
+128) keep short sentences from being padded to 128.
 """
 
 import math
@@ -77,9 +81,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         hidden_size=384, num_heads=12, mlp_dim=1536, num_layers=6, max_len=512,
         vocab_size=1, dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32"))
 
-    # GLUE tasks: the sequence is pooled by 'cls' (BERT's pooler on [CLS]) or
-    # 'mean' (the mean over real tokens; how all-MiniLM-L6-v2 was trained).
-    config.head = ml_collections.ConfigDict(dict(pooling="cls"))
+    # GLUE tasks: the sequence is pooled by 'mean' (the mean over real tokens;
+    # how all-MiniLM-L6-v2 was trained) or 'cls' (BERT's pooler on [CLS]).
+    config.head = ml_collections.ConfigDict(dict(pooling="mean"))
 
     config.data = ml_collections.ConfigDict(dict(
         path="", data_dir="", vocab_file="", vocab_size=30522, lowercase=True,
@@ -93,7 +97,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         async_saves=True, device_prefetch=2))
 
     config.optimizer = ml_collections.ConfigDict(dict(
-        learning_rate=5e-5, schedule="linear", warmup_steps=0, weight_decay=0.01,
+        learning_rate=1e-4, schedule="linear", warmup_steps=0, weight_decay=0.01,
         b1=0.9, b2=0.999, eps=1e-6, max_grad_norm=1.0))
 
     if task in GLUE_DIRS:

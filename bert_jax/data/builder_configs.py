@@ -1,6 +1,7 @@
-"""What the project's tfds builders over local files share: configs made at
-run time (named by a fingerprint of their files and parameters) and the check
-that those files did not change before the dataset is built."""
+"""What the project's tfds builders over local files share: a base class
+(`LocalFilesBuilder`), configs made at run time and named by a fingerprint of
+their files and parameters (`config_name`, `file_stats`), the split-name check,
+and the check that the files did not change before the dataset is built."""
 
 from __future__ import annotations
 
