@@ -137,18 +137,29 @@ def single_head_ablation(metric_fn: MetricFn, shape_by_group: Shapes, *,
     is computed when not given. `metric_fn` runs `1 + total heads` times.
     """
     shapes = _check_shapes(shape_by_group)
-    ones = ones_masks(shapes)
     if baseline is None:
-        baseline = _as_float(metric_fn(ones))
+        baseline = _as_float(metric_fn(ones_masks(shapes)))
+
+    def remove(mask, l, h):
+        mask[l, h] = 0.0
+
+    return {group: metric - baseline
+            for group, metric in _per_head_metric(metric_fn, shapes, remove).items()}
+
+
+def _per_head_metric(metric_fn: MetricFn, shapes: Shapes, edit) -> dict[str, np.ndarray]:
+    """group -> `[layers, heads]`: the metric with all-ones masks but the
+    group's mask changed in place by `edit(mask, l, h)`."""
+    ones = ones_masks(shapes)
     result = {}
     for group, (layers, heads) in shapes.items():
-        change = np.zeros((layers, heads))
+        metric = np.zeros((layers, heads))
         for l in range(layers):
             for h in range(heads):
                 masks = {g: m.copy() for g, m in ones.items()}
-                masks[group][l, h] = 0.0
-                change[l, h] = _as_float(metric_fn(masks)) - baseline
-        result[group] = change
+                edit(masks[group], l, h)
+                metric[l, h] = _as_float(metric_fn(masks))
+        result[group] = metric
     return result
 
 
@@ -160,19 +171,11 @@ def keep_one_head(metric_fn: MetricFn, shape_by_group: Shapes) -> dict[str, np.n
     layer and group complete). Compare with the baseline (all ones): Michel et
     al., Table 2 ("best head only").
     """
-    shapes = _check_shapes(shape_by_group)
-    ones = ones_masks(shapes)
-    result = {}
-    for group, (layers, heads) in shapes.items():
-        metric = np.zeros((layers, heads))
-        for l in range(layers):
-            for h in range(heads):
-                masks = {g: m.copy() for g, m in ones.items()}
-                masks[group][l, :] = 0.0
-                masks[group][l, h] = 1.0
-                metric[l, h] = _as_float(metric_fn(masks))
-        result[group] = metric
-    return result
+    def keep_only(mask, l, h):
+        mask[l, :] = 0.0
+        mask[l, h] = 1.0
+
+    return _per_head_metric(metric_fn, _check_shapes(shape_by_group), keep_only)
 
 
 def layer_ablation(metric_fn: MetricFn, num_layers: int | Mapping[str, int], *,
