@@ -53,7 +53,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         dtype="float32"))
 
     config.data = ml_collections.ConfigDict(dict(
-        corpus_files=[],           # 'path' or 'path:wikitext'
+        corpus_files=(),           # 'path' or 'path:wikitext'; on the command line
+                                   # --config.data.corpus_files="('a.txt', 'b.raw:wikitext')"
         synthetic_documents=3000,  # > 0: use built-in documents instead
         data_dir="",
         vocab_file="",             # '' = train a WordPiece vocabulary on the corpus
@@ -79,9 +80,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if variant == "corpus":
         pretrain = os.path.join(SHARED_DATA, "pretrain")
         config.data.update(dict(
-            corpus_files=[os.path.join(pretrain, "reuters21578_docs.txt"),
+            corpus_files=(os.path.join(pretrain, "reuters21578_docs.txt"),
                           os.path.join(pretrain, "wiki.valid.raw") + ":wikitext",
-                          os.path.join(pretrain, "wiki.test.raw") + ":wikitext"],
+                          os.path.join(pretrain, "wiki.test.raw") + ":wikitext"),
             synthetic_documents=0, vocab_size=8192, dupe_factor=3, eval_documents=500,
             eval_examples=2048))
         config.model.update(dict(hidden_size=256, num_heads=4, mlp_dim=1024,

@@ -4,6 +4,8 @@ import importlib.util
 import pathlib
 
 import pytest
+from absl import flags
+from ml_collections import config_flags
 
 from bert_jax.modeling import BertConfig, TransformerConfig
 
@@ -36,6 +38,34 @@ def test_config_is_consistent(name, variant):
     assert config.optimizer.warmup_steps <= config.train.num_steps
     assert config.train.batch_size % config.train.grad_accum_steps == 0
     assert load(name).__doc__ and "launch/train.py" in load(name).__doc__
+
+
+def _leaves(config, prefix=""):
+    for key, value in config.items():
+        if hasattr(value, "items"):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+@pytest.mark.parametrize("name, variant", [(n, v) for n, vs in VARIANTS.items() for v in vs])
+def test_every_field_can_be_set_from_the_command_line(name, variant):
+    """config_flags cannot override lists (or None): every field must be a
+    scalar, a string or a tuple."""
+    for key, value in _leaves(load(name).get_config(variant)):
+        assert isinstance(value, (bool, int, float, str, tuple)), (
+            f"{name}:{variant} config.{key} = {value!r} ({type(value).__name__}) "
+            "cannot be set with --config.{key}; use a tuple")
+
+
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_corpus_files_from_the_command_line():
+    argv = ["train.py", f"--config={EXPERIMENTS / 'pretrain_bert.py'}:corpus",
+            "--config.data.corpus_files=('a.txt', 'b.raw:wikitext')"]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+    values(argv)
+    assert tuple(values.config.data.corpus_files) == ("a.txt", "b.raw:wikitext")
 
 
 def test_every_experiment_file_is_covered():
