@@ -23,6 +23,7 @@ from bert_jax.convert import (
     WeightConversionError, load_hf_bert, load_pretrained, save_hf_bert, save_pretrained)
 from bert_jax.convert.hf_bert import params_from_hf, params_to_hf
 from bert_jax.modeling.bert import mean_pool
+from bert_jax.training.losses import bert_pretraining_sums
 from bert_jax.modeling import (
     BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
     BertModel, bert_preset)
@@ -220,6 +221,51 @@ def test_task_heads_export_to_transformers(ours_cls, hf_name, kwargs, tmp_path):
     _, back = load_hf_bert(str(tmp_path))
     assert jax.tree.all(jax.tree.map(
         np.array_equal, jax.device_get(params), back))
+
+
+def test_pretraining_loss_and_gradients_match_transformers(tmp_path):
+    """The pretraining loss (MLM at the masked positions + NSP) and its gradient
+    with respect to every parameter equal `BertForPreTraining`'s with `labels`
+    and `next_sentence_label`: training from scratch follows the reference."""
+    ids, mask, types = _tiny_inputs()
+    positions = np.array([[1, 3, 4], [2, 5, 0]], np.int32)
+    weights = np.array([[1, 1, 1], [1, 1, 0]], np.float32)  # the last slot is padding
+    gold = np.array([[11, 12, 13], [14, 15, 0]], np.int32)
+    nsp_labels = np.array([0, 1], np.int32)
+    model = BertForPreTraining(TINY)
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), ids, mask, types, positions)["params"])
+    batch = {"masked_lm_ids": gold, "masked_lm_weights": weights,
+             "next_sentence_labels": nsp_labels}
+
+    def mean_loss(p):
+        out = model.apply({"params": p}, ids, mask, types, positions)
+        sums = bert_pretraining_sums(out.mlm_logits, out.nsp_logits, batch)
+        return sums["loss"] / sums["weight"]
+
+    loss, grads = jax.value_and_grad(mean_loss)(params)
+
+    save_hf_bert(str(tmp_path), TINY, params)
+    hf = transformers.BertForPreTraining.from_pretrained(str(tmp_path)).eval()
+    labels = np.full(ids.shape, -100)
+    for row in range(len(ids)):
+        real = weights[row] > 0
+        labels[row, positions[row, real]] = gold[row, real]
+    ref = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+             token_type_ids=torch.tensor(types), labels=torch.tensor(labels),
+             next_sentence_label=torch.tensor(nsp_labels, dtype=torch.long))
+    ref.loss.backward()
+    np.testing.assert_allclose(float(loss), ref.loss.item(), rtol=1e-5)
+    hf_grads = params_from_hf({name: p.grad.numpy() for name, p in hf.named_parameters()},
+                              TINY)
+    flat = {jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(grads)}
+    expected = {jax.tree_util.keystr(k): np.asarray(v)
+                for k, v in jax.tree_util.tree_leaves_with_path(hf_grads)}
+    assert sorted(flat) == sorted(expected)
+    for name, grad in flat.items():
+        scale = max(np.abs(expected[name]).max(), 1e-6)
+        np.testing.assert_allclose(grad, expected[name], atol=1e-4 * scale, rtol=0,
+                                   err_msg=name)
 
 
 # ----------------------------------------------------------------------------
