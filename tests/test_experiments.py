@@ -55,7 +55,7 @@ def test_every_field_can_be_set_from_the_command_line(name, variant):
     for key, value in _leaves(load(name).get_config(variant)):
         assert isinstance(value, (bool, int, float, str, tuple)), (
             f"{name}:{variant} config.{key} = {value!r} ({type(value).__name__}) "
-            "cannot be set with --config.{key}; use a tuple")
+            f"cannot be set with --config.{key}; use a tuple")
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
