@@ -257,10 +257,12 @@ def test_pretraining_loss_and_gradients_match_transformers(tmp_path):
     np.testing.assert_allclose(float(loss), ref.loss.item(), rtol=1e-5)
     hf_grads = params_from_hf({name: p.grad.numpy() for name, p in hf.named_parameters()},
                               TINY)
-    flat = {jax.tree_util.keystr(k): np.asarray(v)
-            for k, v in jax.tree_util.tree_leaves_with_path(grads)}
-    expected = {jax.tree_util.keystr(k): np.asarray(v)
-                for k, v in jax.tree_util.tree_leaves_with_path(hf_grads)}
+
+    def by_path(tree):
+        return {jax.tree_util.keystr(k): np.asarray(v)
+                for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+    flat, expected = by_path(grads), by_path(hf_grads)
     assert sorted(flat) == sorted(expected)
     for name, grad in flat.items():
         scale = max(np.abs(expected[name]).max(), 1e-6)
