@@ -1,6 +1,7 @@
 """BERT pretraining: the tfds builder, the task's masking pipeline, the loss."""
 
 import importlib.util
+import json
 import pathlib
 
 import jax
@@ -15,7 +16,9 @@ from bert_jax.data.sources import load_source
 from bert_jax.data.wordpiece import WordPiece
 from bert_jax.modeling.bert import BertForPreTraining
 from bert_jax.tasks import build_task
+from bert_jax.training import trainer
 from bert_jax.training.losses import bert_pretraining_sums, sums_to_means
+from bert_jax.training.metrics import read_metrics
 from tiny_models import BERT, random_variables
 
 EXPERIMENT = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "pretrain_bert.py"
@@ -26,9 +29,9 @@ def experiment_config(data_dir, **data):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config(None)
-    config.data.update(dict(synthetic_documents=80, eval_documents=12, vocab_size=120,
-                            max_seq_length=48, max_predictions_per_seq=8, dupe_factor=2,
-                            data_dir=str(data_dir), **data))
+    config.data.update({**dict(synthetic_documents=80, eval_documents=12, vocab_size=120,
+                               max_seq_length=48, max_predictions_per_seq=8, dupe_factor=2,
+                               data_dir=str(data_dir)), **data})
     config.model.update(dict(hidden_size=32, num_heads=2, mlp_dim=64, num_layers=1,
                              max_len=48))
     config.train.batch_size = 8
@@ -149,6 +152,59 @@ def test_training_masking_rate_leaves_evaluation_at_the_original(tmp_path):
     evaluation = list(task.eval_batches(0, 1))
     assert evaluation[0]["masked_lm_positions"].shape == (8, 8)
     assert 0.1 < np.mean([_masked_fraction(b) for b in evaluation]) < 0.2
+
+
+def test_random_position_offsets_shift_training_rows_only(tmp_path):
+    config = experiment_config(tmp_path / "tfds", random_position_offsets=True)
+    config.model.max_len = 64                       # offsets in [0, 64 - 48]
+    task = build_task(config, str(tmp_path / "work"))
+    unmasked = unmasked_batch(task)
+    step0 = task._train_transform(dict(unmasked), 0, 0)
+    # The masks are those of a run without offsets; only position_ids is added.
+    assert_batches_equal({k: v for k, v in step0.items() if k != "position_ids"},
+                         task._mask_batch(dict(unmasked), 0, 0))
+    positions = step0["position_ids"]
+    offsets = positions[:, 0]
+    assert positions.shape == (8, 48) and positions.dtype == np.int32
+    np.testing.assert_array_equal(positions, offsets[:, None] + np.arange(48))
+    assert offsets.min() >= 0 and offsets.max() <= 16 and len(set(offsets)) > 1
+    # Drawn from (seed, step, global row): a process's rows, and a resumed run, agree.
+    rows_4_to_8 = task._train_transform({k: v[4:] for k, v in unmasked.items()}, 0, 4)
+    np.testing.assert_array_equal(rows_4_to_8["position_ids"], positions[4:])
+    step1 = task._train_transform(dict(unmasked), 1, 0)
+    assert not np.array_equal(step1["position_ids"], positions)
+    it = task.train_iterator(0, 1)
+    assert "position_ids" in next(it)
+    it.close()
+    assert all("position_ids" not in b for b in task.eval_batches(0, 1))
+    # The model reads them: positions 0..47 give the loss of no position_ids.
+    params = jax.jit(task.init_variables)(jax.random.PRNGKey(0))["params"]
+    params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, params,
+                          is_leaf=lambda x: hasattr(x, "value"))
+    plain = {k: v for k, v in step0.items() if k != "position_ids"}
+    loss = lambda b: float(task.loss_fn(params, b, None)[0])  # noqa: E731
+    zero_offsets = {**plain, "position_ids": np.broadcast_to(np.arange(48), (8, 48))}
+    assert loss(zero_offsets) == pytest.approx(loss(plain), rel=1e-6)
+    assert abs(loss(step0) - loss(plain)) > 1e-4
+
+
+def test_two_phases_short_with_offsets_then_full_length(tmp_path):
+    """The README's recipe in miniature: phase 1 at sequence 16 with random
+    position offsets, phase 2 at 48 from it (`init_from`), through the trainer."""
+    steps = {"train.num_steps": 4, "train.eval_every": 4, "train.checkpoint_every": 4,
+             "train.log_every": 2, "optimizer.warmup_steps": 1}
+    phase1 = experiment_config(tmp_path / "tfds", max_seq_length=16, max_predictions_per_seq=3,
+                               random_position_offsets=True)
+    phase1.update_from_flattened_dict(steps)
+    trainer.train_and_evaluate(phase1, str(tmp_path / "p1"))
+    phase2 = experiment_config(tmp_path / "tfds")
+    phase2.update_from_flattened_dict(steps)
+    phase2.init_from = str(tmp_path / "p1")
+    trainer.train_and_evaluate(phase2, str(tmp_path / "p2"))
+    report = json.load(open(tmp_path / "p2" / "init_from.json"))
+    assert report["initialised"] == [] and len(report["restored"]) > 10
+    evaluations = [m for m in read_metrics(str(tmp_path / "p2")) if "eval/mlm_accuracy" in m]
+    assert evaluations and np.isfinite(evaluations[-1]["eval/mlm_nll"])
 
 
 def test_loss_and_evaluation_run(task):

@@ -24,9 +24,18 @@ same compute), with `max(max_predictions_per_seq, ceil(prob *
 max_seq_length))` predictions a sequence; evaluation keeps `masked_lm_prob`,
 so its figures stay comparable.
 
+`data.random_position_offsets=True` shifts every training row's position ids by
+an offset drawn from (seed, step, global row), uniform in `[0, model.max_len -
+max_seq_length]` (randomised positions, Ruoss et al. 2023): a first phase at a
+short `max_seq_length`, where the masked-LM leaves its unigram plateau several
+times sooner, then trains every row of the position table, and a second phase
+at full length (`config.init_from` the first) starts from positions it knows.
+Evaluation reads positions `0..max_seq_length-1`.
+
 Batches: `input_ids`, `token_type_ids` `[batch, max_seq_length]`,
 `masked_lm_positions`, `masked_lm_ids`, `masked_lm_weights` `[batch,
-max_predictions_per_seq]`, `next_sentence_labels` `[batch]`. The MLM head runs
+max_predictions_per_seq]`, `next_sentence_labels` `[batch]`, and with random
+position offsets `position_ids` `[batch, max_seq_length]`. The MLM head runs
 only at the masked positions. Loss: mean masked-LM cross-entropy + mean NSP
 cross-entropy. Evaluation: `mlm_accuracy`, `mlm_nll`, `mlm_perplexity` (per
 masked token), `nsp_accuracy`, `nsp_nll` (per sequence).
@@ -52,6 +61,7 @@ from bert_jax.training.losses import bert_pretraining_sums
 
 _EVAL_MASKING = 1 << 20   # key of held-out masking: (seed, _EVAL_MASKING, index)
 _STATIC_MASKING = 1 << 21  # key of static training masking: (seed, _STATIC_MASKING, index)
+_POSITION_OFFSETS = 1 << 22  # key of position offsets: (seed, _POSITION_OFFSETS, step, row)
 SYNTHETIC_CORPUS = os.path.join("corpus", "synthetic_documents.txt")
 
 
@@ -143,6 +153,25 @@ class BertPretrainingTask(Task):
                 for i in range(len(batch["input_ids"]))]
         return {**batch, **self.train_masker.mask_batch(batch["input_ids"], rngs)}
 
+    def _offset_positions(self, batch: Batch, step: int, first_row: int) -> Batch:
+        """Random position offsets: global row r of batch `step` reads positions
+        `o .. o + max_seq_length - 1`, `o` uniform in `[0, max_len -
+        max_seq_length]` from (seed, _POSITION_OFFSETS, step, r)."""
+        room = self.model_config.max_len - self.max_length
+        offsets = np.array([
+            pretraining_data.masking_rng(self.config.seed, _POSITION_OFFSETS, step,
+                                         first_row + i).integers(0, room + 1)
+            for i in range(len(batch["input_ids"]))], np.int32)
+        return {**batch, "position_ids": offsets[:, None] + np.arange(self.max_length,
+                                                                      dtype=np.int32)}
+
+    def _train_transform(self, batch: Batch, step: int, first_row: int) -> Batch:
+        if not self.config.data.static_masking:
+            batch = self._mask_batch(batch, step, first_row)
+        if self.config.data.get("random_position_offsets", False):
+            batch = self._offset_positions(batch, step, first_row)
+        return batch
+
     def _lengths(self, predictions: int) -> dict[str, int]:
         n, p = self.max_length, predictions
         return {"input_ids": n, "token_type_ids": n, "masked_lm_positions": p,
@@ -168,7 +197,7 @@ class BertPretrainingTask(Task):
                                           masker=self.train_masker)
                         if static else self._row),
             max_length=self._lengths(self.train_predictions),
-            batch_transform=None if static else self._mask_batch)
+            batch_transform=self._train_transform)
 
     def _eval_source(self):
         """The first `data.eval_examples` instances of `data.eval_split` (all of
@@ -192,8 +221,9 @@ class BertPretrainingTask(Task):
 
     def _outputs(self, params, batch, rng=None, masks=None):
         deterministic = rng is None
+        positions = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
         return self.model.apply({"params": params}, *self.model_inputs(batch),
-                                **(masks or {}), deterministic=deterministic,
+                                **positions, **(masks or {}), deterministic=deterministic,
                                 rngs=None if deterministic else {"dropout": rng})
 
     def loss_fn(self, params, batch, rng):
