@@ -26,6 +26,8 @@ Variants:
                python launch/train.py --config=experiments/pretrain_bert.py:corpus_phase1 --workdir=P1
                python launch/train.py --config=experiments/pretrain_bert.py:corpus_phase2 \
                    --config.init_from=P1 --workdir=P2
+             Result: held-out MLM accuracy 0.371 and NSP accuracy 0.871 at
+             sequence 128, 47.9 minutes for both on the 2-core CPU (README).
   base, large
              the paper's recipe for accelerators: batch 256, AdamW lr 1e-4,
              warmup 10k, 1M steps, sequence 128 (90% of the steps; set
