@@ -168,7 +168,7 @@ def test_random_position_offsets_shift_training_rows_only(tmp_path):
     assert positions.shape == (8, 48) and positions.dtype == np.int32
     np.testing.assert_array_equal(positions, offsets[:, None] + np.arange(48))
     assert offsets.min() >= 0 and offsets.max() <= 16 and len(set(offsets)) > 1
-    # Drawn from (seed, step, global row): a process's rows, and a resumed run, agree.
+    # Drawn from (seed, step, global row): a process's rows are a one-process run's.
     rows_4_to_8 = task._train_transform({k: v[4:] for k, v in unmasked.items()}, 0, 4)
     np.testing.assert_array_equal(rows_4_to_8["position_ids"], positions[4:])
     step1 = task._train_transform(dict(unmasked), 1, 0)

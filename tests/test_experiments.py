@@ -13,7 +13,8 @@ EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 FINETUNE = ["sst2", "mrpc", "stsb", "cola", "rte", "qnli", "mnli", "upos", "ner", "squad"]
 VARIANTS = {"translate.py": [None, "multi30k", "multi30k_en_de", "wmt_base", "wmt_big"],
             "tiny_translate.py": [None],
-            "pretrain_bert.py": [None, "corpus", "corpus_phase1", "corpus_phase2", "base", "large"],
+            "pretrain_bert.py": [None, "corpus", "corpus_phase1", "corpus_phase2", "base",
+                                 "large"],
             "finetune.py": [None] + FINETUNE + ["sst2,steps=600", "squad,epochs=1"]}
 
 
