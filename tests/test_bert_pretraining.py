@@ -4,6 +4,7 @@ import importlib.util
 import json
 import pathlib
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,6 +43,11 @@ def experiment_config(data_dir, **data):
 def task(tmp_path_factory):
     root = tmp_path_factory.mktemp("pretrain")
     return build_task(experiment_config(root / "tfds"), str(root / "work"))
+
+
+def initial_params(task):
+    """The task's freshly initialised parameters, unboxed."""
+    return nn.meta.unbox(jax.jit(task.init_variables)(jax.random.PRNGKey(0))["params"])
 
 
 def take(iterator, n):
@@ -178,9 +184,7 @@ def test_random_position_offsets_shift_training_rows_only(tmp_path):
     it.close()
     assert all("position_ids" not in b for b in task.eval_batches(0, 1))
     # The model reads them: positions 0..47 give the loss of no position_ids.
-    params = jax.jit(task.init_variables)(jax.random.PRNGKey(0))["params"]
-    params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, params,
-                          is_leaf=lambda x: hasattr(x, "value"))
+    params = initial_params(task)
     plain = {k: v for k, v in step0.items() if k != "position_ids"}
     loss = lambda b: float(task.loss_fn(params, b, None)[0])  # noqa: E731
     zero_offsets = {**plain, "position_ids": np.broadcast_to(np.arange(48), (8, 48))}
@@ -208,9 +212,7 @@ def test_two_phases_short_with_offsets_then_full_length(tmp_path):
 
 
 def test_loss_and_evaluation_run(task):
-    params = jax.jit(task.init_variables)(jax.random.PRNGKey(0))["params"]
-    params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, params,
-                          is_leaf=lambda x: hasattr(x, "value"))
+    params = initial_params(task)
     batch = next(iter(task.eval_batches(0, 1)))
     sums = task.eval_sums(params, batch)
     means = sums_to_means({k: v for k, v in sums.items() if k != "weight"}, sums["weight"])
