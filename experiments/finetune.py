@@ -81,7 +81,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # fields apply (dropout, dtype, attention_impl, remat, scan_layers).
     config.model = ml_collections.ConfigDict(dict(
         hidden_size=384, num_heads=12, mlp_dim=1536, num_layers=6, max_len=512,
-        vocab_size=1, dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32"))
+        vocab_size=1, dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32",
+        # Run-time choices (any value restores the same checkpoints, except
+        # scan_layers, which stacks them): attention kernel ('einsum', 'flash'
+        # = the platform's, 'xla', 'cudnn', 'splash'), rematerialisation
+        # policy, layers as one nn.scan.
+        attention_impl="einsum", remat="none", scan_layers=False))
 
     # GLUE tasks: the sequence is pooled by 'mean' (the mean over real tokens;
     # how all-MiniLM-L6-v2 was trained) or 'cls' (BERT's pooler on [CLS]).
@@ -126,5 +131,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         epochs * TRAIN_SIZES[task] / config.train.batch_size))
     config.train.update(dict(num_steps=steps, eval_every=steps, checkpoint_every=steps))
     config.optimizer.warmup_steps = steps // 10
-    config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
+    # shape: (data, fsdp, tensor) within a slice; dcn_shape: across slices (TPU
+    # multi-slice), data-parallel by default. -1 takes the remaining devices.
+    config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1), dcn_shape=(-1, 1, 1)))
     return config

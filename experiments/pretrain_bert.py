@@ -63,7 +63,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         hidden_size=128, num_heads=2, mlp_dim=512, num_layers=2, max_len=128,
         vocab_size=1,              # replaced by the vocabulary's size
         norm_position="post", dropout_rate=0.1, attention_dropout_rate=0.1,
-        dtype="float32"))
+        dtype="float32",
+        # Run-time choices (any value restores the same checkpoints, except
+        # scan_layers, which stacks them): attention kernel ('einsum', 'flash'
+        # = the platform's, 'xla', 'cudnn', 'splash'), rematerialisation
+        # policy, layers as one nn.scan.
+        attention_impl="einsum", remat="none", scan_layers=False))
 
     config.data = ml_collections.ConfigDict(dict(
         corpus_files=(),           # 'path' or 'path:wikitext'; on the command line
@@ -89,7 +94,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         learning_rate=1e-3, schedule="linear", warmup_steps=60, weight_decay=0.01,
         b1=0.9, b2=0.999, eps=1e-6, max_grad_norm=1.0))
 
-    config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
+    # shape: (data, fsdp, tensor) within a slice; dcn_shape: across slices (TPU
+    # multi-slice), data-parallel by default. -1 takes the remaining devices.
+    config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1), dcn_shape=(-1, 1, 1)))
 
     if variant.startswith("corpus"):
         pretrain = os.path.join(SHARED_DATA, "pretrain")

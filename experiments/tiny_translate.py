@@ -25,7 +25,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model = ml_collections.ConfigDict(dict(
         vocab_size=32, hidden_size=64, num_heads=4, mlp_dim=128, num_layers=2,
         max_len=16, dropout_rate=0.0, attention_dropout_rate=0.0,
-        position="sinusoidal", norm_position="pre"))
+        position="sinusoidal", norm_position="pre",
+        # Run-time choices (any value restores the same checkpoints, except
+        # scan_layers, which stacks them): attention kernel ('einsum', 'flash'
+        # = the platform's, 'xla', 'cudnn', 'splash'), rematerialisation
+        # policy, layers as one nn.scan.
+        attention_impl="einsum", remat="none", scan_layers=False))
 
     config.data = ml_collections.ConfigDict(dict(
         builder="synthetic_reverse",   # a tfds builder name (bert_jax/data)
@@ -57,5 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         b1=0.9, b2=0.98, eps=1e-9, max_grad_norm=1.0))
 
     # (data, fsdp, tensor); -1 takes the remaining devices.
-    config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
+    # shape: (data, fsdp, tensor) within a slice; dcn_shape: across slices (TPU
+    # multi-slice), data-parallel by default. -1 takes the remaining devices.
+    config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1), dcn_shape=(-1, 1, 1)))
     return config

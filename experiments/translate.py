@@ -36,7 +36,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         vocab_size=512,   # replaced by the trained vocabulary's size
         hidden_size=128, num_heads=4, mlp_dim=512, num_layers=3, max_len=64,
         dropout_rate=0.1, attention_dropout_rate=0.0, norm_position="pre",
-        position="sinusoidal", share_embeddings=True, tie_output=True))
+        position="sinusoidal", share_embeddings=True, tie_output=True,
+        # Run-time choices (any value restores the same checkpoints, except
+        # scan_layers, which stacks them): attention kernel ('einsum', 'flash'
+        # = the platform's, 'xla', 'cudnn', 'splash'), rematerialisation
+        # policy, layers as one nn.scan.
+        attention_impl="einsum", remat="none", scan_layers=False))
 
     config.data = ml_collections.ConfigDict(dict(
         builder="synthetic_translation",
@@ -65,7 +70,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         learning_rate=2e-3, schedule="rsqrt", warmup_steps=400, weight_decay=0.0,
         b1=0.9, b2=0.98, eps=1e-9, max_grad_norm=1.0))
 
-    config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
+    # shape: (data, fsdp, tensor) within a slice; dcn_shape: across slices (TPU
+    # multi-slice), data-parallel by default. -1 takes the remaining devices.
+    config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1), dcn_shape=(-1, 1, 1)))
 
     if variant in ("multi30k", "multi30k_en_de"):
         source, target = ("de", "en") if variant == "multi30k" else ("en", "de")
@@ -96,7 +103,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             hidden_size=1024 if big else 512, num_heads=16 if big else 8,
             mlp_dim=4096 if big else 2048, num_layers=6, max_len=256,
             dropout_rate=0.3 if big else 0.1, norm_position="post",
-            attention_impl="fused"))
+            attention_impl="flash"))
         config.decode.update(dict(max_length=256, batch_size=256))
         config.train.update(dict(batch_size=128,  # evaluation rows
                                  num_steps=300000 if big else 100000,

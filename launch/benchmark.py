@@ -63,7 +63,7 @@ _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
 _COMPARE = flags.DEFINE_bool("compare", False, "Also time the Hugging Face peers.")
 _MLM = flags.DEFINE_enum("mlm", "masked", ["masked", "all"],
                          "BERT: MLM head at the masked positions only, or everywhere.")
-_ATTENTION = flags.DEFINE_enum("attention_impl", "einsum", ["einsum", "fused"],
+_ATTENTION = flags.DEFINE_enum("attention_impl", "einsum", ["einsum", "xla", "flash"],
                                "Attention implementation.")
 _REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch"],
                            "Rematerialisation policy.")

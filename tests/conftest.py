@@ -1,9 +1,14 @@
-"""Test set-up: 8 fake CPU devices (set before JAX is imported) and shared paths."""
+"""Test set-up: 8 fake CPU devices (set before JAX is imported), compilers for
+accelerators that are not here, and shared paths."""
 
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Ahead-of-time compilation for GPUs and TPUs that are not here (test_compile.py):
+# the CUDA plugin describes GPUs without a driver, libtpu may serve several processes.
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import pathlib  # noqa: E402
 

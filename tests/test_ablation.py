@@ -332,7 +332,7 @@ def test_bert_attention_probabilities(bert):
     np.testing.assert_allclose(masked[0, [0, 2, 3]], probs[0, [0, 2, 3]], rtol=1e-6)
     assert max_diff(masked[1], probs[1]) > 1e-4  # layer 1 sees a different input
     from bert_jax.modeling.layers import scan_params
-    scanned = BertModel(CONFIG.replace(scan_layers=True, attention_impl="fused"))
+    scanned = BertModel(CONFIG.replace(scan_layers=True, attention_impl="xla"))
     np.testing.assert_allclose(
         attention_probabilities(scanned, scan_params(variables["params"]), ids,
                                 attention_mask=attention_mask, batch_index=1),

@@ -98,7 +98,7 @@ def test_worked_example_scores_112_96_16_8():
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("impl", ["einsum", "fused"])
+@pytest.mark.parametrize("impl", ["einsum", "xla"])
 def test_bfloat16_scores_are_accumulated_in_float32(impl):
     """q·k = 257 and 256 with bfloat16 inputs. 257 is not a bfloat16 number
     (spacing 2 above 256), so scores kept in bfloat16 would tie at 256 and give
@@ -180,7 +180,7 @@ def test_fused_matches_einsum(mask_name, with_head_mask):
     head_mask = jnp.array([1.0, 0.0, 0.5]) if with_head_mask else None
     einsum, _ = dot_product_attention(q, k, v, mask, head_mask=head_mask, impl="einsum")
     fused, weights = dot_product_attention(q, k, v, mask, head_mask=head_mask,
-                                           impl="fused")
+                                           impl="xla")
     assert weights is None  # the fused kernel exposes no probabilities
     np.testing.assert_allclose(np.asarray(fused), np.asarray(einsum), atol=1e-5, rtol=0)
     if with_head_mask:
@@ -189,8 +189,8 @@ def test_fused_matches_einsum(mask_name, with_head_mask):
 
 def test_unknown_impl_raises():
     q, k, v = random_qkv(6)
-    with pytest.raises(ValueError, match="flash"):
-        dot_product_attention(q, k, v, impl="flash")
+    with pytest.raises(ValueError, match="flash_attention.*choose one of"):
+        dot_product_attention(q, k, v, impl="flash_attention")
 
 
 # ----------------------------------------------------------------------------
@@ -222,7 +222,7 @@ def transformer_setup():
 def test_bert_fused_matches_einsum(bert_setup):
     variables, ids, attention_mask = bert_setup
     einsum = jitted(BertModel(BERT))(variables, ids, attention_mask)
-    fused = jitted(BertModel(BERT.replace(attention_impl="fused")))(
+    fused = jitted(BertModel(BERT.replace(attention_impl="xla")))(
         variables, ids, attention_mask)
     np.testing.assert_allclose(np.asarray(fused.sequence_output),
                                np.asarray(einsum.sequence_output), atol=1e-5, rtol=0)
@@ -233,7 +233,7 @@ def test_bert_fused_matches_einsum(bert_setup):
 def test_transformer_fused_matches_einsum(transformer_setup):
     variables, src, tgt = transformer_setup
     einsum = jitted(Transformer(TRANSFORMER))(variables, src, tgt)
-    fused = jitted(Transformer(TRANSFORMER.replace(attention_impl="fused")))(
+    fused = jitted(Transformer(TRANSFORMER.replace(attention_impl="xla")))(
         variables, src, tgt)
     valid = np.asarray(tgt != 0)
     np.testing.assert_allclose(np.asarray(fused)[valid], np.asarray(einsum)[valid],
@@ -334,7 +334,7 @@ def test_mha_matches_manual_computation(mha_setup):
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("impl", ["einsum", "fused"])
+@pytest.mark.parametrize("impl", ["einsum", "xla"])
 def test_head_mask_removes_that_heads_contribution(mha_setup, impl):
     params, xq, xkv, mask = mha_setup
     per_head, out_p = _np_per_head(params, xq, xkv, mask)
@@ -368,7 +368,7 @@ def test_head_mask_all_ones_changes_nothing_in_bert(bert_setup):
     assert np.abs(np.asarray(out.sequence_output - ref.sequence_output)).max() > 1e-3
 
 
-@pytest.mark.parametrize("impl", ["einsum", "fused"])
+@pytest.mark.parametrize("impl", ["einsum", "xla"])
 def test_attention_probabilities_recorded(bert_setup, impl):
     variables, ids, attention_mask = bert_setup
     model = BertModel(BERT.replace(attention_impl=impl))
@@ -401,7 +401,7 @@ def test_recorded_weights_match_reference(mha_setup):
     _, ref_w = np_attention(project("query", xq), project("key", xkv),
                             project("value", xkv), np.asarray(mask))
     head_mask = jnp.array([1.0, 0.0, 0.5, 1.0])
-    _, state = jitted(_mha(attention_impl="fused"), mutable=("intermediates",))(
+    _, state = jitted(_mha(attention_impl="xla"), mutable=("intermediates",))(
         params, xq, xkv, mask, head_mask=head_mask)
     (weights,) = state["intermediates"]["attention_weights"]
     np.testing.assert_allclose(
@@ -411,17 +411,17 @@ def test_recorded_weights_match_reference(mha_setup):
 
 def test_fused_with_attention_dropout_in_training_raises(mha_setup, bert_setup):
     params, xq, xkv, mask = mha_setup
-    module = _mha(attention_impl="fused", dropout_rate=0.1)
+    module = _mha(attention_impl="xla", dropout_rate=0.1)
     with pytest.raises(ValueError, match=r"attention_dropout_rate=0\.1"):
         jitted(module, deterministic=False)(params, xq, xkv, mask,
                                             rngs={"dropout": jax.random.PRNGKey(0)})
     # Evaluation is fine, and so is training without attention dropout.
     jitted(module, deterministic=True)(params, xq, xkv, mask)
-    jitted(_mha(attention_impl="fused", dropout_rate=0.0), deterministic=False)(
+    jitted(_mha(attention_impl="xla", dropout_rate=0.0), deterministic=False)(
         params, xq, xkv, mask)
 
     variables, ids, attention_mask = bert_setup
-    model = BertModel(BERT.replace(attention_impl="fused", attention_dropout_rate=0.1))
+    model = BertModel(BERT.replace(attention_impl="xla", attention_dropout_rate=0.1))
     with pytest.raises(ValueError, match="attention_dropout_rate"):
         jax.eval_shape(functools.partial(model.apply, deterministic=False),
                        variables, ids, attention_mask,

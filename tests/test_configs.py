@@ -98,7 +98,7 @@ def test_transformer_optional_sizes(field):
 @pytest.mark.parametrize("field, bad, a_valid_choice", [
     ("activation", "swish", "gelu_tanh"),
     ("norm_position", "sandwich", "pre"),
-    ("attention_impl", "flash", "fused"),
+    ("attention_impl", "fused_kernel", "flash"),
     ("initializer", "orthogonal", "xavier_uniform"),
     ("dtype", "int8", "bfloat16"),
     ("param_dtype", "float64", "bfloat16"),

@@ -136,7 +136,7 @@ def test_attention_probabilities_match_transformers(ours, hf_outputs, batch):
 
 def test_fused_attention_matches_einsum_on_real_weights(imported, batch, ours):
     config, params = imported
-    fused = BertModel(config.replace(attention_impl="fused")).apply(
+    fused = BertModel(config.replace(attention_impl="xla")).apply(
         {"params": params["bert"]}, batch["input_ids"], batch["attention_mask"],
         batch["token_type_ids"])
     real = batch["attention_mask"].astype(bool)

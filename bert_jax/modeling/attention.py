@@ -1,8 +1,10 @@
-"""Attention: boolean masks, scaled dot-product attention, multi-head attention.
+"""Attention: masks, scaled dot-product attention, multi-head attention.
 
 Conventions:
-  * masks are boolean, True where a query may attend to a key, with shape
-    `[batch, 1 | heads, q_length, kv_length]` (broadcastable);
+  * a mask is either an `AttentionMask` (padding, segments and causality kept
+    apart, the form the fused kernels take) or a dense boolean array, True
+    where a query may attend to a key, `[batch, 1 | heads, q_length,
+    kv_length]` (broadcastable); `AttentionMask.dense()` gives the latter;
   * projected queries/keys/values are `[batch, length, heads, head_dim]`;
   * attention probabilities are `[batch, heads, q_length, kv_length]`.
 
@@ -22,41 +24,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from bert_jax.modeling import precision
+from bert_jax.modeling import fused_attention, precision
+from bert_jax.modeling.masks import (  # noqa: F401  (re-exported)
+    AttentionMask, Mask, causal_mask, combine_masks, dense_mask, padding_mask,
+    segment_mask)
 from bert_jax.modeling.initializers import Initializer, partitioned
 
 Array = jax.Array
-
-
-# ----------------------------------------------------------------------------
-# Masks.
-
-
-def padding_mask(query_valid: Array, key_valid: Array) -> Array:
-    """`[batch, q_len]`, `[batch, kv_len]` bool -> `[batch, 1, q_len, kv_len]`."""
-    return query_valid[:, None, :, None] & key_valid[:, None, None, :]
-
-
-def causal_mask(length: int) -> Array:
-    """Look-ahead mask: query i sees keys j <= i. -> `[1, 1, length, length]`."""
-    idx = jnp.arange(length)
-    return (idx[None, :] <= idx[:, None])[None, None]
-
-
-def segment_mask(query_segments: Array, key_segments: Array) -> Array:
-    """Packed sequences: attend only within the same segment id.
-
-    `[batch, q_len]`, `[batch, kv_len]` int -> `[batch, 1, q_len, kv_len]`.
-    """
-    return query_segments[:, None, :, None] == key_segments[:, None, None, :]
-
-
-def combine_masks(*masks: Array | None) -> Array | None:
-    """Logical AND of broadcastable masks; `None` entries are ignored."""
-    present = [m for m in masks if m is not None]
-    if not present:
-        return None
-    return functools.reduce(jnp.logical_and, present)
 
 
 # ----------------------------------------------------------------------------
@@ -67,7 +41,7 @@ def dot_product_attention(
     query: Array,
     key: Array,
     value: Array,
-    mask: Array | None = None,
+    mask: Mask = None,
     *,
     head_mask: Array | None = None,
     dropout_rate: float = 0.0,
@@ -81,13 +55,16 @@ def dot_product_attention(
     Args:
       query: `[batch, q_len, heads, head_dim]`.
       key, value: `[batch, kv_len, heads, head_dim]`.
-      mask: bool, broadcastable to `[batch, heads, q_len, kv_len]`.
+      mask: an `AttentionMask`, or a bool array broadcastable to `[batch, heads,
+        q_len, kv_len]` (einsum and xla only).
       head_mask: `[heads]`, multiplies each head's attention probabilities
         (0 removes a head; differentiable, for head-importance scores).
-      dropout_rate, dropout_rng, deterministic: attention-probability dropout.
-      impl: 'einsum' (explicit) or 'fused' (`jax.nn.dot_product_attention`,
-        the cuDNN kernel on GPU; it applies no dropout).
-      return_weights: also return the probabilities (einsum only).
+      dropout_rate, dropout_rng, deterministic: attention-probability dropout
+        (einsum only).
+      impl: 'einsum', or a fused kernel: 'xla', 'cudnn', 'splash', 'flash'
+        (see `bert_jax.modeling.fused_attention`).
+      return_weights: also return the probabilities (computed with einsum,
+        whatever `impl` says: no kernel exposes them).
 
     Returns:
       `[batch, q_len, heads, head_dim]` outputs, and `[batch, heads, q_len,
@@ -95,24 +72,24 @@ def dot_product_attention(
     """
     depth = query.shape[-1]
     use_dropout = not deterministic and dropout_rate > 0.0
-    if impl == "fused" and use_dropout:
-        raise ValueError(
-            "attention_impl='fused' applies no attention dropout, but "
+    if impl != "einsum" and use_dropout:
+        raise fused_attention.AttentionKernelError(
+            f"attention_impl={impl!r} applies no attention dropout, but "
             f"attention_dropout_rate={dropout_rate} in a training step: set "
             "attention_dropout_rate=0 or attention_impl='einsum'.")
-    if impl == "fused" and not return_weights:
-        out = jax.nn.dot_product_attention(
-            query, key, value, mask=mask, scale=1.0 / math.sqrt(depth))
+    impl = fused_attention.resolve(impl)
+    if impl != "einsum" and not return_weights:
+        out = fused_attention.attend(query, key, value, mask,
+                                     scale=1.0 / math.sqrt(depth), impl=impl)
         if head_mask is not None:
             # Scaling a head's probabilities scales its output by the same factor.
             out = out * head_mask.astype(out.dtype)[None, None, :, None]
         return out, None
-    if impl not in ("einsum", "fused"):
-        raise ValueError(f"unknown attention impl {impl!r}; use 'einsum' or 'fused'.")
 
     scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
                         preferred_element_type=jnp.float32)
     scores = scores / jnp.sqrt(jnp.float32(depth))
+    mask = dense_mask(mask, query.shape[1], key.shape[1])
     if mask is not None:
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1)
@@ -145,8 +122,10 @@ class MultiHeadAttention(nn.Module):
     than silently wrong (the overflow is a traced value and cannot raise).
 
     Attention probabilities are recorded with `sow('intermediates',
-    'attention_weights')` when that collection is mutable; the fused kernel
-    cannot expose them, so such calls use the einsum path.
+    'attention_weights')` when that collection is mutable; no fused kernel
+    exposes them, so such calls use the einsum path. Incremental decoding
+    (one new position against the cache) also computes attention with einsum:
+    a flash kernel has nothing to tile in a single query.
     """
 
     num_heads: int
@@ -164,7 +143,7 @@ class MultiHeadAttention(nn.Module):
         self,
         inputs_q: Array,
         inputs_kv: Array,
-        mask: Array | None = None,
+        mask: Mask = None,
         *,
         head_mask: Array | None = None,
         deterministic: bool = True,
@@ -185,9 +164,12 @@ class MultiHeadAttention(nn.Module):
         value = projection(name="value")(inputs_kv)
 
         overflow = None
+        impl = self.attention_impl
         if self.decode:
             key, value, cache_mask, overflow = self._update_cache(key, value)
-            mask = combine_masks(mask, cache_mask)
+            mask = combine_masks(dense_mask(mask, query.shape[1], key.shape[1]),
+                                 cache_mask)
+            impl = "einsum"
 
         record = self.is_mutable_collection("intermediates")
         dropout_rng = None
@@ -199,7 +181,7 @@ class MultiHeadAttention(nn.Module):
             dropout_rate=self.dropout_rate,
             dropout_rng=dropout_rng,
             deterministic=deterministic,
-            impl=self.attention_impl,
+            impl=impl,
             return_weights=record,
         )
         if weights is not None:

@@ -24,7 +24,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from bert_jax.modeling.attention import padding_mask
+from bert_jax.modeling.masks import AttentionMask
 from bert_jax.modeling.configs import BertConfig, ConfigError
 from bert_jax.modeling.embeddings import PositionEmbedding, token_embedding
 from bert_jax.modeling.initializers import partitioned
@@ -115,9 +115,8 @@ class BertModel(nn.Module):
                                             input_ids.shape)
         x = self.embeddings(input_ids, token_type_ids, position_ids,
                             deterministic=deterministic)
-        valid = attention_mask.astype(bool)
         # Padding keys are hidden; padding queries still attend (as in BERT).
-        mask = padding_mask(jnp.ones_like(valid), valid)
+        mask = AttentionMask(key_valid=attention_mask.astype(bool))
         sequence_output, hidden_states = self.encoder(
             x, mask, head_mask=head_mask, layer_mask=layer_mask,
             deterministic=deterministic, output_hidden_states=output_hidden_states)

@@ -15,9 +15,10 @@ from typing import Any, ClassVar, Mapping
 
 import jax.numpy as jnp
 
+from bert_jax.modeling.fused_attention import IMPLS as ATTENTION_IMPLS
+
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 NORM_POSITIONS = ("post", "pre")
-ATTENTION_IMPLS = ("einsum", "fused")
 INITIALIZERS = ("truncated_normal", "normal", "xavier_uniform")
 POSITION_KINDS = ("learned", "sinusoidal")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -50,8 +51,10 @@ class StackConfig:
       dtype: compute dtype ('float32' or 'bfloat16'); softmax and LayerNorm
         statistics stay in float32 whatever it is.
       param_dtype: dtype parameters are stored in.
-      attention_impl: 'einsum' (explicit scores, probabilities available) or
-        'fused' (`jax.nn.dot_product_attention`, cuDNN flash attention on GPU).
+      attention_impl: 'einsum' (explicit scores, probabilities available,
+        attention dropout), 'flash' (the platform's flash kernel: cuDNN on
+        GPU, splash on TPU, XLA's attention on CPU), or one kernel by name:
+        'xla', 'cudnn', 'splash' (see `bert_jax.modeling.fused_attention`).
       remat: rematerialisation of each layer in the backward pass: 'none'
         (keep every activation), 'full' (keep only the layer inputs),
         'dots' (keep matmul outputs) or 'dots_no_batch' (keep matmul outputs
@@ -103,6 +106,11 @@ class StackConfig:
                 "heads) or change hidden_size.")
         _check_choice(name, "activation", self.activation, ACTIVATIONS)
         _check_choice(name, "norm_position", self.norm_position, NORM_POSITIONS)
+        if self.attention_impl == "fused":
+            raise ConfigError(
+                f"{name}.attention_impl='fused' was renamed: 'xla' is what it computed "
+                "(XLA's attention on every platform), 'flash' the platform's flash "
+                "kernel (cuDNN on GPU, splash on TPU).")
         _check_choice(name, "attention_impl", self.attention_impl, ATTENTION_IMPLS)
         _check_choice(name, "initializer", self.initializer, INITIALIZERS)
         _check_choice(name, "dtype", self.dtype, DTYPES)

@@ -17,13 +17,16 @@ layer in `nn.remat` with the named checkpoint policy.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from bert_jax.modeling.attention import MultiHeadAttention
+from bert_jax.modeling.masks import Mask
 from bert_jax.modeling.configs import StackConfig
 from bert_jax.modeling.initializers import kernel_init, partitioned
 from bert_jax.modeling.precision import float32_accumulation
@@ -42,6 +45,23 @@ ACTIVATION_FNS: dict[str, Callable[[Array], Array]] = {
     "gelu_tanh": functools.partial(nn.gelu, approximate=True),
     "relu": nn.relu,
 }
+
+
+BATCH_MESH_AXES = ("data", "fsdp")  # the mesh axes that split the batch
+
+
+def batch_sharded(x: Array) -> Array:
+    """`[batch, ...]` activations constrained to stay split along the batch over
+    the mesh in context (`jax.set_mesh`, as in the train loop and
+    `launch/compile.py`) and whole along their other dimensions; unchanged
+    without a mesh. Without it XLA may follow the FSDP-sharded weights and
+    gather the activations of the whole batch on every device (measured:
+    per-device temporaries growing with the device count)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = tuple(a for a in BATCH_MESH_AXES if not mesh.empty and a in mesh.axis_names)
+    if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
+        return x
+    return jax.lax.with_sharding_constraint(x, PartitionSpec(axes))
 
 
 def layer_norm(config: StackConfig, name: str | None = None) -> nn.LayerNorm:
@@ -115,10 +135,10 @@ class EncoderLayer(nn.Module):
     config: StackConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array | None, head_mask: Array | None = None,
+    def __call__(self, x: Array, mask: Mask, head_mask: Array | None = None,
                  deterministic: bool = True) -> Array:
-        """`[batch, length, embed]`, mask `[batch, 1, length, length]`,
-        head_mask `[heads]` -> `[batch, length, embed]`."""
+        """`[batch, length, embed]`, mask (`AttentionMask` or `[batch, 1, length,
+        length]`), head_mask `[heads]` -> `[batch, length, embed]`."""
         cfg = self.config
         self_attention = attention(cfg, "attention")
         x = residual(
@@ -137,12 +157,13 @@ class DecoderLayer(nn.Module):
     decode: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, encoded: Array, self_mask: Array | None,
-                 cross_mask: Array | None, self_head_mask: Array | None = None,
+    def __call__(self, x: Array, encoded: Array, self_mask: Mask, cross_mask: Mask,
+                 self_head_mask: Array | None = None,
                  cross_head_mask: Array | None = None,
                  deterministic: bool = True) -> Array:
         """`[batch, tgt_len, embed]`, encoded `[batch, src_len, embed]`, masks
-        `[batch, 1, tgt_len, tgt_len | src_len]` -> `[batch, tgt_len, embed]`."""
+        (`AttentionMask` or `[batch, 1, tgt_len, tgt_len | src_len]`) ->
+        `[batch, tgt_len, embed]`."""
         cfg = self.config
         self_attention = attention(cfg, "self_attention", decode=self.decode)
         x = residual(
@@ -201,7 +222,7 @@ class _EncoderScanBody(nn.Module):
         head_mask, layer_mask = per_layer
         y = _layer(EncoderLayer, self.config)(self.config, name="layer")(
             x, mask, head_mask, self.deterministic)
-        x = _keep(layer_mask, y, x)
+        x = batch_sharded(_keep(layer_mask, y, x))
         return x, (x if self.output_hidden_states else None)
 
 
@@ -220,7 +241,7 @@ class _DecoderScanBody(nn.Module):
                                               name="layer")(
             x, encoded, self_mask, cross_mask, self_head_mask, cross_head_mask,
             self.deterministic)
-        return _keep(layer_mask, y, x), None
+        return batch_sharded(_keep(layer_mask, y, x)), None
 
 
 class EncoderStack(nn.Module):
@@ -230,14 +251,14 @@ class EncoderStack(nn.Module):
     config: StackConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array | None, *, head_mask: Array | None = None,
+    def __call__(self, x: Array, mask: Mask, *, head_mask: Array | None = None,
                  layer_mask: Array | None = None, deterministic: bool = True,
                  output_hidden_states: bool = False):
         """Runs the stack.
 
         Args:
           x: `[batch, length, embed]` embedded inputs.
-          mask: `[batch, 1, length, length]` bool attention mask.
+          mask: an `AttentionMask`, or a `[batch, 1, length, length]` bool mask.
           head_mask: `[layers, heads]` multipliers of attention probabilities.
           layer_mask: `[layers]` bool; False makes that layer the identity.
           output_hidden_states: also return the embeddings and every layer's output.
@@ -247,6 +268,7 @@ class EncoderStack(nn.Module):
           `[batch, length, embed]` (or None).
         """
         cfg = self.config
+        x = batch_sharded(x)
         hidden_states = [x]
         if cfg.scan_layers:
             scanned = _scan(_EncoderScanBody, cfg.num_layers, 1)(
@@ -258,7 +280,7 @@ class EncoderStack(nn.Module):
             for i in range(cfg.num_layers):
                 y = _layer(EncoderLayer, cfg)(cfg, name=f"layer_{i}")(
                     x, mask, _row(head_mask, i), deterministic)
-                x = _keep(_row(layer_mask, i), y, x)
+                x = batch_sharded(_keep(_row(layer_mask, i), y, x))
                 hidden_states.append(x)
         if cfg.norm_position == "pre":
             x = layer_norm(cfg, "final_norm")(x)
@@ -275,13 +297,14 @@ class DecoderStack(nn.Module):
     decode: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, encoded: Array, self_mask: Array | None,
-                 cross_mask: Array | None, *, self_head_mask: Array | None = None,
+    def __call__(self, x: Array, encoded: Array, self_mask: Mask, cross_mask: Mask,
+                 *, self_head_mask: Array | None = None,
                  cross_head_mask: Array | None = None, layer_mask: Array | None = None,
                  deterministic: bool = True) -> Array:
         """`[batch, tgt_len, embed]` -> `[batch, tgt_len, embed]`; head masks
         `[layers, heads]`, layer_mask `[layers]` as in EncoderStack."""
         cfg = self.config
+        x = batch_sharded(x)
         if cfg.scan_layers:
             scanned = _scan(_DecoderScanBody, self.num_layers, 3)(
                 cfg, self.decode, deterministic, name="layers")
@@ -293,7 +316,7 @@ class DecoderStack(nn.Module):
                                               name=f"layer_{i}")(
                     x, encoded, self_mask, cross_mask, _row(self_head_mask, i),
                     _row(cross_head_mask, i), deterministic)
-                x = _keep(_row(layer_mask, i), y, x)
+                x = batch_sharded(_keep(_row(layer_mask, i), y, x))
         if cfg.norm_position == "pre":
             x = layer_norm(cfg, "final_norm")(x)
         return x

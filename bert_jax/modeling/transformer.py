@@ -22,8 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.modeling.attention import (
-    causal_mask, combine_masks, padding_mask, segment_mask)
+from bert_jax.modeling.masks import AttentionMask
 from bert_jax.modeling.configs import TransformerConfig
 from bert_jax.modeling.embeddings import PositionEmbedding, token_embedding
 from bert_jax.modeling.layers import DecoderStack, EncoderStack, dense
@@ -98,10 +97,9 @@ class Transformer(nn.Module):
             cfg.check_length(inputs.shape[1], "source")
             inputs_positions = _default_positions(inputs)
         valid = inputs != cfg.pad_id
-        mask = padding_mask(valid, valid)
-        if inputs_segmentation is not None:
-            mask = combine_masks(mask, segment_mask(inputs_segmentation,
-                                                    inputs_segmentation))
+        mask = AttentionMask(query_valid=valid, key_valid=valid,
+                             query_segments=inputs_segmentation,
+                             key_segments=inputs_segmentation)
         x = self._embed(self.source_embedding, self.source_positions, inputs,
                         inputs_positions, deterministic)
         encoded, _ = self.encoder(x, mask, head_mask=head_mask, layer_mask=layer_mask,
@@ -131,7 +129,7 @@ class Transformer(nn.Module):
             decoder_inputs = targets
             positions = _default_positions(targets)  # replaced by the cache counter
             self_mask = None  # the cache hides positions not yet decoded
-            cross_mask = padding_mask(jnp.ones_like(targets, dtype=bool), source_valid)
+            cross_mask = AttentionMask(key_valid=source_valid)
         else:
             if targets_segmentation is not None and (
                     inputs_segmentation is None or targets_positions is None):
@@ -147,14 +145,12 @@ class Transformer(nn.Module):
                 targets, cfg.bos_id,
                 targets_positions if targets_segmentation is not None else None)
             target_valid = targets != cfg.pad_id
-            self_mask = combine_masks(
-                causal_mask(targets.shape[1]), padding_mask(target_valid, target_valid))
-            cross_mask = padding_mask(target_valid, source_valid)
-            if targets_segmentation is not None:
-                self_mask = combine_masks(
-                    self_mask, segment_mask(targets_segmentation, targets_segmentation))
-                cross_mask = combine_masks(
-                    cross_mask, segment_mask(targets_segmentation, inputs_segmentation))
+            self_mask = AttentionMask(query_valid=target_valid, key_valid=target_valid,
+                                      query_segments=targets_segmentation,
+                                      key_segments=targets_segmentation, causal=True)
+            cross_mask = AttentionMask(query_valid=target_valid, key_valid=source_valid,
+                                       query_segments=targets_segmentation,
+                                       key_segments=inputs_segmentation)
         y = self._embed(self.target_embedding, self.target_positions, decoder_inputs,
                         positions, deterministic)
         y = self.decoder(y, encoded, self_mask, cross_mask,

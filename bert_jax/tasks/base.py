@@ -34,12 +34,25 @@ def register(name: str):
     return wrap
 
 
-def build_task(config: ml_collections.ConfigDict, workdir: str) -> "Task":
-    """The task named by `config.task`; `workdir` holds its state (vocabularies)."""
+def build_task(config: ml_collections.ConfigDict, workdir: str | None,
+               abstract: bool = False) -> "Task":
+    """The task named by `config.task`; `workdir` holds its state (vocabularies).
+
+    `abstract=True` builds the model and the batch shapes only, reading no data
+    and writing nothing (`workdir` may be None): what ahead-of-time compilation
+    (`bert_jax.training.aot`) needs. Vocabulary sizes then come from the config.
+    """
     if config.task not in _REGISTRY:
         raise ValueError(f"config.task={config.task!r}: unknown task; registered tasks "
                          f"are {sorted(_REGISTRY)}.")
-    return _REGISTRY[config.task](config, workdir)
+    cls = _REGISTRY[config.task]
+    if not abstract:
+        return cls(config, workdir)
+    if not cls.supports_abstract:
+        supported = sorted(name for name, c in _REGISTRY.items() if c.supports_abstract)
+        raise ValueError(f"config.task={config.task!r} cannot be built without its data "
+                         f"(ahead-of-time compilation); tasks that can: {supported}.")
+    return cls(config, workdir, abstract=True)
 
 
 def written_by_process_zero(load_or_create: Callable[[bool], T], what: str) -> T:
@@ -57,10 +70,13 @@ class Task(abc.ABC):
 
     model_config: StackConfig
     model: nn.Module
+    supports_abstract: bool = False  # can be built without data (`build_task`)
 
-    def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str | None,
+                 abstract: bool = False):
         self.config = config
         self.workdir = workdir
+        self.abstract = abstract
 
     @abc.abstractmethod
     def dummy_batch(self) -> Batch:
@@ -74,6 +90,12 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def model_inputs(self, batch: Batch) -> tuple:
         """Positional model arguments taken from a batch."""
+
+    def batch_spec(self, train: bool = True) -> dict[str, jax.ShapeDtypeStruct]:
+        """Shapes and dtypes of one global training (or evaluation) batch,
+        known without reading data: what ahead-of-time compilation lowers the
+        train and evaluation steps with."""
+        raise NotImplementedError(f"{type(self).__name__} gives no batch_spec.")
 
     @abc.abstractmethod
     def train_iterator(self, process_index: int, process_count: int) -> Iterator[Batch]:

@@ -47,13 +47,14 @@ import functools
 import math
 import os
 
+import jax
 import numpy as np
 
 from bert_jax.data import (
     pipeline, pretraining_data, sources, synthetic_documents, wordpiece)
 from bert_jax.data.bert_pretraining import BertPretraining, parse_file_spec
 from bert_jax.modeling.bert import BertForPreTraining
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.modeling.configs import BertConfig, ConfigError
 from bert_jax.tasks.base import Batch, Task, register, written_by_process_zero
 from bert_jax.tasks.bert_backbone import resolve_backbone
 from bert_jax.training.flops import bert_train_flops
@@ -68,24 +69,31 @@ SYNTHETIC_CORPUS = os.path.join("corpus", "synthetic_documents.txt")
 @register("bert_pretraining")
 class BertPretrainingTask(Task):
 
-    def __init__(self, config, workdir):
-        super().__init__(config, workdir)
+    supports_abstract = True
+
+    def __init__(self, config, workdir, abstract=False):
+        super().__init__(config, workdir, abstract)
         data = config.data
         self.max_length = data.max_seq_length
         self.max_predictions = data.max_predictions_per_seq
-        self.corpus_files = self._corpus_files()
-        backbone = resolve_backbone(config, workdir, self._corpus_texts)
-        self.vocab, self.model_config = backbone.vocab, backbone.config
+        train_prob = data.get("train_masked_lm_prob", 0.0)
+        self.train_predictions = (max(self.max_predictions,
+                                      math.ceil(train_prob * self.max_length))
+                                  if train_prob else self.max_predictions)
+        if abstract:  # shapes only: the vocabulary size the config asks for
+            self.corpus_files, self.vocab, self.pad_id = [], None, 0
+            self.model_config = BertConfig(**{**config.model.to_dict(),
+                                              "vocab_size": data.vocab_size})
+        else:
+            self.corpus_files = self._corpus_files()
+            backbone = resolve_backbone(config, workdir, self._corpus_texts)
+            self.vocab, self.model_config = backbone.vocab, backbone.config
+            self.pad_id = self.vocab.pad_id
+            self.masker = self._masker(data.masked_lm_prob, self.max_predictions)
+            self.train_masker = (self._masker(train_prob, self.train_predictions)
+                                 if train_prob else self.masker)
         self.model_config.check_length(self.max_length, "config.data.max_seq_length")
         self.model = BertForPreTraining(self.model_config)
-        self.masker = self._masker(data.masked_lm_prob, self.max_predictions)
-        train_prob = data.get("train_masked_lm_prob", 0.0)
-        if train_prob:
-            self.train_predictions = max(self.max_predictions,
-                                         math.ceil(train_prob * self.max_length))
-            self.train_masker = self._masker(train_prob, self.train_predictions)
-        else:
-            self.train_predictions, self.train_masker = self.max_predictions, self.masker
 
     def _masker(self, masked_lm_prob: float, max_predictions: int) -> pretraining_data.Masker:
         vocab_tokens = self.vocab.convert_ids_to_tokens(range(self.vocab.size))
@@ -184,8 +192,20 @@ class BertPretrainingTask(Task):
                 "masked_lm_positions": np.zeros((1, p), np.int32)}
 
     def model_inputs(self, batch: Batch) -> tuple:
-        return (batch["input_ids"], batch["input_ids"] != self.vocab.pad_id,
+        return (batch["input_ids"], batch["input_ids"] != self.pad_id,
                 batch["token_type_ids"], batch["masked_lm_positions"])
+
+    def batch_spec(self, train=True):
+        batch = self.config.train.batch_size
+        spec = {key: jax.ShapeDtypeStruct((batch, length),
+                                          np.float32 if key == "masked_lm_weights"
+                                          else np.int32)
+                for key, length in self._lengths(self.train_predictions if train
+                                                 else self.max_predictions).items()}
+        spec["next_sentence_labels"] = jax.ShapeDtypeStruct((batch,), np.int32)
+        if train and self.config.data.get("random_position_offsets", False):
+            spec["position_ids"] = jax.ShapeDtypeStruct((batch, self.max_length), np.int32)
+        return spec
 
     def train_iterator(self, process_index: int, process_count: int):
         data = self.config.data

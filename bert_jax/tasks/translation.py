@@ -50,16 +50,18 @@ def _text(value) -> str:
 @register("translation")
 class TranslationTask(Task):
 
-    def __init__(self, config, workdir):
-        super().__init__(config, workdir)
+    supports_abstract = True
+
+    def __init__(self, config, workdir, abstract=False):
+        super().__init__(config, workdir, abstract)
         data = config.data
         self.max_length = data.max_length
         self.vocab = None
-        if data.vocab_size:
+        if data.vocab_size and not abstract:
             self.vocab = self._vocabulary()
         model_values = config.model.to_dict()
-        if self.vocab is not None:
-            model_values["vocab_size"] = self.vocab.size
+        if data.vocab_size:  # abstract: the size the vocabulary is trained to
+            model_values["vocab_size"] = self.vocab.size if self.vocab else data.vocab_size
         self.model_config = TransformerConfig(**model_values)
         self.model = Transformer(self.model_config)
         self.model_config.check_length(self.max_length, "config.data.max_length")
@@ -139,6 +141,15 @@ class TranslationTask(Task):
 
     def model_inputs(self, batch: Batch) -> tuple:
         return batch["inputs"], batch["targets"]
+
+    def batch_spec(self, train=True):
+        """Training: `batch_rows` rows of `row_length` (packed rows with their
+        segmentation and positions); evaluation: `train.batch_size` unpacked rows."""
+        rows, length = ((self.batch_rows, self.row_length) if train
+                        else (self.config.train.batch_size, self.max_length))
+        keys = ("inputs", "targets") + (_PACKING_FEATURES if train and self.pack_length
+                                        else ())
+        return {key: jax.ShapeDtypeStruct((rows, length), np.int32) for key in keys}
 
     def train_iterator(self, process_index: int, process_count: int):
         return pipeline.train_iterator(

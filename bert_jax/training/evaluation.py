@@ -13,7 +13,8 @@ import ml_collections
 from bert_jax.tasks import Task, build_task
 from bert_jax.training.losses import sums_to_means
 from bert_jax.training.checkpoints import CHECKPOINT_DIR, CheckpointError, restore_params
-from bert_jax.training.sharding import global_batch, logical_shardings, make_mesh, replicated
+from bert_jax.training.sharding import (
+    global_batch, logical_shardings, mesh_from_config, replicated)
 
 
 def abstract_like(tree: Any) -> Any:
@@ -22,11 +23,17 @@ def abstract_like(tree: Any) -> Any:
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
+def jit_eval_step(task: Task, mesh) -> Callable:
+    """`sums(params, batch, masks)`: the task's evaluation sums of one global
+    batch, compiled, the sums replicated on every device."""
+    return jax.jit(task.eval_sums, out_shardings=replicated(mesh))
+
+
 def make_evaluator(task: Task, mesh) -> Callable[[Any, int], dict[str, float]]:
     """`evaluate(params, step, masks=None) -> {'eval/<name>': ...}`: the means
     of the task's evaluation sums (`sums_to_means`), its derived metrics and
     its generation metrics; `masks` ablates heads (`Task.head_mask_shapes`)."""
-    sums_fn = jax.jit(task.eval_sums, out_shardings=replicated(mesh))
+    sums_fn = jit_eval_step(task, mesh)
 
     def evaluate(params, step: int, masks: dict[str, Any] | None = None) -> dict[str, float]:
         totals = None
@@ -58,7 +65,7 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
         raise CheckpointError(f"no checkpoint for step {step} in {directory}; "
                               f"available: {steps}.")
     task = build_task(config, workdir)
-    mesh = make_mesh(tuple(config.mesh.shape))
+    mesh = mesh_from_config(config.mesh)
     boxed = jax.eval_shape(task.init_variables, jax.random.PRNGKey(0))["params"]
     shardings = logical_shardings(boxed, mesh)
     abstract = jax.tree.map(

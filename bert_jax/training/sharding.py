@@ -3,7 +3,12 @@
 The mesh has three axes: `data` (batch split, parameters replicated), `fsdp`
 (batch split and parameters sharded along `embed`), `tensor` (heads, MLP and
 vocabulary split: Megatron-style tensor parallelism). A size of -1 takes the
-remaining devices. Axis types are `Auto`: recent JAX makes `jax.make_mesh`
+remaining devices. On several TPU slices (devices with distinct
+`slice_index`: a multi-slice job, or an ahead-of-time topology with
+`num_slices`), `config.mesh.shape` is the mesh inside one slice (ICI) and
+`config.mesh.dcn_shape` multiplies it across slices over the data-centre
+network, data-parallel by default (`create_hybrid_device_mesh`): the slow DCN
+links then carry only the gradient all-reduce. Axis types are `Auto`: recent JAX makes `jax.make_mesh`
 default to `Explicit`, which breaks ordinary gathers in losses.
 
 Parameters carry logical axis names (see `bert_jax.modeling.initializers`);
@@ -19,10 +24,13 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from bert_jax.modeling.layers import BATCH_MESH_AXES
+
 MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+BATCH_AXES = BATCH_MESH_AXES  # activations follow it too (modeling.layers.batch_sharded)
 
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", BATCH_AXES),
@@ -58,12 +66,31 @@ def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
     return shape
 
 
-def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
-    """A `(data, fsdp, tensor)` mesh over `devices` (all by default), axis types Auto."""
+def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None,
+              dcn_shape: Sequence[int] = (-1, 1, 1)) -> Mesh:
+    """A `(data, fsdp, tensor)` mesh over `devices` (all by default), axis types Auto.
+
+    With devices from several slices, `shape` is resolved against one slice's
+    devices and `dcn_shape` against the number of slices; each mesh axis is
+    then `dcn_shape[i] * shape[i]` long, slices outermost.
+    """
     devices = list(devices if devices is not None else jax.devices())
-    resolved = mesh_shape(shape, len(devices))
-    return jax.make_mesh(resolved, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
-                         devices=devices)
+    auto = (AxisType.Auto,) * len(MESH_AXES)
+    slices = len({getattr(d, "slice_index", 0) for d in devices})
+    if slices == 1:
+        return jax.make_mesh(mesh_shape(shape, len(devices)), MESH_AXES,
+                             axis_types=auto, devices=devices)
+    ici = mesh_shape(shape, len(devices) // slices)
+    dcn = mesh_shape(dcn_shape, slices)
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
+                                                allow_split_physical_axes=True)
+    return Mesh(grid, MESH_AXES, axis_types=auto)
+
+
+def mesh_from_config(mesh_config, devices=None) -> Mesh:
+    """The mesh of an experiment's `config.mesh` (`shape`, optional `dcn_shape`)."""
+    return make_mesh(tuple(mesh_config.shape), devices,
+                     tuple(mesh_config.get("dcn_shape", (-1, 1, 1))))
 
 
 def _fit(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:

@@ -29,6 +29,31 @@ class TrainState(train_state.TrainState):
     """step, params, opt_state (unboxed arrays), with `apply_fn` and `tx` static."""
 
 
+def _boxed_state_fn(init_fn: Callable[[jax.Array], Any], apply_fn: Callable,
+                    tx: optax.GradientTransformation) -> Callable[[jax.Array], TrainState]:
+    def boxed_state(rng):
+        params = init_fn(rng)["params"]
+        return TrainState.create(apply_fn=apply_fn, params=params, tx=tx)
+    return boxed_state
+
+
+def abstract_train_state(init_fn: Callable[[jax.Array], Any], apply_fn: Callable,
+                         tx: optax.GradientTransformation, mesh: Mesh,
+                         rules=RULES) -> tuple[TrainState, Any]:
+    """The state's shapes, dtypes and shardings, computing nothing.
+
+    Returns (state of `jax.ShapeDtypeStruct`s carrying their shardings,
+    state_shardings): what `create_train_state` builds and what ahead-of-time
+    compilation lowers the train step with. The shardings come from the
+    parameters' logical axis names.
+    """
+    boxed = jax.eval_shape(_boxed_state_fn(init_fn, apply_fn, tx), jax.random.PRNGKey(0))
+    shardings = logical_shardings(boxed, mesh, rules)
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            nn.meta.unbox(boxed), shardings)
+    return abstract, shardings
+
+
 def create_train_state(init_fn: Callable[[jax.Array], Any], apply_fn: Callable,
                        tx: optax.GradientTransformation, mesh: Mesh, rng: jax.Array,
                        rules=RULES) -> tuple[TrainState, Any]:
@@ -38,12 +63,8 @@ def create_train_state(init_fn: Callable[[jax.Array], Any], apply_fn: Callable,
     come from the parameters' logical axis names, so no full copy is ever built
     on one device. Returns (state, state_shardings).
     """
-    def boxed_state(rng):
-        params = init_fn(rng)["params"]
-        return TrainState.create(apply_fn=apply_fn, params=params, tx=tx)
-
-    abstract = jax.eval_shape(boxed_state, rng)
-    shardings = logical_shardings(abstract, mesh, rules)
+    _, shardings = abstract_train_state(init_fn, apply_fn, tx, mesh, rules)
+    boxed_state = _boxed_state_fn(init_fn, apply_fn, tx)
     init = jax.jit(lambda r: nn.meta.unbox(boxed_state(r)), out_shardings=shardings)
     with jax.set_mesh(mesh):
         return init(rng), shardings

@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import threading
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from absl import logging
 from flax import traverse_util
-from jax.experimental import multihost_utils
 
 from bert_jax.tasks import build_task
 from bert_jax.training import optimizer as optimizer_lib
@@ -33,8 +29,9 @@ from bert_jax.training.checkpoints import Checkpointer, restore_params
 from bert_jax.training.evaluation import abstract_like, make_evaluator
 from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
+from bert_jax.training.preemption import PreemptionWatcher
 from bert_jax.training.prefetch import DevicePrefetch
-from bert_jax.training.sharding import global_batch, make_mesh
+from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
     TrainState, create_train_state, jit_train_step, make_train_step)
 
@@ -105,31 +102,6 @@ def make_optimizer(config: ml_collections.ConfigDict):
                                b2=opt.b2, eps=opt.eps, max_grad_norm=opt.max_grad_norm)
 
 
-class PreemptionWatcher:
-    """Turns SIGTERM (a TPU VM preemption notice) into a flag checked each step."""
-
-    def __init__(self):
-        self._event = threading.Event()
-        self._previous = None
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum, frame):
-        logging.warning("SIGTERM received: saving a checkpoint at the next step.")
-        self._event.set()
-
-    def requested(self) -> bool:
-        local = self._event.is_set()
-        if jax.process_count() == 1:
-            return local
-        flags = multihost_utils.process_allgather(np.array(local))
-        return bool(np.any(flags))
-
-    def close(self):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-
-
 def initialise_from(state: TrainState, path: str, workdir: str) -> TrainState:
     """Overwrites the parameters that `path` holds (params-only restore)."""
     restored, names, missing = restore_params(path, abstract_like(state.params))
@@ -152,7 +124,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     workdir = prepare_workdir(workdir, config)
     task = build_task(config, workdir)
     train = config.train
-    mesh = make_mesh(tuple(config.mesh.shape))
+    mesh = mesh_from_config(config.mesh)
     init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
     state, shardings = create_train_state(task.init_variables, task.model.apply,
                                           make_optimizer(config), mesh, init_rng)
@@ -178,7 +150,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                         flops_per_step=task.flops_per_step(),
                         tokens_per_step=task.tokens_per_step(),
                         peak_flops=peak_flops_per_device(config.get("peak_flops", 0.0)))
-    preemption = PreemptionWatcher()
+    preemption = PreemptionWatcher(first_step)
     first_bad = jnp.array(-1, jnp.int32)
 
     def check_finite():
@@ -214,7 +186,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 if scalars:
                     writer.write(step, scalars)
                     logged.update(scalars)
-                preempted = preemption.requested()
+                preempted = preemption.requested(step)
                 if step % train.checkpoint_every == 0 or last or preempted:
                     check_finite()
                     checkpointer.save(step, state, train_iter, metrics=eval_metrics)

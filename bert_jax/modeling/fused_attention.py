@@ -1,0 +1,144 @@
+"""Fused attention kernels behind one name per kernel, chosen per platform.
+
+`config.attention_impl` says which computation runs:
+  einsum  explicit scores and probabilities (dropout, attention maps); any mask.
+  xla     `jax.nn.dot_product_attention(implementation='xla')`: XLA's own
+          attention, on every platform; any mask.
+  cudnn   cuDNN flash attention (GPU): padding as sequence lengths, causality
+          as `is_causal`; bfloat16/float16 only, head_dim <= 128 (256 on
+          Hopper and later), a multiple of 8. Packed segments are refused:
+          `jax.nn.dot_product_attention` takes no segment ids (cuDNN's packed
+          layout is reachable only through JAX's private cudnn module).
+  splash  Pallas splash attention (TPU), under `jax.shard_map` over the mesh:
+          padding and packed sequences as segment ids, causality as a mask
+          (`bert_jax.modeling.splash`).
+  flash   the platform's flash kernel: cudnn on GPU, splash on TPU, xla on CPU.
+
+The platform is the one the step is compiled for: that of the mesh in context
+(`jax.set_mesh`, as the train loop and `launch/compile.py` use), otherwise JAX's
+default backend. A kernel that cannot run the mask it is given raises
+`AttentionKernelError` naming the mask and the alternatives; nothing falls
+back silently. The kernels apply no attention dropout.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from bert_jax.modeling.masks import AttentionMask, Mask, dense_mask
+
+Array = jax.Array
+
+IMPLS = ("einsum", "xla", "cudnn", "splash", "flash")
+FLASH_KERNELS = {"gpu": "cudnn", "cuda": "cudnn", "tpu": "splash", "cpu": "xla"}
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+class AttentionKernelError(ValueError):
+    """The asked-for kernel cannot run here or cannot take this mask."""
+
+
+def platform() -> str:
+    """'tpu', 'gpu'/'cuda' or 'cpu': the platform of the mesh in context, else
+    JAX's default backend."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.abstract_device is not None:
+        return mesh.abstract_device.platform
+    return jax.default_backend()
+
+
+def resolve(impl: str) -> str:
+    """`impl` with 'flash' replaced by the platform's kernel."""
+    if impl not in IMPLS:
+        raise AttentionKernelError(f"attention_impl={impl!r}: choose one of {IMPLS}.")
+    if impl != "flash":
+        return impl
+    here = platform()
+    if here not in FLASH_KERNELS:
+        raise AttentionKernelError(
+            f"attention_impl='flash': no flash kernel is known for platform {here!r}; "
+            "use 'xla' or 'einsum'.")
+    return FLASH_KERNELS[here]
+
+
+def attend(query: Array, key: Array, value: Array, mask: Mask, *, scale: float,
+           impl: str) -> Array:
+    """softmax(scale Q Kᵀ) V with a fused kernel ('xla', 'cudnn' or 'splash').
+
+    query `[batch, q_len, heads, head_dim]`, key/value `[batch, kv_len, heads,
+    head_dim]` -> `[batch, q_len, heads, head_dim]`.
+    """
+    if impl == "xla":
+        return jax.nn.dot_product_attention(
+            query, key, value, mask=dense_mask(mask, query.shape[1], key.shape[1]),
+            scale=scale, implementation="xla")
+    mask = _structured(mask, impl)
+    if impl == "cudnn":
+        if query.dtype not in CUDNN_DTYPES:
+            raise AttentionKernelError(
+                f"attention_impl='cudnn' (or 'flash' on GPU) needs bfloat16 or float16 "
+                f"inputs, got {query.dtype}: set model.dtype='bfloat16', or use 'xla'.")
+        return length_masked_attention(query, key, value, mask, scale=scale,
+                                       implementation="cudnn")
+    if impl == "splash":
+        from bert_jax.modeling import splash  # Pallas TPU modules load on demand
+        query_segments, key_segments = splash_segments(mask, query, key)
+        return splash.splash_attention(
+            query, key, value, query_segments=query_segments, key_segments=key_segments,
+            causal=mask.causal, scale=scale, mesh=jax.sharding.get_abstract_mesh(),
+            interpret=platform() != "tpu")
+    raise AttentionKernelError(f"attend: {impl!r} is not a fused kernel.")
+
+
+def _structured(mask: Mask, impl: str) -> AttentionMask:
+    if mask is None:
+        return AttentionMask()
+    if not isinstance(mask, AttentionMask):
+        raise AttentionKernelError(
+            f"attention_impl={impl!r} takes an AttentionMask (padding, segments, "
+            "causality), not a dense boolean mask: build the mask with "
+            "bert_jax.modeling.masks.AttentionMask, or use 'xla' or 'einsum'.")
+    return mask
+
+
+def _lengths(valid: Array | None) -> Array | None:
+    """`[batch, length]` bool, valid tokens first -> `[batch]` int32 lengths."""
+    return None if valid is None else jnp.sum(valid, axis=-1, dtype=jnp.int32)
+
+
+def length_masked_attention(query: Array, key: Array, value: Array,
+                            mask: AttentionMask, *, scale: float,
+                            implementation: str) -> Array:
+    """`jax.nn.dot_product_attention` with padding given as sequence lengths and
+    causality as `is_causal`: the form cuDNN takes. With implementation='xla'
+    it runs anywhere, which is how the mapping is tested on CPU."""
+    if mask.query_segments is not None:
+        raise AttentionKernelError(
+            "attention_impl='cudnn' (or 'flash' on GPU) cannot take packed segments: "
+            "jax.nn.dot_product_attention has no segment ids. Train without packing "
+            "(data.pack_length=0), or use attention_impl='xla' or 'einsum'.")
+    return jax.nn.dot_product_attention(
+        query, key, value, scale=scale, is_causal=mask.causal,
+        query_seq_lengths=_lengths(mask.query_valid),
+        key_value_seq_lengths=_lengths(mask.key_valid), implementation=implementation)
+
+
+def splash_segments(mask: AttentionMask, query: Array, key: Array
+                    ) -> tuple[Array | None, Array | None]:
+    """Padding and packing as splash's segment ids `[batch, q_len]`, `[batch,
+    kv_len]`: a query sees the keys of its own id. Packed rows keep their ids,
+    padding keys get 0; without packing valid keys are 1, padding keys 0 and
+    every query 1 (a padding query's output is never read, and no row is left
+    without a visible key)."""
+    if mask.query_segments is None and mask.key_valid is None:
+        return None, None
+    batch = query.shape[0]
+    if mask.query_segments is not None:
+        query_segments, key_segments = mask.query_segments, mask.key_segments
+    else:
+        query_segments = jnp.ones((batch, query.shape[1]), jnp.int32)
+        key_segments = jnp.ones((batch, key.shape[1]), jnp.int32)
+    if mask.key_valid is not None:
+        key_segments = jnp.where(mask.key_valid, key_segments, 0)
+    return query_segments.astype(jnp.int32), key_segments.astype(jnp.int32)

@@ -1,0 +1,299 @@
+"""Ahead-of-time compilation of an experiment's train and evaluation steps for
+accelerators that are not here (`launch/compile.py`).
+
+The steps are the ones `launch/train.py` runs: the task (built without data,
+`build_task(abstract=True)`), its loss through `make_train_step` and
+`jit_train_step` (donation included), the optimizer of `trainer.make_optimizer`,
+the state's shardings from the logical axis rules, the mesh of `config.mesh`,
+and the evaluation step of `evaluation.jit_eval_step`; only the arrays are
+abstract (`jax.ShapeDtypeStruct`s carrying their shardings).
+
+What a compiled step reports (`StepReport`):
+  memory   per device, from `compiled.memory_analysis()`: arguments, outputs,
+           temporaries, generated code, minus the output bytes aliased to
+           donated arguments; their total against the chip's memory.
+  flops    XLA's count (`cost_analysis()`, per device, times the devices; the TPU
+           compiler gives it, the GPU compiler does not) next to the model FLOPs
+           of `bert_jax.training.flops` (matmuls only).
+  collectives  the communication ops of the compiled program with their count
+           and result bytes per device, as they appear in its text: an op inside
+           a loop (scanned layers, gradient accumulation) is counted once.
+  attention kernels  the fused attention custom calls it contains (cuDNN's
+           `__cudnn$fmha*`, the Pallas/Mosaic `tpu_custom_call`s of splash).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import re
+import time
+from typing import Any
+
+import jax
+import ml_collections
+
+from bert_jax.tasks import build_task
+from bert_jax.training.evaluation import jit_eval_step
+from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_config
+from bert_jax.training.topologies import Target
+from bert_jax.training.train_step import (
+    abstract_train_state, jit_train_step, make_train_step)
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+               "collective-permute")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+          "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+_ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\]")
+_OP = re.compile(r"=\s*(\(.*?\)|\S+)\s+(" + "|".join(COLLECTIVES) + r")(-done)?\(")
+_START = re.compile(r"\s(" + "|".join(COLLECTIVES) + r")-start\(")
+_CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([A-Za-z_][\w\-]*?)(?:\.\d+)*\s*=")
+GiB = float(1 << 30)
+
+
+class DoesNotFit(RuntimeError):
+    """A step needs more memory per device than the chip has."""
+
+
+@dataclasses.dataclass
+class StepReport:
+    """What the compiler says of one step (see the module docstring)."""
+
+    compile_seconds: float
+    memory: dict[str, int]
+    xla_flops: float | None
+    collectives: dict[str, dict[str, float]]
+    attention_kernels: dict[str, int]
+
+    @property
+    def total_bytes(self) -> int:
+        return self.memory["total"]
+
+
+@dataclasses.dataclass
+class CompileReport:
+    """A compiled experiment: the target, the mesh, the batch, both steps."""
+
+    topology: str
+    chip: str
+    num_devices: int
+    num_slices: int
+    memory_per_device: int
+    mesh: dict[str, int]
+    global_batch: int
+    per_device_batch: float
+    model_flops: float
+    train: StepReport
+    eval: StepReport | None
+
+    @property
+    def fits(self) -> bool:
+        steps = [self.train] + ([self.eval] if self.eval else [])
+        return all(step.total_bytes <= self.memory_per_device for step in steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "fits": self.fits}
+
+    def summary(self) -> str:
+        """A few lines a person reads: memory against the chip, FLOPs, collectives."""
+        lines = [f"{self.topology} ({self.num_devices} x {self.chip}, "
+                 f"{self.num_slices} slice(s)); mesh {self.mesh}; global batch "
+                 f"{self.global_batch} ({self.per_device_batch:g} per device)"]
+        for name, step in (("train", self.train), ("eval", self.eval)):
+            if step is None:
+                continue
+            m = step.memory
+            lines.append(
+                f"{name}: compiled in {step.compile_seconds:.1f} s; per device "
+                f"{m['total'] / GiB:.2f} GiB of {self.memory_per_device / GiB:.1f} GiB "
+                f"(arguments {m['arguments'] / GiB:.2f}, outputs {m['outputs'] / GiB:.2f}, "
+                f"temporaries {m['temporaries'] / GiB:.2f}, code "
+                f"{m['generated_code'] / GiB:.3f}, aliased -{m['aliased'] / GiB:.2f})")
+            if name == "train":
+                xla = ("not reported by this compiler" if step.xla_flops is None else
+                       f"XLA {step.xla_flops:.3e} ({step.xla_flops / self.model_flops:.3f}x)")
+                lines.append(f"  FLOPs per step: model {self.model_flops:.3e}; {xla}")
+            lines.append("  collectives: " + (", ".join(
+                f"{kind} x{int(c['count'])} ({c['bytes'] / 2**20:.1f} MiB)"
+                for kind, c in step.collectives.items()) or "none"))
+            lines.append("  attention kernels: " + (", ".join(
+                f"{k} x{n}" for k, n in step.attention_kernels.items()) or
+                "none (attention is XLA fusions)"))
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------
+# Reading a compiled program.
+
+
+def _array_bytes(shape_text: str) -> int:
+    """Bytes of every `dtype[d0,d1,...]` in an HLO shape (a tuple sums them)."""
+    return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+               for dtype, dims in _ARRAY.findall(shape_text))
+
+
+def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
+    """`{kind: {'count', 'bytes'}}` of the communication ops in a compiled
+    program's text; an asynchronous pair (`-start`/`-done`) counts once, with
+    the bytes of its result."""
+    found: dict[str, dict[str, float]] = collections.defaultdict(
+        lambda: {"count": 0, "bytes": 0})
+    for line in hlo_text.splitlines():
+        match = _OP.search(line)
+        if match and not _START.search(line):
+            shape, kind, _ = match.groups()
+            found[kind]["count"] += 1
+            found[kind]["bytes"] += _array_bytes(shape)
+    return {kind: dict(found[kind]) for kind in COLLECTIVES if kind in found}
+
+
+def attention_kernels(hlo_text: str) -> dict[str, int]:
+    """Fused attention calls in a compiled program: cuDNN's `__cudnn$fmha*`
+    custom calls, and the Mosaic (Pallas TPU) kernels by the name of their
+    instruction (e.g. `splash_mha_fwd_segmented_residuals`)."""
+    found: collections.Counter = collections.Counter()
+    for line in hlo_text.splitlines():
+        for target in _CUSTOM_CALL.findall(line):
+            if target.startswith("__cudnn$fmha"):
+                found[target] += 1
+            elif target == "tpu_custom_call":
+                name = _INSTRUCTION.match(line)
+                found[f"tpu_custom_call:{name.group(1) if name else 'unnamed'}"] += 1
+    return dict(sorted(found.items()))
+
+
+def _memory(compiled) -> dict[str, int]:
+    stats = compiled.memory_analysis()
+    memory = {"arguments": stats.argument_size_in_bytes,
+              "outputs": stats.output_size_in_bytes,
+              "temporaries": stats.temp_size_in_bytes,
+              "generated_code": stats.generated_code_size_in_bytes,
+              "aliased": stats.alias_size_in_bytes}
+    memory["total"] = (memory["arguments"] + memory["outputs"] + memory["temporaries"]
+                       + memory["generated_code"] - memory["aliased"])
+    return memory
+
+
+def _xla_flops(compiled, num_devices: int) -> float | None:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    if not cost or "flops" not in cost:
+        return None
+    return float(cost["flops"]) * num_devices
+
+
+def _compile(jitted, args, num_devices: int) -> StepReport:
+    start = time.perf_counter()
+    try:
+        compiled = jitted.lower(*args).compile()
+    except Exception as e:  # noqa: BLE001  (the TPU compiler refuses what exceeds HBM)
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        raise DoesNotFit("the compiler ran out of device memory: " + " ".join(
+            line.strip() for line in str(e).splitlines()[:3])) from e
+    seconds = time.perf_counter() - start
+    text = compiled.as_text()
+    return StepReport(seconds, _memory(compiled), _xla_flops(compiled, num_devices),
+                      collectives(text), attention_kernels(text))
+
+
+# ----------------------------------------------------------------------------
+# Compiling an experiment.
+
+
+def with_per_device_batch(config: ml_collections.ConfigDict, per_device: int,
+                          batch_devices: int) -> ml_collections.ConfigDict:
+    """`config` with a global training batch of `per_device * batch_devices`
+    rows (a token budget, `data.batch_tokens`, is dropped in favour of rows)."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.train.batch_size = per_device * batch_devices
+    if config.data.get("batch_tokens", 0):
+        config.data.batch_tokens = 0
+    return config
+
+
+def batch_devices(mesh) -> int:
+    """Devices the batch is split over (`data` x `fsdp`)."""
+    return math.prod(mesh.shape[axis] for axis in BATCH_AXES)
+
+
+def compile_experiment(config: ml_collections.ConfigDict, target: Target,
+                       eval_step: bool = True) -> CompileReport:
+    """Compiles `config`'s train step (and evaluation step) for `target`."""
+    from bert_jax.training.trainer import make_optimizer  # the trainer imports this module's peers
+
+    task = build_task(config, None, abstract=True)
+    mesh = mesh_from_config(config.mesh, target.devices)
+    num_devices = len(target.devices)
+    state, shardings = abstract_train_state(task.init_variables, task.model.apply,
+                                            make_optimizer(config), mesh)
+    rng = jax.ShapeDtypeStruct((2,), jax.numpy.uint32,
+                               sharding=jax.sharding.NamedSharding(
+                                   mesh, jax.sharding.PartitionSpec()))
+
+    def batch(train: bool):
+        return {key: jax.ShapeDtypeStruct(spec.shape, spec.dtype,
+                                          sharding=batch_sharding(mesh))
+                for key, spec in task.batch_spec(train).items()}
+
+    train_batch = batch(True)
+    global_rows = next(iter(train_batch.values())).shape[0]
+    if global_rows % batch_devices(mesh):
+        raise ValueError(
+            f"the global training batch of {global_rows} rows does not split over "
+            f"{batch_devices(mesh)} devices (mesh data x fsdp of {dict(mesh.shape)}): "
+            "set config.train.batch_size (or data.batch_tokens) to a multiple.")
+    with jax.set_mesh(mesh):
+        step = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps),
+                              shardings, mesh)
+        train = _compile(step, (state, train_batch, rng), num_devices)
+        evaluation = None
+        if eval_step:
+            evaluation = _compile(jit_eval_step(task, mesh),
+                                  (state.params, batch(False), None), num_devices)
+    return CompileReport(
+        topology=target.name, chip=target.chip, num_devices=num_devices,
+        num_slices=target.num_slices, memory_per_device=target.memory_bytes,
+        mesh=dict(mesh.shape), global_batch=global_rows,
+        per_device_batch=global_rows / batch_devices(mesh),
+        model_flops=task.flops_per_step(), train=train, eval=evaluation)
+
+
+def find_max_batch(config: ml_collections.ConfigDict, target: Target, start: int = 1,
+                   limit: int = 4096) -> tuple[int, CompileReport | None]:
+    """The largest per-device training batch whose step fits the chip's memory,
+    and its report (0 and None when `start` does not fit): doubling from
+    `start`, then bisection to within 1/8 of the answer (the search compiles
+    the step about log2(answer) + 3 times). A compile the compiler itself
+    refuses for memory counts as not fitting."""
+    mesh = mesh_from_config(config.mesh, target.devices)
+    devices = batch_devices(mesh)
+
+    def attempt(per_device: int) -> CompileReport | None:
+        try:
+            report = compile_experiment(with_per_device_batch(config, per_device, devices),
+                                        target, eval_step=False)
+        except DoesNotFit:
+            return None
+        return report if report.fits else None
+
+    best, best_report, low, high = 0, None, 0, None
+    size = start
+    while high is None and size <= limit:
+        report = attempt(size)
+        if report is None:
+            high = size
+        else:
+            best, best_report, low = size, report, size
+            size *= 2
+    while high is not None and high - low > max(1, low // 8):
+        middle = (low + high) // 2
+        report = attempt(middle)
+        if report is None:
+            high = middle
+        else:
+            best, best_report, low = middle, report, middle
+    return best, best_report

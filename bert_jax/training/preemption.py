@@ -1,0 +1,142 @@
+"""Preemption notices (SIGTERM) turned into one checkpoint step that every
+process agrees on, without a cross-host collective at every training step.
+
+`PreemptionWatcher` picks one of three mechanisms when it is created (its
+docstring says which runs where). The training loop calls
+`watcher.requested(step)` once per step, with consecutive steps, the same on
+every process, and saves a checkpoint then stops when it returns True.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import jax
+import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
+
+# How many steps apart the fallback mechanism compares the processes' flags.
+CHECK_EVERY_ENV = "BERT_JAX_PREEMPTION_CHECK_EVERY"
+DEFAULT_CHECK_EVERY = 10
+
+LOCAL_FLAG = "local SIGTERM flag"
+SYNC_MANAGER = "JAX preemption sync manager"
+PERIODIC_ALLGATHER = "SIGTERM flag all-gathered every N steps"
+
+
+def sync_manager_available() -> bool:
+    """True when `jax.distributed` is initialised and created its preemption sync
+    manager (it does unless the `jax_enable_preemption_service` option is off)."""
+    try:
+        from jax._src import distributed as jax_distributed
+    except ImportError:  # a JAX without this private module: use the fallback
+        return False
+    state = jax_distributed.global_state
+    return (getattr(state, "client", None) is not None
+            and getattr(state, "preemption_sync_manager", None) is not None)
+
+
+def choose_mechanism() -> str:
+    """The mechanism `PreemptionWatcher` uses in this process (see its docstring)."""
+    if sync_manager_available():
+        return SYNC_MANAGER
+    if jax.process_count() == 1:
+        return LOCAL_FLAG
+    return PERIODIC_ALLGATHER
+
+
+def check_every_steps(check_every: int | None = None) -> int:
+    """`check_every`, else $BERT_JAX_PREEMPTION_CHECK_EVERY, else the default."""
+    value = check_every if check_every is not None else int(
+        os.environ.get(CHECK_EVERY_ENV, DEFAULT_CHECK_EVERY))
+    if value < 1:
+        raise ValueError(f"preemption check_every={value}: use a positive number of steps.")
+    return value
+
+
+class PreemptionWatcher:
+    """Turns SIGTERM (a TPU VM preemption notice) into a step at which every
+    process saves a checkpoint and stops. Which mechanism runs where:
+
+    * Under `jax.distributed` (any number of processes; the default whenever
+      there are several): JAX's preemption sync manager, which Orbax's
+      `CheckpointManager.reached_preemption` also uses. `jax.distributed.initialize`
+      creates it on every platform, CPU included, and it installs its own C++
+      SIGTERM handler, so this class installs none (a Python handler installed
+      afterwards replaces it and the notice would never arrive). A SIGTERM on
+      any process reaches the coordination service; the processes then agree,
+      once, on the step after the furthest one any of them has reported, and
+      `requested(step)` is True at that step on all of them. Between notices
+      `requested` is a local comparison under a lock: no collective, no RPC.
+    * One process without `jax.distributed`: a Python SIGTERM handler sets a
+      local flag that `requested` reads; nothing is communicated.
+    * Several processes without the sync manager (processes of a TPU slice that
+      libtpu connected without `jax.distributed`, or `jax_enable_preemption_service`
+      turned off): the Python handler's flag, OR-ed over all processes with one
+      `process_allgather` every `check_every` steps (argument, else
+      $BERT_JAX_PREEMPTION_CHECK_EVERY, default 10; it must be the same on every
+      process). Trade-off: one cross-host collective per `check_every` steps
+      instead of per step, for up to `check_every - 1` more steps between the
+      notice and the checkpoint; keep that time well inside the grace period.
+
+    `requested(step)` must be called at every step, with consecutive steps, the
+    same on every process: the sync manager fires only at exactly the agreed
+    step, and the fallback gathers at the same steps everywhere. `first_step`,
+    the step training resumes from, is reported to the sync manager at once, so
+    a notice that arrives before the first `requested` call is agreed on for
+    the first step run (not for step 1, which a resumed run never reaches).
+    """
+
+    def __init__(self, first_step: int = 0, check_every: int | None = None):
+        self.mechanism = choose_mechanism()
+        self.check_every = check_every_steps(check_every)
+        self._event = threading.Event()
+        self._previous = None
+        if self.mechanism == SYNC_MANAGER:
+            multihost_utils.reached_preemption_sync_point(first_step)
+        else:
+            self._install_handler()
+        logging.info("preemption notices: %s%s", self.mechanism,
+                     f" (N={self.check_every})" if self.mechanism == PERIODIC_ALLGATHER
+                     else "")
+
+    def _install_handler(self) -> None:
+        """Catches SIGTERM in Python (signals can only be set in the main thread)."""
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.mechanism == LOCAL_FLAG:
+            logging.warning("SIGTERM received: saving a checkpoint at the next step.")
+        else:
+            logging.warning("SIGTERM received: saving a checkpoint at the next preemption "
+                            "check (every %d steps).", self.check_every)
+        self._event.set()
+
+    def requested(self, step: int) -> bool:
+        """True when a checkpoint must be saved at `step` (then stop training)."""
+        if self.mechanism == SYNC_MANAGER:
+            return self._reached_sync_point(step)
+        if self.mechanism == LOCAL_FLAG:
+            return self._event.is_set()
+        return step % self.check_every == 0 and self._any_process_flagged()
+
+    def _reached_sync_point(self, step: int) -> bool:
+        if not multihost_utils.reached_preemption_sync_point(step):
+            return False
+        logging.warning("SIGTERM (a preemption notice) reached a process: all %d processes "
+                        "save a checkpoint at step %d, the step they agreed on.",
+                        jax.process_count(), step)
+        return True
+
+    def _any_process_flagged(self) -> bool:
+        flags = multihost_utils.process_allgather(np.array(self._event.is_set()))
+        return bool(np.any(flags))
+
+    def close(self):
+        """Restores the SIGTERM handler that was there before, if this set one."""
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)

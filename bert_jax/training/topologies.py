@@ -1,0 +1,206 @@
+"""Accelerators that may not be here: TPU slices and GPU nodes, by name.
+
+`target(name, num_slices)` gives the devices of a TPU slice or a GPU node for
+ahead-of-time compilation on a CPU machine (`bert_jax.training.aot`), with the
+chip's memory and peak bfloat16 FLOP/s:
+
+  TPU (needs `libtpu`: `pip install -e ".[tpu]"`)
+    v4-N, v5p-N   N TensorCores (2 per chip: N/2 chips), 3-D torus, e.g. v4-32, v5p-128
+    v5e-N, v6e-N  N chips, 2-D torus, e.g. v5e-256
+    v5e:16x16, v4:2x2x4, v5p:4x4x4   an explicit chip grid
+  GPU (needs the CUDA plugin: `pip install -e ".[cuda12]"`, and the environment
+  variables JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 on a machine
+  without a GPU)
+    h100-8, h200-8, a100-8, b200-8   one node of 8 GPUs; -16, -32 ...: nodes of 8
+
+A GPU is described to XLA by a `GpuTargetConfig` text proto, rendered here from
+the vendors' published figures (`GPUS`), the one place they are kept. Memory
+sizes are what the device reports (nvidia-smi's total), in bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+GiB = 1 << 30
+
+
+class TopologyError(ValueError):
+    """An accelerator name that is not understood, or a compiler that is missing."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The devices of one accelerator topology, and one chip's figures."""
+
+    name: str
+    platform: str              # 'tpu' | 'gpu'
+    devices: tuple
+    chip: str                  # e.g. 'TPU v5e', 'NVIDIA H100 80GB HBM3'
+    memory_bytes: int          # per chip (TPU HBM) or per GPU
+    peak_flops: float          # per chip, dense bfloat16
+    num_slices: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuChip:
+    prefix: str                # topology_name prefix libtpu knows
+    dims: int                  # torus dimensions
+    cores_per_chip: int        # the "-N" of a name counts cores
+    memory_bytes: int
+    peak_flops: float
+
+
+TPUS = {   # Cloud TPU system-architecture pages: HBM per chip, peak bf16 FLOP/s per chip
+    "v4": TpuChip("v4", 3, 2, 32 * GiB, 275e12),
+    "v5p": TpuChip("v5", 3, 2, 95 * GiB, 459e12),
+    "v5e": TpuChip("v5e", 2, 1, 16 * GiB, 197e12),
+    "v6e": TpuChip("v6e", 2, 1, 32 * GiB, 918e12),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuSpec:
+    """A GPU's published figures, as XLA's GpuTargetConfig needs them."""
+
+    description: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    memory_bytes: int
+    memory_bandwidth: float        # bytes/s
+    l2_cache_bytes: int
+    clock_ghz: float
+    shared_memory_per_sm: int
+    shared_memory_per_block_optin: int
+    fp32_cores_per_sm: int
+    peak_flops: float              # dense bfloat16 tensor-core FLOP/s
+
+
+GPUS = {   # NVIDIA data sheets and CUDA occupancy tables (SXM parts)
+    "h100": GpuSpec("NVIDIA H100 80GB HBM3", (9, 0), 132, 84_929_347_584, 3.35232e12,
+                    50 * 2**20, 1.98, 233_472, 232_448, 128, 989e12),
+    "h200": GpuSpec("NVIDIA H200", (9, 0), 132, 150_754_820_096, 4.8e12,
+                    50 * 2**20, 1.98, 233_472, 232_448, 128, 989e12),
+    "a100": GpuSpec("NVIDIA A100-SXM4-80GB", (8, 0), 108, 85_899_345_920, 2.039e12,
+                    40 * 2**20, 1.41, 167_936, 166_912, 64, 312e12),
+    "b200": GpuSpec("NVIDIA B200", (10, 0), 148, 192_265_846_784, 8.0e12,
+                    126 * 2**20, 1.965, 233_472, 232_448, 128, 2.25e15),
+}
+GPUS_PER_NODE = 8
+CUDNN_VERSION = (9, 8)       # the cuDNN and CUDA the target configs describe
+CUDA_VERSION = (12, 8)
+
+
+def gpu_target_config(spec: GpuSpec) -> str:
+    """The XLA `GpuTargetConfig` text proto of `spec`."""
+    major, minor = spec.compute_capability
+    info = {
+        "threads_per_block_limit": 1024, "threads_per_warp": 32,
+        "shared_memory_per_block": 49152,
+        "shared_memory_per_core": spec.shared_memory_per_sm,
+        "threads_per_core_limit": 2048, "core_count": spec.sm_count,
+        "fpus_per_core": spec.fp32_cores_per_sm,
+        "block_dim_limit_x": 2147483647, "block_dim_limit_y": 65535,
+        "block_dim_limit_z": 65535, "memory_bandwidth": int(spec.memory_bandwidth),
+        "l2_cache_size": spec.l2_cache_bytes, "clock_rate_ghz": spec.clock_ghz,
+        "device_memory_size": spec.memory_bytes,
+        "shared_memory_per_block_optin": spec.shared_memory_per_block_optin,
+    }
+    lines = [f"  {key}: {value}" for key, value in info.items()]
+    lines.append(f"  cuda_compute_capability {{ major: {major} minor: {minor} }}")
+    lines += ["  registers_per_core_limit: 65536", "  registers_per_block_limit: 65536"]
+    return "\n".join([
+        "gpu_device_info {", *lines, "}",
+        'platform_name: "CUDA"',
+        f"dnn_version_info {{ major: {CUDNN_VERSION[0]} minor: {CUDNN_VERSION[1]} }}",
+        f"runtime_version {{ major: {CUDA_VERSION[0]} minor: {CUDA_VERSION[1]} }}",
+        f'device_description_str: "{spec.description}"', ""])
+
+
+def tpu_grid(chips: int, dims: int) -> tuple[int, ...]:
+    """The chip grid Cloud TPU gives a slice of `chips` chips: start from 1x1
+    (2-D) or 2x2x1 (3-D) and double the smallest side, the last one on ties
+    (v4-8: 2x2x1, v4-32: 2x2x4, v5p-128: 4x4x4, v5e-8: 2x4, v5e-256: 16x16)."""
+    smallest_slice = 4 if dims == 3 else 1
+    if chips < smallest_slice or chips & (chips - 1):
+        raise TopologyError(f"{chips} chips: slices by size are powers of two (3-D ones "
+                            "of 4 chips or more); give the grid instead, e.g. v5e:4x8.")
+    grid = [2, 2, 1] if dims == 3 else [1] * dims
+    while math.prod(grid) < chips:
+        smallest = min(grid)
+        index = max(i for i, g in enumerate(grid) if g == smallest)
+        grid[index] *= 2
+    return tuple(grid)
+
+
+_SIZED = re.compile(r"^(v4|v5p|v5e|v6e)-(\d+)$")
+_GRID = re.compile(r"^(v4|v5p|v5e|v6e):(\d+(?:x\d+)+)$")
+_GPU = re.compile(r"^([a-z]\d+)-(\d+)$")
+
+
+def target(name: str, num_slices: int = 1) -> Target:
+    """The devices of the accelerator `name` (see the module docstring)."""
+    name = name.strip().lower()
+    if _SIZED.match(name) or _GRID.match(name):
+        return _tpu(name, num_slices)
+    match = _GPU.match(name)
+    if match and match.group(1) in GPUS:
+        if num_slices != 1:
+            raise TopologyError(f"--num_slices is for TPU slices; a GPU topology counts "
+                                f"its GPUs in its name ({match.group(1)}-16: two nodes).")
+        return _gpu(match.group(1), int(match.group(2)))
+    raise TopologyError(
+        f"unknown accelerator {name!r}: use a TPU slice (v4-32, v5p-128, v5e-256, "
+        f"v6e-64, or a grid like v5e:16x16) or GPU nodes ({', '.join(GPUS)} with -8, "
+        "-16, ...).")
+
+
+def _tpu(name: str, num_slices: int) -> Target:
+    sized = _SIZED.match(name)
+    kind = (sized or _GRID.match(name)).group(1)
+    chip = TPUS[kind]
+    if sized:
+        cores = int(sized.group(2))
+        if cores % chip.cores_per_chip:
+            raise TopologyError(f"{name}: {kind} counts {chip.cores_per_chip} cores a chip.")
+        grid = tpu_grid(cores // chip.cores_per_chip, chip.dims)
+    else:
+        grid = tuple(int(g) for g in _GRID.match(name).group(2).split("x"))
+        if len(grid) != chip.dims:
+            raise TopologyError(f"{name}: a {kind} grid has {chip.dims} sides.")
+    topology = f"{chip.prefix}:{'x'.join(map(str, grid))}"
+    options = {"chip_config_name": "megacore"} if chip.cores_per_chip == 2 else {}
+    devices = _topology_devices(dict(topology_name=topology, platform="tpu",
+                                     num_slices=num_slices, **options), "tpu", name)
+    return Target(name, "tpu", devices, f"TPU {kind}", chip.memory_bytes,
+                  chip.peak_flops, num_slices)
+
+
+def _gpu(kind: str, count: int) -> Target:
+    if count <= GPUS_PER_NODE:
+        layout = f"1x1x{count}"
+    elif count % GPUS_PER_NODE == 0:
+        layout = f"1x{count // GPUS_PER_NODE}x{GPUS_PER_NODE}"
+    else:
+        raise TopologyError(f"{kind}-{count}: more than one node means whole nodes of "
+                            f"{GPUS_PER_NODE} GPUs.")
+    spec = GPUS[kind]
+    devices = _topology_devices(dict(platform="cuda", topology=layout,
+                                     target_config=gpu_target_config(spec)),
+                                "gpu", f"{kind}-{count}")
+    return Target(f"{kind}-{count}", "gpu", devices, spec.description, spec.memory_bytes,
+                  spec.peak_flops)
+
+
+def _topology_devices(options: dict, platform: str, name: str) -> tuple:
+    from jax.experimental import topologies
+    try:
+        return tuple(topologies.get_topology_desc(**options).devices)
+    except Exception as e:  # noqa: BLE001  (the plugin's own error names the cause)
+        install = ('"jax[tpu]" (pip install -e ".[tpu]")' if platform == "tpu" else
+                   '"jax[cuda12]" (pip install -e ".[cuda12]") and run with '
+                   "JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1")
+        raise TopologyError(f"cannot describe {name} to the {platform.upper()} compiler: "
+                            f"{str(e).splitlines()[0]}\nIt needs {install}.") from e

@@ -1,0 +1,232 @@
+"""Ahead-of-time compilation of the real train and evaluation steps for TPU
+slices and GPU nodes that are not here (libtpu and the CUDA plugin compile on
+this CPU): layouts, slices, memory, FLOPs, collectives, attention kernels,
+refusals, and the batch shapes the steps are lowered with."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from bert_jax.modeling.fused_attention import AttentionKernelError
+from bert_jax.tasks import build_task
+from bert_jax.training import aot, topologies
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+import pretrain_bert  # noqa: E402
+import tiny_translate  # noqa: E402
+
+# XLA's count over flops.py's: flops.py counts the matmuls only, XLA also the
+# elementwise work (GELU, softmax, LayerNorm, dropout, the Adam update), which
+# is a large share of a model 128 wide (about 30%; a few % for BERT-base).
+FLOPS_RATIO = (1.0, 1.4)
+GPU_SPEC = REPO.parent / "shared" / "gpu_specs" / "h100_sxm.txtpb"
+
+
+def bert_config(**model) -> ml_collections.ConfigDict:
+    """The default pretraining experiment, one layer, shorter sequences (fast
+    compiles)."""
+    config = pretrain_bert.get_config()
+    config.data.max_seq_length, config.data.max_predictions_per_seq = 64, 10
+    config.model.update(num_layers=1, **model)
+    return config
+
+
+def translation_config(**data) -> ml_collections.ConfigDict:
+    config = tiny_translate.get_config()
+    config.data.update(data)
+    return config
+
+
+def with_mesh(config, shape, dcn=(-1, 1, 1)):
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.mesh.shape, config.mesh.dcn_shape = shape, dcn
+    return config
+
+
+@pytest.fixture(scope="module")
+def v5e():
+    return topologies.target("v5e:2x2")
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return topologies.target("h100-2")
+
+
+# ----------------------------------------------------------------------------
+# Names.
+
+
+@pytest.mark.parametrize("name, chips, grid", [
+    ("v4-32", 16, (2, 2, 4)), ("v5p-128", 64, (4, 4, 4)), ("v5e-256", 256, (16, 16)),
+    ("v5e-8", 8, (2, 4)), ("v4-8", 4, (2, 2, 1)), ("v6e-64", 64, (8, 8))])
+def test_tpu_names_give_the_cloud_slices(name, chips, grid):
+    kind, cores = name.split("-")
+    chip = topologies.TPUS[kind]
+    assert int(cores) // chip.cores_per_chip == chips
+    assert topologies.tpu_grid(chips, chip.dims) == grid
+
+
+def test_targets_have_their_devices_and_slices():
+    two = topologies.target("v5e:2x2", num_slices=2)
+    assert len(two.devices) == 8 and two.memory_bytes == 16 * topologies.GiB
+    assert sorted({d.slice_index for d in two.devices}) == [0, 1]
+    assert len(topologies.target("v4-8").devices) == 4
+    nodes = topologies.target("h100-16")
+    assert len(nodes.devices) == 16 and {d.process_index for d in nodes.devices} == {0, 1}
+    assert nodes.devices[0].device_kind == "NVIDIA H100 80GB HBM3"
+    for bad in ("v5e-3", "tpu-8", "h100-12", "v4:2x2"):
+        with pytest.raises(topologies.TopologyError, match=bad.split("-")[0]):
+            topologies.target(bad)
+
+
+def test_h100_target_config_matches_the_measured_one():
+    if not GPU_SPEC.is_file():
+        pytest.skip(f"{GPU_SPEC} is absent (shared/ lives beside the repo)")
+    fields = re.compile(r"^\s*(\w+): ([\d.]+)\s*$", re.M)
+    measured = dict(fields.findall(GPU_SPEC.read_text()))
+    rendered = dict(fields.findall(topologies.gpu_target_config(topologies.GPUS["h100"])))
+    assert measured and {k: float(v) for k, v in measured.items()} == {
+        k: float(v) for k, v in rendered.items() if k in measured}
+
+
+# ----------------------------------------------------------------------------
+# TPU.
+
+
+@pytest.mark.parametrize("layout, shape", [
+    ("data", (4, 1, 1)), ("fsdp", (1, 4, 1)), ("tensor", (1, 1, 4))])
+def test_bert_steps_compile_for_a_tpu_slice(v5e, layout, shape):
+    config = with_mesh(bert_config(), shape)
+    report = aot.compile_experiment(config, v5e, eval_step=layout == "data")
+    memory = report.train.memory
+    assert report.mesh == dict(zip(("data", "fsdp", "tensor"), shape))
+    assert memory["arguments"] > 0 and memory["total"] > 0
+    assert memory["total"] == (memory["arguments"] + memory["outputs"]
+                               + memory["temporaries"] + memory["generated_code"]
+                               - memory["aliased"])
+    assert memory["aliased"] > 0  # the donated state is updated in place
+    assert report.fits and report.train.compile_seconds > 0
+    # Per-device FLOPs x devices: with parameters sharded, work XLA repeats on
+    # every device (LayerNorm over a sharded width, heads that do not divide
+    # the tensor axis) counts again, so the formula is checked data-parallel.
+    assert report.train.xla_flops > report.model_flops
+    kinds = report.train.collectives
+    if layout == "data":   # replicated parameters: gradients are all-reduced
+        assert FLOPS_RATIO[0] < report.train.xla_flops / report.model_flops < FLOPS_RATIO[1]
+        assert "all-reduce" in kinds and "all-gather" not in kinds
+        assert report.eval.memory["total"] > 0
+    elif layout == "fsdp":  # sharded parameters are gathered before use
+        assert kinds["all-gather"]["count"] > 0 and kinds["all-gather"]["bytes"] > 0
+    else:
+        assert kinds  # tensor parallelism communicates inside the layers
+    assert report.train.attention_kernels == {}  # einsum
+
+
+def test_two_slices_put_data_parallelism_across_them():
+    target = topologies.target("v5e:2x2", num_slices=2)
+    config = with_mesh(translation_config(), (1, 2, 2))
+    report = aot.compile_experiment(config, target, eval_step=False)
+    assert report.num_devices == 8 and report.num_slices == 2
+    assert report.mesh == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert report.per_device_batch == config.train.batch_size / 4
+
+
+def test_v4_megacore_slice_compiles_translation():
+    report = aot.compile_experiment(translation_config(), topologies.target("v4-8"),
+                                    eval_step=False)
+    assert report.chip == "TPU v4" and report.num_devices == 4 and report.fits
+
+
+def test_splash_kernels_in_the_tpu_train_step(v5e):
+    config = with_mesh(bert_config(attention_impl="flash", attention_dropout_rate=0.0,
+                                   dtype="bfloat16"), (2, 1, 2))
+    config.data.max_seq_length = 128
+    report = aot.compile_experiment(config, v5e)
+    kernels = set(report.train.attention_kernels)
+    names = {k.split(":")[1].rsplit("_", 2)[0] for k in kernels}
+    assert {"splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv"} <= {
+        n.replace("_segmented", "") for n in names}, kernels
+    assert all("dq" not in k and "dkv" not in k for k in report.eval.attention_kernels)
+
+
+def test_a_step_that_cannot_fit_is_refused_with_the_figures():
+    """1G embedding rows x 128 wide cannot fit a v5e's 16 GiB with Adam: the
+    TPU compiler refuses, and the tool says so in a few lines."""
+    command = [sys.executable, str(REPO / "launch" / "compile.py"),
+               "--config=" + str(REPO / "experiments" / "pretrain_bert.py"),
+               "--topology=v5e:2x2", "--noeval", "--config.data.vocab_size=8000000"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert re.search(r"ran out of device memory.*\d+(\.\d+)?G", done.stderr), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# ----------------------------------------------------------------------------
+# GPU.
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 1), (1, 2, 1)])
+def test_bert_step_compiles_to_cudnn_flash_attention(h100, shape):
+    config = with_mesh(bert_config(attention_impl="flash", attention_dropout_rate=0.0,
+                                   dtype="bfloat16"), shape)
+    report = aot.compile_experiment(config, h100)
+    assert report.train.xla_flops is None  # the GPU compiler counts none
+    # One layer: its self-attention forward, and backward in the train step.
+    assert report.train.attention_kernels == {"__cudnn$fmhaSoftmax": 1,
+                                              "__cudnn$fmhaSoftmaxBackward": 1}
+    assert report.eval.attention_kernels == {"__cudnn$fmhaSoftmax": 1}
+    assert report.train.memory["total"] > 0 and report.fits
+    einsum = aot.compile_experiment(with_mesh(bert_config(dtype="bfloat16"), shape), h100,
+                                    eval_step=False)
+    assert einsum.train.attention_kernels == {}
+
+
+def test_translation_uses_cudnn_and_refuses_packed_rows(h100):
+    flash = dict(attention_impl="flash", dtype="bfloat16")
+    config = translation_config()
+    config.model.update(flash)
+    report = aot.compile_experiment(config, h100, eval_step=False)
+    # Encoder self, decoder causal self and cross-attention: 3 kernels per layer.
+    assert report.train.attention_kernels == {"__cudnn$fmhaSoftmax": 6,
+                                              "__cudnn$fmhaSoftmaxBackward": 6}
+    packed = translation_config(pack_length=16)
+    packed.model.update(flash)
+    with pytest.raises(AttentionKernelError, match="packed segments"):
+        aot.compile_experiment(packed, h100, eval_step=False)
+
+
+def test_gpu_memory_over_the_card_is_reported_as_not_fitting(h100):
+    config = bert_config(dtype="bfloat16")
+    config.data.vocab_size = 40_000_000   # 5.1e9 parameters: 82 GB with Adam
+    report = aot.compile_experiment(config, h100, eval_step=False)
+    assert not report.fits
+    assert report.train.total_bytes > topologies.GPUS["h100"].memory_bytes
+
+
+# ----------------------------------------------------------------------------
+# The shapes the steps are lowered with are those of the real batches.
+
+
+def test_batch_spec_is_the_shape_of_real_batches(tmp_path):
+    config = translation_config(data_dir=str(tmp_path / "tfds"))
+    real = build_task(config, str(tmp_path / "w"))
+    abstract = build_task(config, None, abstract=True)
+    batch = next(iter(real.train_iterator(0, 1)))
+    spec = abstract.batch_spec(train=True)
+    assert {k: (v.shape, v.dtype) for k, v in spec.items()} == {
+        k: (np.shape(v), np.asarray(v).dtype) for k, v in batch.items()}
+    evaluation = next(iter(real.eval_batches(0, 1)))
+    assert {k: v.shape for k, v in abstract.batch_spec(train=False).items()} == {
+        k: np.shape(v) for k, v in evaluation.items()}
+    assert jax.tree.structure(abstract.model_config) == jax.tree.structure(
+        real.model_config) and abstract.model_config == real.model_config
