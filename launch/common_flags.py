@@ -37,8 +37,10 @@ def quiet_library_logs() -> None:
 
 
 def start(argv) -> None:
-    """Common start-up: no stray arguments, quiet library logs, multi-host."""
+    """Common start-up: no stray arguments, quiet library logs, the platforms
+    this machine has, multi-host."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     quiet_library_logs()
+    distributed.select_platforms()
     distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)

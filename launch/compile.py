@@ -38,6 +38,9 @@ _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "TPU slices joined over the 
 _FIND_MAX_BATCH = flags.DEFINE_integer(
     "find_max_batch", 0, "N > 0: also search the largest per-device training batch "
     "that fits, doubling from N, then bisecting (each try is one compile).")
+_BISECT = flags.DEFINE_bool("bisect", True, "With --find_max_batch: bisect between the "
+                            "last doubling that fits and the first that does not "
+                            "(else report the doubling).")
 _EVAL = flags.DEFINE_bool("eval", True, "Also compile the evaluation step.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the report as JSON here.")
 flags.mark_flags_as_required(["config", "topology"])
@@ -55,7 +58,8 @@ def main(argv):
     print(report.summary())
     result = report.to_dict()
     if _FIND_MAX_BATCH.value:
-        best, best_report = aot.find_max_batch(config, target, start=_FIND_MAX_BATCH.value)
+        best, best_report = aot.find_max_batch(config, target, start=_FIND_MAX_BATCH.value,
+                                                bisect=_BISECT.value)
         result["max_per_device_batch"] = best
         result["max_batch_report"] = best_report.to_dict() if best_report else None
         print(f"largest per-device batch that fits: {best}"

@@ -5,6 +5,7 @@ refusals, and the batch shapes the steps are lowered with."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import subprocess
@@ -230,3 +231,15 @@ def test_batch_spec_is_the_shape_of_real_batches(tmp_path):
         k: np.shape(v) for k, v in evaluation.items()}
     assert jax.tree.structure(abstract.model_config) == jax.tree.structure(
         real.model_config) and abstract.model_config == real.model_config
+
+
+def test_a_cpu_machine_with_the_accelerator_plugins_starts_quietly():
+    """Both plugins are installed here, without their hardware: the launchers'
+    start-up keeps JAX to the CPU, so neither prints its failed start."""
+    script = ("from bert_jax.training import distributed; distributed.select_platforms(); "
+              "import jax; print(jax.devices()[0].platform)")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "cpu", done.stderr
+    assert "cuInit" not in done.stderr and "TPU" not in done.stderr, done.stderr

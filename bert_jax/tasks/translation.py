@@ -198,13 +198,16 @@ class TranslationTask(Task):
                 words.append(str(int(i)))
         return " ".join(words)
 
-    @functools.cached_property
-    def _search(self):
+    @functools.cache
+    def _search(self, mesh):
+        """Beam search, compiled; its output replicated on every device (the
+        model keeps activations batch-sharded, see `layers.batch_sharded`)."""
         decode = self.config.decode
         model = Transformer(self.model_config, incremental=True)
         return jax.jit(lambda params, inputs: transformer_search(
             model, params, inputs, max_length=decode.max_length,
-            beam_size=decode.beam_size, alpha=decode.alpha)[0])
+            beam_size=decode.beam_size, alpha=decode.alpha)[0],
+            out_shardings=NamedSharding(mesh, PartitionSpec()))
 
     def translate(self, params, inputs: np.ndarray, mesh) -> np.ndarray:
         """Best translations `[n, decode.max_length]` of `inputs` `[n, max_length]`
@@ -217,7 +220,7 @@ class TranslationTask(Task):
             rows = len(chunk)
             chunk = np.pad(chunk, ((0, batch_size - rows), (0, 0)))  # one compiled shape
             chunk = jax.make_array_from_process_local_data(replicated, chunk)
-            outputs.append(np.asarray(jax.device_get(self._search(params, chunk)))[:rows])
+            outputs.append(np.asarray(jax.device_get(self._search(mesh)(params, chunk)))[:rows])
         return np.concatenate(outputs)
 
     def head_mask_shapes(self):

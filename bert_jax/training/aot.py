@@ -263,12 +263,15 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
 
 
 def find_max_batch(config: ml_collections.ConfigDict, target: Target, start: int = 1,
-                   limit: int = 4096) -> tuple[int, CompileReport | None]:
+                   limit: int = 4096, bisect: bool = True
+                   ) -> tuple[int, CompileReport | None]:
     """The largest per-device training batch whose step fits the chip's memory,
     and its report (0 and None when `start` does not fit): doubling from
-    `start`, then bisection to within 1/8 of the answer (the search compiles
-    the step about log2(answer) + 3 times). A compile the compiler itself
-    refuses for memory counts as not fitting."""
+    `start`, then (`bisect`) bisection to within 1/8 of the answer; without
+    bisection the answer is a power-of-two multiple of `start` and the next
+    doubling does not fit. The search compiles the step about log2(answer /
+    start) + 1 times, plus 3 to bisect. A compile the compiler itself refuses
+    for memory counts as not fitting."""
     mesh = mesh_from_config(config.mesh, target.devices)
     devices = batch_devices(mesh)
 
@@ -289,7 +292,7 @@ def find_max_batch(config: ml_collections.ConfigDict, target: Target, start: int
         else:
             best, best_report, low = size, report, size
             size *= 2
-    while high is not None and high - low > max(1, low // 8):
+    while bisect and high is not None and high - low > max(1, low // 8):
         middle = (low + high) // 2
         report = attempt(middle)
         if report is None:

@@ -10,10 +10,32 @@ single process on one machine needs nothing.
 
 from __future__ import annotations
 
+import glob
 import os
 
 import jax
 from absl import logging
+
+
+def present_platforms() -> str:
+    """The JAX platforms this machine has hardware for: 'cuda' with an NVIDIA
+    driver, 'tpu' with TPU device files (/dev/accel*, /dev/vfio/N), and 'cpu'."""
+    present = []
+    if os.path.exists("/proc/driver/nvidia/version"):
+        present.append("cuda")
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        present.append("tpu")
+    return ",".join(present + ["cpu"])
+
+
+def select_platforms() -> None:
+    """Starts JAX on the platforms this machine has (`present_platforms`), unless
+    JAX_PLATFORMS says otherwise. With the CUDA plugin or libtpu installed on a
+    machine without that hardware (e.g. for `launch/compile.py`), JAX would
+    otherwise print the plugin's failed start-up at every run. Call it before
+    anything touches a JAX backend."""
+    if os.environ.get("JAX_PLATFORMS") is None:
+        jax.config.update("jax_platforms", present_platforms())
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
