@@ -30,7 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # scan_layers, which stacks them): attention kernel ('einsum', 'flash'
         # = the platform's, 'xla', 'cudnn', 'splash'), rematerialisation
         # policy, layers as one nn.scan.
-        attention_impl="einsum", remat="none", scan_layers=False))
+        attention_impl="einsum", remat="none", scan_layers=False, dtype="float32"))
 
     config.data = ml_collections.ConfigDict(dict(
         builder="synthetic_reverse",   # a tfds builder name (bert_jax/data)

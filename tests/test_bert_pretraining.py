@@ -82,6 +82,23 @@ def test_batches_are_bert_inputs(task):
         assert not set(labels) & {vocab.cls_id, vocab.sep_id, vocab.pad_id}
 
 
+def shapes(batch) -> dict:
+    return {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in batch.items()}
+
+
+def test_batch_spec_of_the_data_free_task_is_the_real_batches(task):
+    """`build_task(abstract=True)` (ahead-of-time compilation) reads no data,
+    yet gives the shapes of the batches the real task produces."""
+    abstract = build_task(task.config, None, abstract=True)
+    it = task.train_iterator(0, 1)
+    batch = next(it)
+    it.close()
+    assert shapes(abstract.batch_spec(train=True)) == shapes(batch)
+    assert shapes(abstract.batch_spec(train=False)) == shapes(next(iter(
+        task.eval_batches(0, 1))))
+    assert abstract.model_config.replace(vocab_size=task.vocab.size) == task.model_config
+
+
 def unmasked_batch(task, n=8):
     """The first `n` training instances as an unmasked batch `[n, max_length]`."""
     source = task._source("train")
@@ -180,8 +197,9 @@ def test_random_position_offsets_shift_training_rows_only(tmp_path):
     step1 = task._train_transform(dict(unmasked), 1, 0)
     assert not np.array_equal(step1["position_ids"], positions)
     it = task.train_iterator(0, 1)
-    assert "position_ids" in next(it)
+    batch = next(it)
     it.close()
+    assert shapes(build_task(config, None, abstract=True).batch_spec()) == shapes(batch)
     assert all("position_ids" not in b for b in task.eval_batches(0, 1))
     # The model reads them: positions 0..47 give the loss of no position_ids.
     params = initial_params(task)
