@@ -35,6 +35,10 @@ Variants:
              --config.init_from=PHASE1_WORKDIR` for the last 10%), the
              bert-base-uncased vocabulary size (30522: give its `vocab.txt` as
              `--config.data.vocab_file`, or a corpus to train one on).
+             Check a slice or node before booking it (memory, FLOPs,
+             collectives; docs/ACCELERATORS.md):
+               python launch/compile.py --config=experiments/pretrain_bert.py:large \
+                   --topology=v5e-256 --config.model.scan_layers=True
   Continue pretraining an imported checkpoint: `--config.init_from=HF_FOLDER`
   (a Hugging Face BERT folder or one written by launch/convert.py), with
   `--config.data.vocab_file=HF_FOLDER/vocab.txt` and `config.model` matching it.
