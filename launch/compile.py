@@ -17,16 +17,17 @@ import json
 import os
 import sys
 
-# Compile on the CPU for accelerators that are not here: before JAX starts.
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compiles may run side by side
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bert_jax.training import topologies  # noqa: E402  (imports no JAX)
+
+# Compile on the CPU for accelerators that are not here: before JAX starts.
+for _name, _value in topologies.COMPILE_ONLY_ENVIRONMENT.items():
+    os.environ.setdefault(_name, _value)
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from bert_jax.training import aot, topologies  # noqa: E402
+from bert_jax.training import aot  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file: experiments/NAME.py[:ARG]; override any "
@@ -70,10 +71,11 @@ def main(argv):
             json.dump(result, f, indent=2)
     if not report.fits:
         needs = max(step.total_bytes for step in (report.train, report.eval) if step)
+        gives = f"{report.memory_per_device / aot.GiB:.1f} GiB" + (
+            f" ({report.memory_note})" if report.memory_note else "")
         sys.exit(f"compile: does not fit: a step needs {needs / aot.GiB:.2f} GiB per device "
-                 f"but a {report.chip} has {report.memory_per_device / aot.GiB:.1f} GiB. "
-                 "Lower config.train.batch_size, shard more (config.mesh.shape: fsdp, "
-                 "tensor), or set config.model.remat.")
+                 f"but a {report.chip} gives it {gives}. Lower config.train.batch_size, "
+                 "shard more (config.mesh.shape: fsdp, tensor), or set config.model.remat.")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,12 @@ accelerators that are not here, and shared paths."""
 
 import os
 
+from bert_jax.training.topologies import COMPILE_ONLY_ENVIRONMENT  # imports no JAX
+
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Ahead-of-time compilation for GPUs and TPUs that are not here (test_compile.py):
-# the CUDA plugin describes GPUs without a driver, libtpu may serve several processes.
-os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+# JAX on the CPU; compilers for the GPUs and TPUs that are not here (test_compile.py).
+for name, value in COMPILE_ONLY_ENVIRONMENT.items():
+    os.environ.setdefault(name, value)
 
 import pathlib  # noqa: E402
 

@@ -214,6 +214,20 @@ def test_gpu_memory_over_the_card_is_reported_as_not_fitting(h100):
     assert report.train.total_bytes > topologies.GPUS["h100"].memory_bytes
 
 
+def test_a_gpu_step_may_use_the_share_of_memory_jax_takes(monkeypatch):
+    """JAX's allocator takes 75% of a GPU unless XLA_CLIENT_MEM_FRACTION (or its
+    older name) says otherwise; a step is judged against that share."""
+    card = topologies.GPUS["h100"].memory_bytes
+    for variable in topologies.MEMORY_FRACTION_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    assert topologies.target("h100-2").memory_bytes == int(0.75 * card)
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+    assert topologies.target("h100-2").memory_bytes == int(0.9 * card)
+    monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "1.5")
+    with pytest.raises(topologies.TopologyError, match="XLA_CLIENT_MEM_FRACTION='1.5'"):
+        topologies.target("h100-2")
+
+
 # ----------------------------------------------------------------------------
 # The shapes the steps are lowered with are those of the real batches.
 

@@ -80,7 +80,8 @@ class CompileReport:
     chip: str
     num_devices: int
     num_slices: int
-    memory_per_device: int
+    memory_per_device: int     # what a step may use (Target.memory_bytes)
+    memory_note: str
     mesh: dict[str, int]
     global_batch: int
     per_device_batch: float
@@ -98,9 +99,13 @@ class CompileReport:
 
     def summary(self) -> str:
         """A few lines a person reads: memory against the chip, FLOPs, collectives."""
-        lines = [f"{self.topology} ({self.num_devices} x {self.chip}, "
-                 f"{self.num_slices} slice(s)); mesh {self.mesh}; global batch "
+        slices = f", {self.num_slices} slices" if self.num_slices > 1 else ""
+        lines = [f"{self.topology} ({self.num_devices} x {self.chip}{slices}); "
+                 f"mesh {self.mesh}; global batch "
                  f"{self.global_batch} ({self.per_device_batch:g} per device)"]
+        if self.memory_note:
+            lines.append(f"memory a step may use: {self.memory_per_device / GiB:.1f} GiB "
+                         f"per device ({self.memory_note})")
         for name, step in (("train", self.train), ("eval", self.eval)):
             if step is None:
                 continue
@@ -257,6 +262,7 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
     return CompileReport(
         topology=target.name, chip=target.chip, num_devices=num_devices,
         num_slices=target.num_slices, memory_per_device=target.memory_bytes,
+        memory_note=target.memory_note,
         mesh=dict(mesh.shape), global_batch=global_rows,
         per_device_batch=global_rows / batch_devices(mesh),
         model_flops=task.flops_per_step(), train=train, eval=evaluation)

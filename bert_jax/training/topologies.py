@@ -22,9 +22,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 
 GiB = 1 << 30
+
+# The environment in which a CPU machine compiles for accelerators that are not
+# here; set before JAX starts (`launch/compile.py`, the tests). The CUDA plugin
+# describes GPUs without a driver only with the platform check off; libtpu
+# serves several processes at once only when allowed, and without a worker list
+# and host bounds it prints, at every start, that it could not find the TPU VM
+# it is not on (the slices it describes are the same with these set).
+COMPILE_ONLY_ENVIRONMENT = {
+    "JAX_PLATFORMS": "cpu",
+    "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_HOST_BOUNDS": "1,1,1",
+}
 
 
 class TopologyError(ValueError):
@@ -39,9 +54,11 @@ class Target:
     platform: str              # 'tpu' | 'gpu'
     devices: tuple
     chip: str                  # e.g. 'TPU v5e', 'NVIDIA H100 80GB HBM3'
-    memory_bytes: int          # per chip (TPU HBM) or per GPU
+    memory_bytes: int          # what a step may use: a chip's HBM (TPU); a GPU's
+                               # memory times JAX's allocator share (GPU)
     peak_flops: float          # per chip, dense bfloat16
     num_slices: int = 1
+    memory_note: str = ""      # how memory_bytes follows from the chip, for reports
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +106,11 @@ GPUS = {   # NVIDIA data sheets and CUDA occupancy tables (SXM parts)
                     126 * 2**20, 1.965, 233_472, 232_448, 128, 2.25e15),
 }
 GPUS_PER_NODE = 8
+# JAX's GPU allocator takes this share of a GPU's memory (75% unless the
+# variable says otherwise; XLA_PYTHON_CLIENT_MEM_FRACTION is its older name):
+# a step that needs more runs out of memory on the node however large the card.
+MEMORY_FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+DEFAULT_MEMORY_FRACTION = 0.75
 CUDNN_VERSION = (9, 8)       # the cuDNN and CUDA the target configs describe
 CUDA_VERSION = (12, 8)
 
@@ -117,6 +139,24 @@ def gpu_target_config(spec: GpuSpec) -> str:
         f"dnn_version_info {{ major: {CUDNN_VERSION[0]} minor: {CUDNN_VERSION[1]} }}",
         f"runtime_version {{ major: {CUDA_VERSION[0]} minor: {CUDA_VERSION[1]} }}",
         f'device_description_str: "{spec.description}"', ""])
+
+
+def gpu_memory_fraction() -> float:
+    """The share of a GPU's memory JAX's allocator takes, from the environment
+    (`MEMORY_FRACTION_VARIABLES`) as on the node, else 0.75."""
+    for variable in MEMORY_FRACTION_VARIABLES:
+        text = os.environ.get(variable, "")
+        if not text:
+            continue
+        try:
+            fraction = float(text)
+        except ValueError:
+            fraction = -1.0
+        if not 0.0 < fraction <= 1.0:
+            raise TopologyError(f"{variable}={text!r}: give the share of GPU memory "
+                                "JAX may take, a number in (0, 1], e.g. 0.9.")
+        return fraction
+    return DEFAULT_MEMORY_FRACTION
 
 
 def tpu_grid(chips: int, dims: int) -> tuple[int, ...]:
@@ -190,8 +230,11 @@ def _gpu(kind: str, count: int) -> Target:
     devices = _topology_devices(dict(platform="cuda", topology=layout,
                                      target_config=gpu_target_config(spec)),
                                 "gpu", f"{kind}-{count}")
-    return Target(f"{kind}-{count}", "gpu", devices, spec.description, spec.memory_bytes,
-                  spec.peak_flops)
+    fraction = gpu_memory_fraction()
+    note = (f"{fraction:.0%} of the GPU's {spec.memory_bytes / GiB:.1f} GiB, the share JAX's "
+            f"allocator takes (set {MEMORY_FRACTION_VARIABLES[0]} here as on the node)")
+    return Target(f"{kind}-{count}", "gpu", devices, spec.description,
+                  int(spec.memory_bytes * fraction), spec.peak_flops, memory_note=note)
 
 
 def _topology_devices(options: dict, platform: str, name: str) -> tuple:
