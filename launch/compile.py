@@ -42,6 +42,8 @@ _FIND_MAX_BATCH = flags.DEFINE_integer(
 _BISECT = flags.DEFINE_bool("bisect", True, "With --find_max_batch: bisect between the "
                             "last doubling that fits and the first that does not "
                             "(else report the doubling).")
+_MAX_BATCH_LIMIT = flags.DEFINE_integer("max_batch_limit", 4096, "With --find_max_batch: "
+                                        "the largest per-device batch tried.")
 _EVAL = flags.DEFINE_bool("eval", True, "Also compile the evaluation step.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the report as JSON here.")
 flags.mark_flags_as_required(["config", "topology"])
@@ -59,13 +61,16 @@ def main(argv):
     print(report.summary())
     result = report.to_dict()
     if _FIND_MAX_BATCH.value:
-        best, best_report = aot.find_max_batch(config, target, start=_FIND_MAX_BATCH.value,
-                                                bisect=_BISECT.value)
-        result["max_per_device_batch"] = best
-        result["max_batch_report"] = best_report.to_dict() if best_report else None
-        print(f"largest per-device batch that fits: {best}"
-              + (f" ({best_report.train.total_bytes / aot.GiB:.2f} GiB)" if best_report
-                 else ""))
+        found = aot.find_max_batch(config, target, start=_FIND_MAX_BATCH.value,
+                                   limit=_MAX_BATCH_LIMIT.value, bisect=_BISECT.value)
+        result["max_per_device_batch"] = found.per_device
+        result["max_batch_reached_limit"] = found.reached_limit
+        result["max_batch_report"] = found.report.to_dict() if found.report else None
+        print("largest per-device batch that fits: "
+              + ("at least " if found.reached_limit else "") + str(found.per_device)
+              + (f" ({found.report.train.total_bytes / aot.GiB:.2f} GiB)" if found.report
+                 else "")
+              + (" (the search's limit, --max_batch_limit)" if found.reached_limit else ""))
     if _OUTPUT.value:
         with open(_OUTPUT.value, "w") as f:
             json.dump(result, f, indent=2)

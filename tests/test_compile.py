@@ -5,6 +5,7 @@ refusals, and the batch shapes the steps are lowered with."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import re
@@ -212,6 +213,23 @@ def test_gpu_memory_over_the_card_is_reported_as_not_fitting(h100):
     report = aot.compile_experiment(config, h100, eval_step=False)
     assert not report.fits
     assert report.train.total_bytes > topologies.GPUS["h100"].memory_bytes
+
+
+def test_the_largest_batch_that_fits_is_found_by_compiling():
+    """Two CPU devices with room for exactly the step at 16 rows each: doubling
+    from 16 stops at 32, which does not fit; a search capped at 16 says its
+    answer is a floor. (The search is the same for every platform; the CPU
+    compiles fastest.)"""
+    config = with_mesh(bert_config(), (2, 1, 1))
+    cpus = topologies.Target("cpu-2", "cpu", tuple(jax.devices()[:2]), "CPU", 0, 0.0)
+    need = aot.compile_experiment(aot.with_per_device_batch(config, 16, 2), cpus,
+                                  eval_step=False).train.total_bytes
+    room_for_16 = dataclasses.replace(cpus, memory_bytes=need)
+    found = aot.find_max_batch(config, room_for_16, start=16, bisect=False)
+    assert (found.per_device, found.reached_limit) == (16, False)
+    assert found.report.train.total_bytes == need and found.report.global_batch == 32
+    capped = aot.find_max_batch(config, room_for_16, start=16, limit=16)
+    assert (capped.per_device, capped.reached_limit) == (16, True)
 
 
 def test_a_gpu_step_may_use_the_share_of_memory_jax_takes(monkeypatch):

@@ -268,16 +268,24 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
         model_flops=task.flops_per_step(), train=train, eval=evaluation)
 
 
+@dataclasses.dataclass
+class MaxBatch:
+    """The largest per-device training batch that fits (`find_max_batch`)."""
+
+    per_device: int               # 0 when the first size tried does not fit
+    report: CompileReport | None  # the step at that batch
+    reached_limit: bool           # the search stopped at its limit, not at a
+                                  # batch that does not fit: the answer is a floor
+
+
 def find_max_batch(config: ml_collections.ConfigDict, target: Target, start: int = 1,
-                   limit: int = 4096, bisect: bool = True
-                   ) -> tuple[int, CompileReport | None]:
-    """The largest per-device training batch whose step fits the chip's memory,
-    and its report (0 and None when `start` does not fit): doubling from
-    `start`, then (`bisect`) bisection to within 1/8 of the answer; without
-    bisection the answer is a power-of-two multiple of `start` and the next
-    doubling does not fit. The search compiles the step about log2(answer /
-    start) + 1 times, plus 3 to bisect. A compile the compiler itself refuses
-    for memory counts as not fitting."""
+                   limit: int = 4096, bisect: bool = True) -> MaxBatch:
+    """The largest per-device training batch whose step fits the chip's memory:
+    doubling from `start` up to `limit`, then (`bisect`) bisection to within
+    1/8 of the answer; without bisection the answer is a power-of-two multiple
+    of `start` and the next doubling does not fit. The search compiles the step
+    about log2(answer / start) + 1 times, plus 3 to bisect. A compile the
+    compiler itself refuses for memory counts as not fitting."""
     mesh = mesh_from_config(config.mesh, target.devices)
     devices = batch_devices(mesh)
 
@@ -305,4 +313,4 @@ def find_max_batch(config: ml_collections.ConfigDict, target: Target, start: int
             high = middle
         else:
             best, best_report, low = middle, report, middle
-    return best, best_report
+    return MaxBatch(best, best_report, reached_limit=high is None)
