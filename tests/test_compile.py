@@ -54,14 +54,26 @@ def with_mesh(config, shape, dcn=(-1, 1, 1)):
     return config
 
 
+COMPILERS = {"tpu": ("libtpu", "tpu"), "gpu": ("jax_plugins.xla_cuda12", "cuda12")}
+
+
+def accelerator(name: str, num_slices: int = 1) -> topologies.Target:
+    """`topologies.target`, or a skip naming the extra when this machine has
+    no compiler for it (the test extra installs both)."""
+    kind = re.split(r"[-:]", name)[0]
+    module, extra = COMPILERS["gpu" if kind in topologies.GPUS else "tpu"]
+    pytest.importorskip(module, reason=f'compiling for {name} needs pip install -e ".[{extra}]"')
+    return topologies.target(name, num_slices)
+
+
 @pytest.fixture(scope="module")
 def v5e():
-    return topologies.target("v5e:2x2")
+    return accelerator("v5e:2x2")
 
 
 @pytest.fixture(scope="module")
 def h100():
-    return topologies.target("h100-2")
+    return accelerator("h100-2")
 
 
 # ----------------------------------------------------------------------------
@@ -79,11 +91,11 @@ def test_tpu_names_give_the_cloud_slices(name, chips, grid):
 
 
 def test_targets_have_their_devices_and_slices():
-    two = topologies.target("v5e:2x2", num_slices=2)
+    two = accelerator("v5e:2x2", num_slices=2)
     assert len(two.devices) == 8 and two.memory_bytes == 16 * topologies.GiB
     assert sorted({d.slice_index for d in two.devices}) == [0, 1]
-    assert len(topologies.target("v4-8").devices) == 4
-    nodes = topologies.target("h100-16")
+    assert len(accelerator("v4-8").devices) == 4
+    nodes = accelerator("h100-16")
     assert len(nodes.devices) == 16 and {d.process_index for d in nodes.devices} == {0, 1}
     assert nodes.devices[0].device_kind == "NVIDIA H100 80GB HBM3"
     for bad in ("v5e-3", "tpu-8", "h100-12", "v4:2x2"):
@@ -135,7 +147,7 @@ def test_bert_steps_compile_for_a_tpu_slice(v5e, layout, shape):
 
 
 def test_two_slices_put_data_parallelism_across_them():
-    target = topologies.target("v5e:2x2", num_slices=2)
+    target = accelerator("v5e:2x2", num_slices=2)
     config = with_mesh(translation_config(), (1, 2, 2))
     report = aot.compile_experiment(config, target, eval_step=False)
     assert report.num_devices == 8 and report.num_slices == 2
@@ -144,7 +156,7 @@ def test_two_slices_put_data_parallelism_across_them():
 
 
 def test_v4_megacore_slice_compiles_translation():
-    report = aot.compile_experiment(translation_config(), topologies.target("v4-8"),
+    report = aot.compile_experiment(translation_config(), accelerator("v4-8"),
                                     eval_step=False)
     assert report.chip == "TPU v4" and report.num_devices == 4 and report.fits
 
@@ -238,12 +250,12 @@ def test_a_gpu_step_may_use_the_share_of_memory_jax_takes(monkeypatch):
     card = topologies.GPUS["h100"].memory_bytes
     for variable in topologies.MEMORY_FRACTION_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
-    assert topologies.target("h100-2").memory_bytes == int(0.75 * card)
+    assert accelerator("h100-2").memory_bytes == int(0.75 * card)
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
-    assert topologies.target("h100-2").memory_bytes == int(0.9 * card)
+    assert accelerator("h100-2").memory_bytes == int(0.9 * card)
     monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "1.5")
     with pytest.raises(topologies.TopologyError, match="XLA_CLIENT_MEM_FRACTION='1.5'"):
-        topologies.target("h100-2")
+        accelerator("h100-2")
 
 
 # ----------------------------------------------------------------------------

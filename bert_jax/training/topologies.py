@@ -231,8 +231,8 @@ def _gpu(kind: str, count: int) -> Target:
                                      target_config=gpu_target_config(spec)),
                                 "gpu", f"{kind}-{count}")
     fraction = gpu_memory_fraction()
-    note = (f"{fraction:.0%} of the GPU's {spec.memory_bytes / GiB:.1f} GiB, the share JAX's "
-            f"allocator takes (set {MEMORY_FRACTION_VARIABLES[0]} here as on the node)")
+    note = (f"{fraction:.0%} of the GPU's {spec.memory_bytes / GiB:.1f} GiB: the share JAX's "
+            f"allocator takes; {MEMORY_FRACTION_VARIABLES[0]} changes it, here as on the node")
     return Target(f"{kind}-{count}", "gpu", devices, spec.description,
                   int(spec.memory_bytes * fraction), spec.peak_flops, memory_note=note)
 
