@@ -103,9 +103,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             hidden_size=1024 if big else 512, num_heads=16 if big else 8,
             mlp_dim=4096 if big else 2048, num_layers=6, max_len=256,
             dropout_rate=0.3 if big else 0.1, norm_position="post",
-            # Splash on TPU. On GPU, cuDNN cannot take packed rows: add
-            # --config.data.pack_length=0 or --config.model.attention_impl=xla.
-            attention_impl="flash"))
+            # bfloat16 compute (float32 parameters), as accelerators run it;
+            # the flash kernels: splash on TPU; on GPU, cuDNN cannot take
+            # packed rows: add --config.data.pack_length=0 or
+            # --config.model.attention_impl=xla.
+            dtype="bfloat16", attention_impl="flash"))
         config.decode.update(dict(max_length=256, batch_size=256))
         config.train.update(dict(batch_size=128,  # evaluation rows
                                  num_steps=300000 if big else 100000,
