@@ -26,7 +26,7 @@ BERT-base and -large), and sentence(-pair) heads on the mean of the last layer
 (`head.pooling='mean'`), as all-MiniLM-L6-v2 was trained (a BERT checkpoint
 pretrained with NSP may prefer `'cls'`, its pooler). On the 2-core CPU these
 two changes took MRPC F1 from 85.0 to 86.1, STS-B Pearson from 84.4 to 86.7
-and SST-2 accuracy (800 steps) from 87.4 to 88.4 (the README's results table
+and SST-2 accuracy (800 steps) from 87.4 to 88.4 (docs/RESULTS.md
 has both recipes). Length buckets (32, 64, 128) keep short sentences from
 being padded to 128.
 """

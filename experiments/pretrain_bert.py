@@ -15,7 +15,7 @@ Variants:
              BERT-mini (4 layers, 256 wide) with an 8k uncased WordPiece
              vocabulary trained on the corpus, sequence 128, bfloat16 compute.
              Stays on the masked-LM unigram plateau (MLM accuracy 0.15) for
-             a 60-minute CPU budget: see the README's results table.
+             a 60-minute CPU budget: see docs/RESULTS.md.
   corpus_phase1, corpus_phase2
              the same corpus and model in two phases, which leave the plateau
              within the 60 minutes. Phase 1: sequence 32 (attention spread
@@ -27,7 +27,7 @@ Variants:
                python launch/train.py --config=experiments/pretrain_bert.py:corpus_phase2 \
                    --config.init_from=P1 --workdir=P2
              Result: held-out MLM accuracy 0.371 and NSP accuracy 0.871 at
-             sequence 128, 47.9 minutes for both on the 2-core CPU (README).
+             sequence 128, 47.9 minutes for both on the 2-core CPU (docs/RESULTS.md).
   base, large
              the paper's recipe for accelerators: batch 256, AdamW lr 1e-4,
              warmup 10k, 1M steps, sequence 128 (90% of the steps; set

@@ -7,7 +7,7 @@ r"""Translation with the encoder-decoder Transformer.
 Variants:
   (default)  the built-in synthetic corpus (`synthetic_translation`: reordering,
              gender/number agreement; 50k training pairs), a small model that
-             learns it on a laptop CPU. Result: see the README's results table.
+             learns it on a laptop CPU. Result: see docs/RESULTS.md.
   multi30k   Multi30k de->en from ../shared/data/multi30k (`multi30k_en_de` for
              en->de); a small Transformer for 29k pairs. Result: test_2016_flickr
              sacreBLEU 36.5 at step 1500 (54 min of training on a 2-core CPU).
