@@ -1,7 +1,7 @@
 r"""Head and layer ablation of a trained checkpoint, with head importance and pruning.
 
-  python launch/ablate.py --config=experiments/NAME.py[:ARG] --workdir=DIR \
-      --metric=eval/accuracy [--step=N] [--output_dir=DIR/ablation] [--tolerance=1]
+  python launch/ablate.py --workdir=DIR --metric=eval/accuracy [--step=N] \
+      [--output_dir=DIR/ablation] [--tolerance=1]
 
 Evaluates the checkpoint on the config's evaluation split with every head
 masked alone, with all heads but one of a layer masked, with each layer
@@ -9,6 +9,7 @@ skipped (BERT), computes head importance |dL/dmask| (Michel, Levy and Neubig
 2019) from the evaluation loss, and prunes heads by importance, 10% at a time,
 scoring the metric after each step. Writes `results.json`, `report.md`, the
 heatmaps and `pruning_curve.png` to `--output_dir` (`bert_jax.analysis.ablation`).
+The experiment is the workdir's (`DIR/config.json`), as in evaluate.py.
 
 `--metric` is an evaluation metric where higher is better (e.g. `eval/accuracy`
 of a fine-tuned GLUE task, `eval/accuracy` (per token) of translation; BLEU
@@ -42,11 +43,14 @@ _IMPORTANCE_BATCHES = flags.DEFINE_integer(
 
 def main(argv):
     launch_flags.start(argv)
-    config, workdir = launch_flags.CONFIG.value, launch_flags.WORKDIR.value
+    config, workdir = launch_flags.workdir_experiment()
     task, mesh, params, step = restore_for_inference(config, workdir, _STEP.value)
-    shapes = task.head_mask_shapes()
+    shapes = ablation.model_shapes(task.model_config)
     evaluate = make_evaluator(task, mesh)
-    sums_fn = jax.jit(task.eval_sums)
+    predict = jax.jit(task.predict)
+
+    def model_kwargs(masks):
+        return ablation.model_kwargs(task.model_config, masks)
 
     with jax.set_mesh(mesh):
         batches = [global_batch(b, mesh)
@@ -55,12 +59,7 @@ def main(argv):
             batches = batches[:_IMPORTANCE_BATCHES.value]
 
         def metric_fn(masks):
-            # Metrics of the split's predictions take one pass; means of the
-            # evaluation sums need the full evaluator.
-            metrics = {f"eval/{k}": v for k, v in
-                       task.generation_metrics(params, mesh, step, masks).items()}
-            if _METRIC.value not in metrics:
-                metrics = evaluate(params, step, masks)
+            metrics = evaluate(params, step, model_kwargs(masks))
             if _METRIC.value not in metrics:
                 raise app.UsageError(f"--metric={_METRIC.value} is not among the "
                                      f"evaluation metrics {sorted(metrics)}.")
@@ -70,7 +69,7 @@ def main(argv):
             """Mean evaluation loss (`loss`, or `nll` where the loss is smoothed)."""
             total = weight = 0.0
             for batch in batches:
-                sums = sums_fn(params, batch, masks)
+                sums = predict(params, batch, model_kwargs(masks))["sums"]
                 total = total + sums.get("loss", sums.get("nll"))
                 weight = weight + sums["weight"]
             return total / weight
@@ -88,4 +87,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, argv=launch_flags.workdir_argv(sys.argv))

@@ -11,7 +11,7 @@ times `--steps` steps one by one (each waits for its result) and reports the
 median: step time, sequences/s, tokens/s, model FLOPs utilisation and memory.
 
 MFU = model FLOPs of one step / step seconds / (devices x peak FLOP/s), with
-the model FLOPs from `bert_jax.training.flops` (matmuls only, 3x the forward:
+the model FLOPs from `bert_jax.modeling.flops` (matmuls only, 3x the forward:
 attention matmuls counted, the MLM head only where it is computed, causal
 self-attention halved). Peak FLOP/s: the table in `bert_jax.training.metrics`
 for known accelerators, a float32 matmul measured now on CPUs (so a bfloat16
@@ -45,8 +45,8 @@ import numpy as np
 from absl import app, flags
 
 from bert_jax.modeling import BertForPreTraining, Transformer, bert_preset, transformer_preset
-from bert_jax.training.flops import bert_train_flops, transformer_train_flops
-from bert_jax.training.losses import bert_pretraining_sums, cross_entropy_sums
+from bert_jax.modeling.flops import bert_train_flops, transformer_train_flops
+from bert_jax.modeling.losses import bert_pretraining_sums, cross_entropy_sums
 from bert_jax.training.metrics import peak_flops_per_device
 from bert_jax.training.optimizer import adamw
 from bert_jax.training.sharding import global_batch, make_mesh

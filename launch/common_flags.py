@@ -2,11 +2,12 @@
 and multi-host start-up."""
 
 import logging as python_logging
+import os
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from bert_jax.training import distributed
+from bert_jax.training import distributed, evaluation
 
 CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file: experiments/NAME.py[:ARG]; override any "
@@ -17,7 +18,31 @@ COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                   "host:port of process 0, for multi-process runs.")
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
-flags.mark_flags_as_required(["config", "workdir"])
+
+WORKDIR_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workdir_config.py")
+
+
+def workdir_argv(argv: list[str]) -> list[str]:
+    """`argv` for an entry point that restores a workdir: without `--config`,
+    the experiment is the workdir's `config.json` (`workdir_config.py`), which
+    `--config.KEY=VALUE` overrides."""
+    if any(a == "--config" or a.startswith("--config=") for a in argv):
+        return argv
+    for i, arg in enumerate(argv):
+        workdir = (arg.split("=", 1)[1] if arg.startswith("--workdir=") else
+                   argv[i + 1] if arg == "--workdir" and i + 1 < len(argv) else None)
+        if workdir:
+            return argv[:1] + [f"--config={WORKDIR_CONFIG}:{workdir}"] + argv[1:]
+    return argv
+
+
+def workdir_experiment():
+    """(config, workdir) of an entry point that restores `--workdir`: its
+    `config.json` with the command line's overrides, which may change only what
+    evaluation may (`evaluation.EVALUATION_OVERRIDES`)."""
+    if WORKDIR.value is None:
+        raise app.UsageError("--workdir is required: the workdir of a training run.")
+    return evaluation.evaluation_config(WORKDIR.value, CONFIG.value), WORKDIR.value
 
 
 class _QuietLibraries(python_logging.Filter):

@@ -1,10 +1,15 @@
 r"""Evaluates a checkpoint of a workdir in a fresh process.
 
-  python launch/evaluate.py --config=experiments/NAME.py[:ARG] --workdir=DIR \
-      [--step=N] [--output=FILE.json]
+  python launch/evaluate.py --workdir=DIR [--step=N] [--output=FILE.json] \
+      [--config.data.eval_split=test --config.decode.beam_size=8 ...]
 
-Restores the parameters of step N (default: the latest checkpoint) and writes
-`{"step": N, "eval/...": ...}` as one JSON object to FILE (and the log).
+The experiment is the one the workdir was trained with (`DIR/config.json`).
+Overrides may change only what evaluation may: the evaluation split, the data
+folder of extra test sets, the number of examples scored, decoding, the batch
+size, the mesh, the evaluators (`config.evals`); an override of the model, its
+vocabulary or its task is refused, naming the key. Restores the parameters of
+step N (default: the latest checkpoint; they must match the model exactly) and
+writes `{"step": N, "eval/...": ...}` as one JSON object to FILE (and the log).
 """
 
 import json
@@ -24,8 +29,8 @@ _OUTPUT = flags.DEFINE_string("output", None, "Write the metrics as JSON to this
 
 def main(argv):
     launch_flags.start(argv)
-    result = evaluation.evaluate_checkpoint(launch_flags.CONFIG.value,
-                                            launch_flags.WORKDIR.value, _STEP.value)
+    config, workdir = launch_flags.workdir_experiment()
+    result = evaluation.evaluate_checkpoint(config, workdir, _STEP.value)
     logging.info("%s", json.dumps(result))
     if _OUTPUT.value:
         with open(_OUTPUT.value, "w") as f:
@@ -33,4 +38,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, argv=launch_flags.workdir_argv(sys.argv))

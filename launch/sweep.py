@@ -41,6 +41,7 @@ from ml_collections import config_flags  # noqa: E402
 import common_flags as launch_flags  # noqa: E402
 from bert_jax.analysis import sweeps  # noqa: E402
 
+flags.mark_flags_as_required(["config", "workdir"])
 SWEEP = flags.DEFINE_string(
     "sweep", None, "Sweep spec, e.g. 'model.num_heads=1,2,4 x model.num_layers=1,2' "
     "(default: the config file's get_sweep()).")

@@ -13,10 +13,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from absl import app  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 import common_flags as launch_flags  # noqa: E402
 from bert_jax.training import trainer  # noqa: E402
+
+flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):

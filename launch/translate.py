@@ -1,11 +1,11 @@
 r"""Translates sentences with a trained checkpoint.
 
-  echo "a source sentence" | python launch/translate.py \
-      --config=experiments/translate.py --workdir=DIR [--step=N] [--input=FILE] \
-      [--config.decode.beam_size=4 --config.decode.alpha=0.6]
+  echo "a source sentence" | python launch/translate.py --workdir=DIR [--step=N] \
+      [--input=FILE] [--config.decode.beam_size=4 --config.decode.alpha=0.6]
 
 Reads one sentence per line from --input (default: stdin) and prints one
-translation per line, in order. Uses the workdir's vocabulary and config.
+translation per line, in order. Uses the workdir's vocabulary and config
+(`DIR/config.json`; decoding settings may be overridden, as in evaluate.py).
 """
 
 import os
@@ -24,11 +24,10 @@ _INPUT = flags.DEFINE_string("input", None, "File of source sentences (default: 
 
 def main(argv):
     launch_flags.start(argv)
-    task, mesh, params, _ = evaluation.restore_for_inference(
-        launch_flags.CONFIG.value, launch_flags.WORKDIR.value, _STEP.value)
+    config, workdir = launch_flags.workdir_experiment()
+    task, mesh, params, _ = evaluation.restore_for_inference(config, workdir, _STEP.value)
     if not hasattr(task, "translate"):
-        raise app.UsageError(f"config.task={launch_flags.CONFIG.value.task!r} does not "
-                             "translate.")
+        raise app.UsageError(f"config.task={config.task!r} does not translate.")
     stream = open(_INPUT.value) if _INPUT.value else sys.stdin
     sentences = [line.rstrip("\n") for line in stream]
     outputs = task.translate(params, task.encode_sources(sentences), mesh)
@@ -37,4 +36,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, argv=launch_flags.workdir_argv(sys.argv))

@@ -18,7 +18,7 @@ from bert_jax.data.wordpiece import WordPiece
 from bert_jax.modeling.bert import BertForPreTraining
 from bert_jax.tasks import build_task
 from bert_jax.training import trainer
-from bert_jax.training.losses import bert_pretraining_sums, sums_to_means
+from bert_jax.modeling.losses import bert_pretraining_sums, sums_to_means
 from bert_jax.training.metrics import read_metrics
 from tiny_models import BERT, random_variables
 
@@ -232,7 +232,7 @@ def test_two_phases_short_with_offsets_then_full_length(tmp_path):
 def test_loss_and_evaluation_run(task):
     params = initial_params(task)
     batch = next(iter(task.eval_batches(0, 1)))
-    sums = task.eval_sums(params, batch)
+    sums = task.predict(params, batch)["sums"]
     means = sums_to_means({k: v for k, v in sums.items() if k != "weight"}, sums["weight"])
     assert 0 <= float(means["mlm_accuracy"]) <= 1 and 0 <= float(means["nsp_accuracy"]) <= 1
     # Chance level: the MLM nll is about log(vocab) for a random model.

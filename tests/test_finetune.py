@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax.evaluation import squad
+from bert_jax.evaluation import evaluators, squad
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax.tasks.bert_backbone import resolve_backbone
@@ -78,7 +78,7 @@ def test_classification_and_regression_heads(glue_dirs, tmp_path):
         batch = next(task.eval_batches(0, 1))
         logits = task._outputs(params, batch)
         assert logits.shape == (8, outputs)
-        sums = task.eval_sums(params, batch)
+        sums = task.predict(params, batch)["sums"]
         real = batch["input_ids"][:, 0] != 0
         if outputs == 1:   # squared error of the single output
             expected = ((np.asarray(logits[:, 0]) - batch["label"]) ** 2)[real].sum()
@@ -109,7 +109,7 @@ def test_length_buckets_cut_batches_without_changing_the_loss(glue_dirs, tmp_pat
     assert batch["input_ids"].shape[1] == next(b for b in (8, 16, 32) if b >= longest)
     padded = {k: np.pad(v, ((0, 0), (0, 32 - v.shape[1]))) if v.ndim == 2 else v
               for k, v in batch.items()}
-    a, b = task.eval_sums(params, batch), task.eval_sums(params, padded)
+    a, b = task.predict(params, batch)["sums"], task.predict(params, padded)["sums"]
     assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-5)
 
 
@@ -135,9 +135,14 @@ def test_tagging_labels_sit_on_first_sub_tokens(tmp_path):
                (task.vocab.encode_words(e["words"])[1] for e in task.examples("train")))
     # Scoring: perfect predictions at the first sub-tokens give 100%.
     rows = task.rows("test")
-    perfect = {i: np.maximum(r["labels"] - 1, 0) for i, r in enumerate(rows)}
-    metrics, written = task.score("test", perfect)
-    assert metrics["tag_accuracy"] == 100.0 and len(written) == len(rows)
+    perfect = {i: {"prediction": np.maximum(r["labels"] - 1, 0)} for i, r in enumerate(rows)}
+    decoded = task.decode_predictions("test", perfect)
+    assert decoded["predicted_tags"] == decoded["gold_tags"] == tags * 4
+    context = evaluators.Context(sums={}, decoded=decoded, generate=None, split="test",
+                                 step=1)
+    result = evaluators.get("tagging")(context)
+    assert result.metrics["tag_accuracy"] == 100.0
+    assert len(result.files["predictions/test_1.json"]) == len(rows)
 
 
 def test_evaluation_only_reproduces_the_logged_metrics(glue_dirs, tmp_path):

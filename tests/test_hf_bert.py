@@ -23,7 +23,7 @@ from bert_jax.convert import (
     WeightConversionError, load_hf_bert, load_pretrained, save_hf_bert, save_pretrained)
 from bert_jax.convert.hf_bert import params_from_hf, params_to_hf
 from bert_jax.modeling.bert import mean_pool
-from bert_jax.training.losses import bert_pretraining_sums
+from bert_jax.modeling.losses import bert_pretraining_sums
 from bert_jax.modeling import (
     BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
     BertModel, bert_preset)

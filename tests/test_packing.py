@@ -63,8 +63,8 @@ def test_packed_rows_give_the_loss_of_unpacked_rows(packed_task):
     np.testing.assert_allclose(loss_p, loss_u, rtol=1e-5)
     for key in sums_u:
         np.testing.assert_allclose(sums_p[key], sums_u[key], rtol=1e-5)
-    eval_p = jax.jit(task.eval_sums)(params, packed)
-    eval_u = jax.jit(task.eval_sums)(params, unpacked)
+    eval_p = jax.jit(task.predict)(params, packed)["sums"]
+    eval_u = jax.jit(task.predict)(params, unpacked)["sums"]
     for key in eval_u:
         np.testing.assert_allclose(eval_p[key], eval_u[key], rtol=1e-5)
     for g_p, g_u in zip(jax.tree.leaves(grads_p), jax.tree.leaves(grads_u)):

@@ -47,6 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.modeling.configs import TransformerConfig
+
 Masks = dict[str, Any]
 Shapes = Mapping[str, tuple[int, int]]
 MetricFn = Callable[[Masks], float]
@@ -95,6 +97,23 @@ def transformer_mask_kwargs(masks: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"unknown Transformer mask groups {sorted(unknown)}; expected "
                          f"some of {list(TRANSFORMER_GROUPS)}.")
     return {_TRANSFORMER_KWARGS[g]: m for g, m in masks.items()}
+
+
+def model_shapes(model_config) -> dict[str, tuple[int, int]]:
+    """The head groups of a task's model: `bert_shapes` for BERT models,
+    `transformer_shapes` for the encoder-decoder Transformer."""
+    if isinstance(model_config, TransformerConfig):
+        return transformer_shapes(model_config)
+    return bert_shapes(model_config)
+
+
+def model_kwargs(model_config, masks: Mapping[str, Any]) -> dict[str, Any]:
+    """`masks` as keyword arguments of the model's `__call__` (what a task's
+    prediction function passes on): BERT's groups are its argument names, the
+    Transformer's go through `transformer_mask_kwargs`."""
+    if isinstance(model_config, TransformerConfig):
+        return transformer_mask_kwargs(masks)
+    return dict(masks)
 
 
 def _check_shapes(shapes: Shapes) -> dict[str, tuple[int, int]]:

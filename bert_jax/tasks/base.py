@@ -111,37 +111,38 @@ class Task(abc.ABC):
         """Training loss: (loss summed over real targets, their count, other sums)."""
 
     @abc.abstractmethod
-    def eval_sums(self, params: Any, batch: Batch, masks: dict[str, Any] | None = None
-                  ) -> Sums:
-        """Evaluation sums with a `weight` entry; metrics are `sum / weight`.
-        `masks`: head/layer masks for ablation (`head_mask_shapes`), None for
-        the plain model."""
+    def predict(self, params: Any, batch: Batch, model_kwargs: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
+        """The model's evaluation outputs for one global batch (jit-compiled by the
+        evaluation loop): `sums`, the evaluation sums with a `weight` entry
+        (metrics are `sum / weight`), and for tasks scored on the predictions of
+        the whole split, per-row arrays `[batch, ...]` with `row` (the row's
+        index in the split) and `real` (False for padding rows), which
+        `decode_predictions` reads. `model_kwargs`: extra keyword arguments of
+        the model's `__call__` (e.g. `head_mask` `[layers, heads]`)."""
 
-    def generation_metrics(self, params: Any, mesh, step: int,
-                           masks: dict[str, Any] | None = None) -> dict[str, float]:
-        """Metrics of generated outputs or of the predictions of the whole
-        split (e.g. BLEU of decoded translations, F1), computed at evaluation
-        steps next to the `eval_sums` metrics; by default none. `masks`: as
-        for `eval_sums`."""
-        del params, mesh, step, masks
-        return {}
+    def default_evals(self) -> dict[str, dict[str, Any]]:
+        """The evaluators (`bert_jax.evaluation.evaluators`) run when
+        `config.evals` is empty: name -> options."""
+        return {"loss": {}}
 
-    def head_mask_shapes(self) -> dict[str, tuple[int, int]]:
-        """Head-ablation groups -> `(layers, heads)`: the `masks` that
-        `eval_sums(params, batch, masks)` and `generation_metrics` accept
-        (1 keeps a head, 0 removes it; e.g. BERT `{'head_mask': (L, H)}`, plus
-        an optional `layer_mask` `[L]` bool)."""
-        raise NotImplementedError(f"{type(self).__name__} does not support head ablation.")
+    def decode_predictions(self, split: str, rows: dict[int, dict[str, Any]]
+                           ) -> dict[str, Any]:
+        """The split's predictions, for the evaluators, from `predict`'s per-row
+        outputs (row index -> numpy arrays of that row), e.g. `index`,
+        `predicted`, `labels` for classification."""
+        raise NotImplementedError(f"{type(self).__name__} predicts no rows.")
 
-    def derived_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Metrics computed from the evaluation means (e.g. perplexity from
-        the mean NLL); by default none."""
-        del metrics
-        return {}
+    def generator(self, params: Any, mesh) -> Callable[[int], tuple[list, list, list]] | None:
+        """`generate(count) -> (sources, references, hypotheses)`: the task's
+        decoder on the first `count` examples of the evaluation split, as text;
+        None for tasks that do not generate."""
+        del params, mesh
+        return None
 
     @abc.abstractmethod
     def flops_per_step(self) -> float:
-        """Model FLOPs of one training step (see bert_jax.training.flops)."""
+        """Model FLOPs of one training step (see bert_jax.modeling.flops)."""
 
     @abc.abstractmethod
     def tokens_per_step(self) -> float:

@@ -57,8 +57,8 @@ from bert_jax.modeling.bert import BertForPreTraining
 from bert_jax.modeling.configs import BertConfig, ConfigError
 from bert_jax.tasks.base import Batch, Task, register, written_by_process_zero
 from bert_jax.tasks.bert_backbone import resolve_backbone
-from bert_jax.training.flops import bert_train_flops
-from bert_jax.training.losses import bert_pretraining_sums
+from bert_jax.modeling.flops import bert_train_flops
+from bert_jax.modeling.losses import bert_pretraining_sums
 
 _EVAL_MASKING = 1 << 20   # key of held-out masking: (seed, _EVAL_MASKING, index)
 _STATIC_MASKING = 1 << 21  # key of static training masking: (seed, _STATIC_MASKING, index)
@@ -239,11 +239,11 @@ class BertPretrainingTask(Task):
 
     # -- loss and evaluation -------------------------------------------------------
 
-    def _outputs(self, params, batch, rng=None, masks=None):
+    def _outputs(self, params, batch, rng=None, model_kwargs=None):
         deterministic = rng is None
         positions = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
         return self.model.apply({"params": params}, *self.model_inputs(batch),
-                                **positions, **(masks or {}), deterministic=deterministic,
+                                **positions, **(model_kwargs or {}), deterministic=deterministic,
                                 rngs=None if deterministic else {"dropout": rng})
 
     def loss_fn(self, params, batch, rng):
@@ -251,19 +251,13 @@ class BertPretrainingTask(Task):
         sums = bert_pretraining_sums(out.mlm_logits, out.nsp_logits, batch)
         return sums.pop("loss"), sums.pop("weight"), sums
 
-    def eval_sums(self, params, batch, masks=None):
-        """Per masked token: mlm_*; per real sequence (`nsp_weight`): nsp_*."""
-        out = self._outputs(params, batch, masks=masks)
+    def predict(self, params, batch, model_kwargs=None):
+        """Sums per masked token: mlm_*; per real sequence (`nsp_weight`): nsp_*."""
+        out = self._outputs(params, batch, model_kwargs=model_kwargs)
         sums = bert_pretraining_sums(out.mlm_logits, out.nsp_logits, batch,
                                      sequence_weights=batch["input_ids"][:, 0] != 0)
         del sums["loss"]
-        return sums
-
-    def head_mask_shapes(self):
-        return {"head_mask": (self.model_config.num_layers, self.model_config.num_heads)}
-
-    def derived_metrics(self, metrics):
-        return {"mlm_perplexity": float(np.exp(min(metrics["mlm_nll"], 50.0)))}
+        return {"sums": sums}
 
     # -- throughput ------------------------------------------------------------------
 

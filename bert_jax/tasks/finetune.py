@@ -5,10 +5,12 @@ Three tasks share one mechanism (`FinetuneTask`): the backbone
 (`bert_backbone.resolve_backbone`: a Hugging Face folder, a bert_jax pretrained
 folder or workdir through `config.init_from`, or from scratch), examples turned
 into rows of token ids once per split, the one input pipeline with length
-bucketing, the loss as sums, and metrics computed from the predictions of the
-whole evaluation split (F1, Matthews, Pearson/Spearman, SQuAD EM/F1 need every
-prediction, not sums), which are also written to
-`WORKDIR/predictions/<split>_<step>.json` (for SQuAD the official
+bucketing, and the loss as sums. Evaluation is one pass over the split
+(`predict`: the loss sums and every row's prediction); the task metrics come
+from the predictions of the whole split (F1, Matthews, Pearson/Spearman, SQuAD
+EM/F1 need every prediction, not sums), decoded here (`decode_predictions`) and
+scored by the evaluators of `bert_jax.evaluation.evaluators`, which write them
+to `WORKDIR/predictions/<split>_<step>.json` (for SQuAD the official
 `{question id: answer}` file).
 
   task='glue'     `data.glue_task` (sst2, mrpc, stsb, cola, rte, qnli, mnli;
@@ -38,8 +40,6 @@ processes the buckets are off (each process sees only its rows).
 from __future__ import annotations
 
 import functools
-import json
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -49,15 +49,13 @@ import numpy as np
 from absl import logging
 
 from bert_jax.data import conllu, glue, pipeline, sources, squad_json, squad_windows
-from bert_jax.evaluation import classification_metrics, squad
 from bert_jax.modeling.bert import (
     BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification)
 from bert_jax.modeling.configs import ConfigError
+from bert_jax.modeling.flops import bert_train_flops
+from bert_jax.modeling.losses import cross_entropy_sums
 from bert_jax.tasks.base import Batch, Task, register
 from bert_jax.tasks.bert_backbone import resolve_backbone
-from bert_jax.training.flops import bert_train_flops
-from bert_jax.training.losses import cross_entropy_sums
-from bert_jax.training.sharding import global_batch, replicated
 
 ROW = "row"  # the row's index in its split's rows: predictions map back through it
 
@@ -119,12 +117,8 @@ class FinetuneTask(Task):
         """Loss sums of the head's outputs: loss and weight at least."""
         raise NotImplementedError
 
-    def predict(self, outputs) -> Any:
+    def head_predictions(self, outputs) -> Any:
         """Device-side predictions of a batch (arrays with a leading row axis)."""
-        raise NotImplementedError
-
-    def score(self, split: str, predictions: dict[int, Any]) -> tuple[dict[str, float], Any]:
-        """(metrics, the predictions file's content) from row -> prediction."""
         raise NotImplementedError
 
     # -- rows and batches ------------------------------------------------------------
@@ -177,10 +171,10 @@ class FinetuneTask(Task):
 
     # -- loss and evaluation -------------------------------------------------------------
 
-    def _outputs(self, params, batch, rng=None, masks=None):
+    def _outputs(self, params, batch, rng=None, model_kwargs=None):
         deterministic = rng is None
         return self.model.apply({"params": params}, *self.model_inputs(batch),
-                                **(masks or {}), deterministic=deterministic,
+                                **(model_kwargs or {}), deterministic=deterministic,
                                 rngs=None if deterministic else {"dropout": rng})
 
     def loss_fn(self, params, batch, rng):
@@ -188,44 +182,14 @@ class FinetuneTask(Task):
                               batch["input_ids"][:, 0] != 0)
         return sums.pop("loss"), sums.pop("weight"), sums
 
-    def eval_sums(self, params, batch, masks=None):
-        """The evaluation loss (the task metrics come from `generation_metrics`)."""
-        sums = self.head_sums(self._outputs(params, batch, masks=masks), batch,
-                              batch["input_ids"][:, 0] != 0)
-        return {"loss": sums["loss"], "weight": sums["weight"]}
-
-    @functools.cache
-    def _predict_fn(self, mesh):
-        def run(params, batch, masks):
-            real = batch["input_ids"][:, 0] != 0
-            return self.predict(self._outputs(params, batch, masks=masks)), batch[ROW], real
-        return jax.jit(run, out_shardings=replicated(mesh))
-
-    def predictions(self, params, mesh, split: str, masks=None) -> dict[int, Any]:
-        """row -> prediction (numpy) for every row of `split`, on every process."""
-        jitted = self._predict_fn(mesh)
-        out: dict[int, Any] = {}
-        for batch in self.eval_batches(jax.process_index(), jax.process_count()):
-            predicted, rows, real = jax.device_get(
-                jitted(params, global_batch(batch, mesh), masks))
-            for i in np.flatnonzero(real):
-                out[int(rows[i])] = jax.tree.map(lambda x: x[i], predicted)
-        return out
-
-    def head_mask_shapes(self):
-        return {"head_mask": (self.model_config.num_layers, self.model_config.num_heads)}
-
-    def generation_metrics(self, params, mesh, step: int, masks=None) -> dict[str, float]:
-        """The task metrics of the split's predictions, written to
-        `WORKDIR/predictions/<split>_<step>.json` (not under ablation masks)."""
-        split = self.config.data.eval_split
-        metrics, written = self.score(split, self.predictions(params, mesh, split, masks))
-        if jax.process_index() == 0 and masks is None:
-            directory = os.path.join(self.workdir, "predictions")
-            os.makedirs(directory, exist_ok=True)
-            with open(os.path.join(directory, f"{split}_{step}.json"), "w") as f:
-                json.dump(written, f, ensure_ascii=False)
-        return metrics
+    def predict(self, params, batch, model_kwargs=None):
+        """The evaluation loss sums and each row's prediction (the task metrics
+        come from the predictions of the whole split: `decode_predictions`)."""
+        outputs = self._outputs(params, batch, model_kwargs=model_kwargs)
+        real = batch["input_ids"][:, 0] != 0
+        sums = self.head_sums(outputs, batch, real)
+        return {"sums": {"loss": sums["loss"], "weight": sums["weight"]},
+                "prediction": self.head_predictions(outputs), "row": batch[ROW], "real": real}
 
     # -- throughput --------------------------------------------------------------------
 
@@ -307,19 +271,18 @@ class GlueTask(FinetuneTask):
         del sums["accuracy"]   # reported from the predictions, in percent
         return sums
 
-    def predict(self, logits):
+    def head_predictions(self, logits):
         return logits[:, 0] if self.spec.is_regression else logits.argmax(-1)
 
-    def score(self, split, predictions):
-        examples = self.examples(split)
-        order = sorted(predictions)
-        predicted = np.array([predictions[i] for i in order])
-        labels = np.array([examples[i]["label"] for i in order])
-        metrics = {name: 100.0 * getattr(classification_metrics, name)(predicted, labels)
-                   for name in self.spec.metrics}
-        written = [{"index": i, "prediction": predicted[k].item(), "label": labels[k].item()}
-                   for k, i in enumerate(order)]
-        return metrics, written
+    def default_evals(self):
+        kind = "regression" if self.spec.is_regression else "classification"
+        return {"loss": {}, kind: {"metrics": tuple(self.spec.metrics)}}
+
+    def decode_predictions(self, split, rows):
+        examples, order = self.examples(split), sorted(rows)
+        return {"index": order,
+                "predicted": np.array([rows[i]["prediction"] for i in order]),
+                "labels": np.array([examples[i]["label"] for i in order])}
 
 
 # --------------------------------------------------------------------- tagging --
@@ -391,28 +354,28 @@ class TaggingTask(FinetuneTask):
         del sums["accuracy"]
         return sums
 
-    def predict(self, logits):
+    def head_predictions(self, logits):
         return logits.argmax(-1)
 
-    def score(self, split, predictions):
-        examples, rows = self.examples(split), self.rows(split)
-        predicted_tags, gold_tags = [], []
-        for index in sorted(predictions):
-            labels = rows[index]["labels"]
-            first = np.flatnonzero(labels)
-            tags = [self.tags[int(t)] for t in predictions[index][first]]
-            gold = examples[index]["tags"]
-            predicted_tags.append(tags + [None] * (len(gold) - len(tags)))  # truncated: wrong
-            gold_tags.append(gold)
-        pairs = [(p, g) for ps, gs in zip(predicted_tags, gold_tags) for p, g in zip(ps, gs)]
-        metrics = {"tag_accuracy": 100.0 * float(np.mean([p == g for p, g in pairs]))}
+    def default_evals(self):
+        evals = {"loss": {}, "tagging": {}}
         if all(t == "O" or t[:2] in ("B-", "I-") for t in self.tags):
-            scores = classification_metrics.entity_f1(
-                [[t or "O" for t in ps] for ps in predicted_tags], gold_tags)
-            metrics["entity_f1"] = 100.0 * scores["f1"]
-        written = [{"index": i, "predicted": p, "gold": g}
-                   for i, p, g in zip(sorted(predictions), predicted_tags, gold_tags)]
-        return metrics, written
+            evals["entity_f1"] = {}
+        return evals
+
+    def decode_predictions(self, split, rows):
+        """Predicted and gold tags per sentence; a word beyond the sequence
+        length is predicted as None (wrong)."""
+        examples, featurized = self.examples(split), self.rows(split)
+        predicted_tags, gold_tags = [], []
+        for index in sorted(rows):
+            first = np.flatnonzero(featurized[index]["labels"])
+            tags = [self.tags[int(t)] for t in rows[index]["prediction"][first]]
+            gold = examples[index]["tags"]
+            predicted_tags.append(tags + [None] * (len(gold) - len(tags)))
+            gold_tags.append(gold)
+        return {"index": sorted(rows), "predicted_tags": predicted_tags,
+                "gold_tags": gold_tags}
 
 
 # ----------------------------------------------------------------------- SQuAD --
@@ -473,17 +436,21 @@ class SquadTask(FinetuneTask):
                 for x, key in ((start, "start_positions"), (end, "end_positions"))]
         return {"loss": (sums[0]["loss"] + sums[1]["loss"]) / 2, "weight": sums[0]["weight"]}
 
-    def predict(self, logits):
+    def head_predictions(self, logits):
         return logits
 
-    def score(self, split, predictions):
+    def default_evals(self):
+        return {"loss": {}, "squad": {}}
+
+    def decode_predictions(self, split, rows):
+        """The best answer of each question over its windows (n-best span
+        search), and the split in the official SQuAD JSON form."""
         examples, windows = self.examples(split), self.windows(split)
-        if len(predictions) != len(windows):
-            raise RuntimeError(f"squad: {len(predictions)} predicted windows of {len(windows)}.")
-        start = [predictions[i][0] for i in range(len(windows))]
-        end = [predictions[i][1] for i in range(len(windows))]
+        if len(rows) != len(windows):
+            raise RuntimeError(f"squad: {len(rows)} predicted windows of {len(windows)}.")
+        start = [rows[i]["prediction"][0] for i in range(len(windows))]
+        end = [rows[i]["prediction"][1] for i in range(len(windows))]
         answers = squad_windows.predict_answers(
             examples, windows, start, end, n_best=self.config.data.n_best,
             max_answer_length=self.config.data.max_answer_length)
-        result = squad.evaluate(squad_windows.squad_json(examples), answers)
-        return {"exact_match": result["exact_match"], "f1": result["f1"]}, answers
+        return {"answers": answers, "dataset": squad_windows.squad_json(examples)}

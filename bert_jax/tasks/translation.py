@@ -22,21 +22,18 @@ beam-search translations of the first examples of the evaluation split
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bert_jax.analysis.ablation import transformer_mask_kwargs, transformer_shapes
 from bert_jax.data import pipeline, sources, vocabulary
 from bert_jax.evaluation.decoding import transformer_search
-from bert_jax.evaluation.translation_metrics import bleu_and_chrf, write_samples
 from bert_jax.modeling import Transformer, TransformerConfig
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks.base import Batch, Task, register, written_by_process_zero
-from bert_jax.training.flops import transformer_train_flops
-from bert_jax.training.losses import cross_entropy_sums
+from bert_jax.modeling.flops import transformer_train_flops
+from bert_jax.modeling.losses import cross_entropy_sums
 
 
 _PACKING_FEATURES = ("inputs_segmentation", "targets_segmentation",
@@ -167,12 +164,12 @@ class TranslationTask(Task):
 
     # -- loss and evaluation ---------------------------------------------------
 
-    def _sums(self, params, batch, rng=None, label_smoothing=0.0, masks=None):
+    def _sums(self, params, batch, rng=None, label_smoothing=0.0, model_kwargs=None):
         deterministic = rng is None
         packing = {key: batch[key] for key in _PACKING_FEATURES if key in batch}
         logits = self.model.apply(
             {"params": params}, batch["inputs"], batch["targets"], **packing,
-            **transformer_mask_kwargs(masks or {}),
+            **(model_kwargs or {}),
             deterministic=deterministic, rngs=None if deterministic else {"dropout": rng})
         weights = batch["targets"] != self.model_config.pad_id
         return cross_entropy_sums(logits, batch["targets"], weights, label_smoothing)
@@ -182,10 +179,14 @@ class TranslationTask(Task):
         loss, weight = sums.pop("loss"), sums.pop("weight")
         return loss, weight, sums
 
-    def eval_sums(self, params, batch, masks=None):
-        sums = self._sums(params, batch, masks=masks)
+    def predict(self, params, batch, model_kwargs=None):
+        """Per-token sums: nll (unsmoothed), accuracy; BLEU comes from `generator`."""
+        sums = self._sums(params, batch, model_kwargs=model_kwargs)
         del sums["loss"]
-        return sums
+        return {"sums": sums}
+
+    def default_evals(self):
+        return {"loss": {}, "bleu": {"examples": self.config.data.bleu_examples}}
 
     def detokenize(self, ids) -> str:
         if self.vocab is not None:
@@ -223,29 +224,18 @@ class TranslationTask(Task):
             outputs.append(np.asarray(jax.device_get(self._search(mesh)(params, chunk)))[:rows])
         return np.concatenate(outputs)
 
-    def head_mask_shapes(self):
-        return transformer_shapes(self.model_config)
-
-    def generation_metrics(self, params, mesh, step: int, masks=None) -> dict[str, float]:
-        """BLEU and chrF of beam-search translations (not under ablation
-        masks: incremental decoding takes none; ablations use nll/accuracy)."""
-        count = self.config.data.bleu_examples
-        if not count or masks is not None:
-            return {}
-        source = self._source(self.config.data.eval_split)
-        examples = [source[i] for i in range(min(count, len(source)))]
-        key_source, key_target = self.config.data.source_key, self.config.data.target_key
-        inputs = self.encode_sources([e[key_source] for e in examples])
-        hypotheses = [self.detokenize(t) for t in self.translate(params, inputs, mesh)]
-        references = [self.detokenize(e[key_target]) if self.vocab is None
-                      else _text(e[key_target]) for e in examples]
-        if jax.process_index() == 0:
-            os.makedirs(os.path.join(self.workdir, "samples"), exist_ok=True)
-            shown = [self.detokenize(e[key_source]) if self.vocab is None
-                     else _text(e[key_source]) for e in examples]
-            write_samples(os.path.join(self.workdir, "samples", f"{step}.jsonl"), shown,
-                          references, hypotheses)
-        return bleu_and_chrf(hypotheses, references)
+    def generator(self, params, mesh):
+        """Beam-search translations of the split's first examples, detokenized."""
+        def generate(count: int):
+            source = self._source(self.config.data.eval_split)
+            examples = [source[i] for i in range(min(count, len(source)))]
+            data = self.config.data
+            inputs = self.encode_sources([e[data.source_key] for e in examples])
+            hypotheses = [self.detokenize(t) for t in self.translate(params, inputs, mesh)]
+            text = self.detokenize if self.vocab is None else _text
+            return ([text(e[data.source_key]) for e in examples],
+                    [text(e[data.target_key]) for e in examples], hypotheses)
+        return generate
 
     # -- throughput --------------------------------------------------------------
 

@@ -5,7 +5,7 @@ The steps are the ones `launch/train.py` runs: the task (built without data,
 `build_task(abstract=True)`), its loss through `make_train_step` and
 `jit_train_step` (donation included), the optimizer of `trainer.make_optimizer`,
 the state's shardings from the logical axis rules, the mesh of `config.mesh`,
-and the evaluation step of `evaluation.jit_eval_step`; only the arrays are
+and the evaluation step of `evaluation.jit_predict`; only the arrays are
 abstract (`jax.ShapeDtypeStruct`s carrying their shardings).
 
 What a compiled step reports (`StepReport`):
@@ -14,7 +14,7 @@ What a compiled step reports (`StepReport`):
            donated arguments; their total against the chip's memory.
   flops    XLA's count (`cost_analysis()`, per device, times the devices; the TPU
            compiler gives it, the GPU compiler does not) next to the model FLOPs
-           of `bert_jax.training.flops` (matmuls only).
+           of `bert_jax.modeling.flops` (matmuls only).
   collectives  the communication ops of the compiled program with their count
            and result bytes per device, as they appear in its text: an op inside
            a loop (scanned layers, gradient accumulation) is counted once.
@@ -35,7 +35,7 @@ import jax
 import ml_collections
 
 from bert_jax.tasks import build_task
-from bert_jax.training.evaluation import jit_eval_step
+from bert_jax.training.evaluation import jit_predict
 from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_config
 from bert_jax.training.topologies import Target
 from bert_jax.training.train_step import (
@@ -257,7 +257,7 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
         train = _compile(step, (state, train_batch, rng), num_devices)
         evaluation = None
         if eval_step:
-            evaluation = _compile(jit_eval_step(task, mesh),
+            evaluation = _compile(jit_predict(task, mesh),
                                   (state.params, batch(False), None), num_devices)
     return CompileReport(
         topology=target.name, chip=target.chip, num_devices=num_devices,

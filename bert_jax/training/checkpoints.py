@@ -94,6 +94,14 @@ class Checkpointer:
         self.manager.close()
 
 
+def checkpoint_steps(directory: str) -> list[int]:
+    """The complete checkpoint steps in a workdir's `checkpoints/` folder,
+    ascending (an interrupted save's `N.orbax-checkpoint-tmp*` is not one)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+
+
 def _params_location(path: str) -> tuple[str, tuple[str, ...]]:
     """(Orbax item directory, key path of the params inside it) for `path`: a
     bert_jax pretrained folder, a workdir, its checkpoints dir, or one step."""
@@ -104,8 +112,7 @@ def _params_location(path: str) -> tuple[str, tuple[str, ...]]:
         path = os.path.join(path, CHECKPOINT_DIR)
     if os.path.isdir(os.path.join(path, "state")):
         return os.path.join(path, "state"), ("params",)
-    steps = sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(
-        path) else []
+    steps = checkpoint_steps(path)
     if not steps:
         raise CheckpointError(
             f"{path} holds no checkpoint: expected a bert_jax pretrained folder, a "
@@ -114,9 +121,12 @@ def _params_location(path: str) -> tuple[str, tuple[str, ...]]:
 
 
 def _match(saved_shapes: dict[tuple[str, ...], tuple[int, ...]], wanted: dict,
-           prefix: tuple[str, ...], where: str) -> tuple[dict, list[str], list[str]]:
-    """(wanted entries the checkpoint has, their paths, missing paths); a
-    parameter with another shape is an error naming it."""
+           prefix: tuple[str, ...], where: str, strict: bool
+           ) -> tuple[dict, list[str], list[str]]:
+    """(wanted entries the checkpoint has, their paths, missing paths).
+
+    A parameter with another shape is an error naming it; with `strict`, so
+    are parameters the checkpoint lacks or has beyond the model's."""
     target, restored_paths, missing, mismatched = {}, [], [], []
     for key, spec in wanted.items():
         saved_key = prefix + key
@@ -128,10 +138,20 @@ def _match(saved_shapes: dict[tuple[str, ...], tuple[int, ...]], wanted: dict,
         else:
             target[saved_key] = spec
             restored_paths.append("/".join(key))
-    if mismatched:
+    unexpected = sorted("/".join(k[len(prefix):]) for k in saved_shapes
+                        if k[:len(prefix)] == prefix and k[len(prefix):] not in wanted)
+    problems = [("mis-shaped parameters", mismatched)]
+    if strict:
+        problems += [("parameters the checkpoint lacks", missing),
+                     ("parameters the model does not have", unexpected)]
+    if any(names for _, names in problems):
         raise CheckpointError(
-            f"{where} does not fit this model; mis-shaped parameters:\n  "
-            + "\n  ".join(mismatched))
+            f"{where} was written by a different model than this config's:\n"
+            + "\n".join(f"  {title} ({len(names)}): " + ", ".join(names[:12])
+                        + (", ..." if len(names) > 12 else "")
+                        for title, names in problems if names)
+            + "\nRestore it with the config it was trained with (its workdir's "
+              "config.json).")
     return target, restored_paths, missing
 
 
@@ -140,7 +160,7 @@ def _is_huggingface_folder(path: str) -> bool:
                for name in ("config.json", "model.safetensors"))
 
 
-def _restore_huggingface(path: str, abstract_params: Any):
+def _restore_huggingface(path: str, abstract_params: Any, strict: bool):
     """`restore_params` for a Hugging Face BERT folder (safetensors, never pickles)."""
     from flax import traverse_util
 
@@ -150,7 +170,8 @@ def _restore_huggingface(path: str, abstract_params: Any):
     saved = traverse_util.flatten_dict(params)
     target, restored_paths, missing = _match(
         {k: np.shape(v) for k, v in saved.items()},
-        traverse_util.flatten_dict(abstract_params), (), path)
+        traverse_util.flatten_dict(abstract_params), (), path, strict)
+
     def place(value, spec):  # every process builds its own shards
         value = np.asarray(value, spec.dtype)
         return jax.make_array_from_callback(spec.shape, spec.sharding, lambda i: value[i])
@@ -159,22 +180,25 @@ def _restore_huggingface(path: str, abstract_params: Any):
     return traverse_util.unflatten_dict(restored), restored_paths, missing
 
 
-def restore_params(path: str, abstract_params: Any) -> tuple[Any, list[str], list[str]]:
+def restore_params(path: str, abstract_params: Any, strict: bool = False
+                   ) -> tuple[Any, list[str], list[str]]:
     """Restores the parameters of `abstract_params` that `path` holds.
 
     `path`: a bert_jax pretrained folder, a workdir, its checkpoints dir, one
     step, or a Hugging Face BERT folder (`config.json` + `model.safetensors`).
     `abstract_params` is a tree of `jax.ShapeDtypeStruct` with shardings (the new
     model's). Parameters the checkpoint lacks (a head the new task adds) are
-    left out of the result for the caller to initialise; a parameter present in
-    both with different shapes is an error naming it.
+    left out of the result for the caller to initialise (the params-only
+    `init_from` path); a parameter present in both with different shapes is an
+    error naming it. `strict=True` (restoring a model for inference) also
+    refuses missing and unexpected parameters, naming them.
 
     Returns (restored subtree, restored paths, missing paths).
     """
     from flax import traverse_util
 
     if _is_huggingface_folder(path):
-        return _restore_huggingface(path, abstract_params)
+        return _restore_huggingface(path, abstract_params, strict)
     directory, prefix = _params_location(path)
     checkpointer = ocp.PyTreeCheckpointer()
     try:
@@ -187,7 +211,7 @@ def restore_params(path: str, abstract_params: Any) -> tuple[Any, list[str], lis
     target, restored_paths, missing = _match(
         {k: v.shape for k, v in saved.items() if hasattr(v, "shape")},
         traverse_util.flatten_dict(abstract_params),
-        prefix, directory)
+        prefix, directory, strict)
     item = traverse_util.unflatten_dict(target)
     restore_args = jax.tree.map(
         lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, global_shape=s.shape,

@@ -1,7 +1,15 @@
-"""Evaluation over a task's eval split, during training or from a checkpoint."""
+"""Evaluation: the evaluators of `config.evals` over one pass of the
+evaluation split, during training or from a workdir's checkpoint.
+
+From a workdir, the experiment is the one the workdir was trained with
+(`WORKDIR/config.json`); only what evaluation may change can be overridden
+(`EVALUATION_OVERRIDES`), and the checkpoint must hold exactly the model's
+parameters (`restore_for_inference`).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Callable
 
@@ -9,12 +17,30 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
+from bert_jax.evaluation import evaluators as evaluators_lib
+from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import Task, build_task
-from bert_jax.training.losses import sums_to_means
-from bert_jax.training.checkpoints import CHECKPOINT_DIR, CheckpointError, restore_params
+from bert_jax.training.checkpoints import (
+    CHECKPOINT_DIR, CheckpointError, checkpoint_steps, restore_params)
 from bert_jax.training.sharding import (
     global_batch, logical_shardings, mesh_from_config, replicated)
+
+CONFIG_FILE = "config.json"  # the resolved config a training run writes to its workdir
+
+# Config keys an evaluation may change (a key or a section prefix); the rest
+# defines the model, the vocabulary, the task or the training run.
+EVALUATION_OVERRIDES = (
+    "evals",
+    "data.eval_split", "data.eval_examples", "data.bleu_examples", "data.data_dir",
+    "data.path", "data.builder_kwargs.path", "data.eval_articles",
+    "data.n_best", "data.max_answer_length",
+    "decode.",
+    "train.batch_size",
+    "mesh.",
+    "model.attention_impl", "model.remat",
+)
 
 
 def abstract_like(tree: Any) -> Any:
@@ -23,41 +49,141 @@ def abstract_like(tree: Any) -> Any:
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
-def jit_eval_step(task: Task, mesh) -> Callable:
-    """`sums(params, batch, masks)`: the task's evaluation sums of one global
-    batch, compiled, the sums replicated on every device."""
-    return jax.jit(task.eval_sums, out_shardings=replicated(mesh))
+def jit_predict(task: Task, mesh) -> Callable:
+    """`outputs(params, batch, model_kwargs)`: the task's prediction function for
+    one global batch, compiled, its outputs replicated on every device."""
+    return jax.jit(task.predict, out_shardings=replicated(mesh))
 
 
-def make_evaluator(task: Task, mesh) -> Callable[[Any, int], dict[str, float]]:
-    """`evaluate(params, step, masks=None) -> {'eval/<name>': ...}`: the means
-    of the task's evaluation sums (`sums_to_means`), its derived metrics and
-    its generation metrics; `masks` ablates heads (`Task.head_mask_shapes`)."""
-    sums_fn = jit_eval_step(task, mesh)
+def evaluator_specs(task: Task) -> dict[str, dict[str, Any]]:
+    """name -> options of the evaluators to run: `config.evals`, or the task's
+    `default_evals()` when it is empty."""
+    evals = task.config.get("evals") or task.default_evals()
+    specs = {}
+    for name, options in dict(evals).items():
+        evaluators_lib.get(name)   # an unknown name fails here, naming the known ones
+        specs[name] = dict(options or {})
+    return specs
 
-    def evaluate(params, step: int, masks: dict[str, Any] | None = None) -> dict[str, float]:
-        totals = None
+
+def _write(directory: str, files: dict[str, Any]) -> None:
+    for relative, content in files.items():
+        path = os.path.join(directory, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            if path.endswith(".jsonl"):
+                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in content)
+            else:
+                json.dump(content, f, ensure_ascii=False)
+
+
+def make_evaluator(task: Task, mesh) -> Callable[..., dict[str, float]]:
+    """`evaluate(params, step, model_kwargs=None) -> {'eval/<name>': ...}`.
+
+    One pass over the evaluation split with the task's prediction function
+    sums the evaluation sums and gathers every real row's outputs; the task
+    decodes those (`decode_predictions`) once; then each evaluator of
+    `evaluator_specs` scores them (generation evaluators decode the split's
+    first examples). Prediction files go to the task's workdir. `model_kwargs`
+    (e.g. head masks for an ablation) reach the model; generation, which
+    decodes incrementally, is then skipped, and no file is written.
+    """
+    predict = jit_predict(task, mesh)
+    specs = evaluator_specs(task)
+    split = task.config.data.eval_split
+
+    def evaluate(params, step: int, model_kwargs: dict[str, Any] | None = None
+                 ) -> dict[str, float]:
+        totals, rows = None, {}
         for batch in task.eval_batches(jax.process_index(), jax.process_count()):
-            sums = sums_fn(params, global_batch(batch, mesh), masks)
+            outputs = predict(params, global_batch(batch, mesh), model_kwargs)
+            sums = outputs.pop("sums")
             totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+            if outputs:
+                outputs = jax.device_get(outputs)
+                real = outputs.pop("real")
+                for i in np.flatnonzero(real):
+                    rows[int(outputs["row"][i])] = jax.tree.map(lambda x: x[i], outputs)
         if totals is None:
             raise ValueError("the evaluation split produced no batches.")
-        weight = totals.pop("weight")
-        metrics = {k: float(v) for k, v in jax.device_get(
-            sums_to_means(totals, weight)).items()}
-        metrics.update(task.derived_metrics(metrics))
-        metrics.update(task.generation_metrics(params, mesh, step, masks))
+        context = evaluators_lib.Context(
+            sums=jax.device_get(totals),
+            decoded=task.decode_predictions(split, rows) if rows else None,
+            generate=None if model_kwargs else task.generator(params, mesh),
+            split=split, step=step)
+        metrics, files = {}, {}
+        for name, options in specs.items():
+            result = evaluators_lib.get(name)(context, **options)
+            metrics.update(result.metrics)
+            files.update(result.files)
+        if files and model_kwargs is None and jax.process_index() == 0 and task.workdir:
+            _write(task.workdir, files)
         return {f"eval/{k}": v for k, v in metrics.items()}
 
     return evaluate
 
 
+# -- from a workdir ----------------------------------------------------------------
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): tree}
+
+
+def _may_override(key: str) -> bool:
+    return any(key == allowed or (allowed.endswith(".") and key.startswith(allowed))
+               or key.startswith(allowed + ".") for allowed in EVALUATION_OVERRIDES)
+
+
+def saved_config(workdir: str) -> ml_collections.ConfigDict:
+    """The config a training run wrote to `workdir` (`config.json`)."""
+    path = os.path.join(os.path.abspath(workdir), CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"--workdir={workdir} holds no {CONFIG_FILE}: it is not the "
+                              "workdir of a training run (launch/train.py writes it).")
+    with open(path) as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
+def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None = None
+                      ) -> ml_collections.ConfigDict:
+    """The workdir's config with the overrides `requested` makes to it.
+
+    `requested` is the saved config after command-line overrides (None: no
+    override). A changed key outside `EVALUATION_OVERRIDES` (the model, the
+    vocabulary, the task, training) is refused, naming it.
+    """
+    saved = saved_config(workdir)
+    if requested is None:
+        return saved
+    old = _flatten(json.loads(saved.to_json_best_effort()))
+    new = _flatten(json.loads(requested.to_json_best_effort()))
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    refused = [k for k in changed if not _may_override(k)]
+    if refused:
+        raise ConfigError(
+            "evaluation cannot change " + ", ".join(
+                f"config.{k} ({old.get(k)!r} in {workdir}/{CONFIG_FILE})" for k in refused)
+            + ": it defines the model, its data or its training. Evaluation may change "
+            + ", ".join(f"config.{k.rstrip('.')}" for k in EVALUATION_OVERRIDES)
+            + ". To evaluate another model, use its workdir.")
+    return requested
+
+
 def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
                           step: int | None = None):
-    """(task, mesh, params, step) for a workdir's checkpoint (default: latest)."""
+    """(task, mesh, params, step) for a workdir's checkpoint (default: latest).
+
+    The checkpoint must hold exactly the model's parameters: missing,
+    unexpected or mis-shaped arrays are an error naming them.
+    """
     directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
-    steps = sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(
-        directory) else []
+    steps = checkpoint_steps(directory)
     if not steps:
         raise CheckpointError(f"{directory} holds no complete checkpoint.")
     step = steps[-1] if step is None else step
@@ -71,10 +197,7 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
     abstract = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
         nn.meta.unbox(boxed), shardings)
-    params, _, missing = restore_params(os.path.join(directory, str(step)), abstract)
-    if missing:
-        raise CheckpointError(f"checkpoint step {step} in {directory} lacks parameters "
-                              f"{missing}: it was written by a different model.")
+    params, _, _ = restore_params(os.path.join(directory, str(step)), abstract, strict=True)
     return task, mesh, params, step
 
 

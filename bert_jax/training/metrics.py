@@ -8,7 +8,7 @@ Model FLOPs utilization (MFU) = model FLOPs per second / (devices x peak FLOP/s
 per device), where model FLOPs count only the matrix multiplications the model
 needs (3x the forward pass for a training step: forward, and backward for
 activations and weights), excluding recomputation. Each task gives its FLOPs
-per step (see `bert_jax.training.flops`). Peak FLOP/s per device comes from
+per step (see `bert_jax.modeling.flops`). Peak FLOP/s per device comes from
 the config, else a table of known accelerators, else (CPU) a timed matmul.
 """
 

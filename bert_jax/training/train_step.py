@@ -18,7 +18,7 @@ import optax
 from flax.training import train_state
 from jax.sharding import Mesh
 
-from bert_jax.training.losses import sums_to_means
+from bert_jax.modeling.losses import sums_to_means
 from bert_jax.training.sharding import RULES, batch_sharding, logical_shardings, replicated
 
 LossFn = Callable[[Any, dict[str, jax.Array], jax.Array],

@@ -26,7 +26,7 @@ from flax import traverse_util
 from bert_jax.tasks import build_task
 from bert_jax.training import optimizer as optimizer_lib
 from bert_jax.training.checkpoints import Checkpointer, restore_params
-from bert_jax.training.evaluation import abstract_like, make_evaluator
+from bert_jax.training.evaluation import CONFIG_FILE, abstract_like, make_evaluator
 from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
 from bert_jax.training.preemption import PreemptionWatcher
@@ -35,7 +35,6 @@ from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
     TrainState, create_train_state, jit_train_step, make_train_step)
 
-CONFIG_FILE = "config.json"
 # Config sections that define what a workdir's checkpoints are; the rest (step
 # counts, logging, mesh) may change when a run is resumed.
 IDENTITY_SECTIONS = ("task", "model", "data")
