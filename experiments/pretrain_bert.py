@@ -1,7 +1,7 @@
 r"""BERT pretraining: masked-LM + next-sentence prediction (Devlin et al. 2018).
 
   python launch/train.py --config=experiments/pretrain_bert.py[:VARIANT] --workdir=DIR
-  python launch/evaluate.py --config=experiments/pretrain_bert.py[:VARIANT] --workdir=DIR
+  python launch/evaluate.py --workdir=DIR
 
 Fine-tuning starts from the result with `--config.init_from=DIR` (the `bert/`
 encoder is restored, the task head initialised; see experiments/finetune.py).

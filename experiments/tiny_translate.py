@@ -4,7 +4,7 @@ A smoke test of the whole engine (data, sharded step, checkpoints, evaluation)
 that trains on a laptop CPU in well under a minute:
 
   python launch/train.py --config=experiments/tiny_translate.py --workdir=/tmp/tiny
-  python launch/evaluate.py --config=experiments/tiny_translate.py --workdir=/tmp/tiny
+  python launch/evaluate.py --workdir=/tmp/tiny
 
 Learning to reverse sequences needs attention; after the default 300 steps the
 validation token accuracy is far above chance (1/32), and `eval/bleu` (token

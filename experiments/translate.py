@@ -1,7 +1,7 @@
 r"""Translation with the encoder-decoder Transformer.
 
   python launch/train.py --config=experiments/translate.py[:VARIANT] --workdir=DIR
-  python launch/evaluate.py --config=experiments/translate.py[:VARIANT] --workdir=DIR \
+  python launch/evaluate.py --workdir=DIR \
       --config.data.eval_split=test --config.data.bleu_examples=1000
 
 Variants:

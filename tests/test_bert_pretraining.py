@@ -17,7 +17,7 @@ from bert_jax.data.sources import load_source
 from bert_jax.data.wordpiece import WordPiece
 from bert_jax.modeling.bert import BertForPreTraining
 from bert_jax.tasks import build_task
-from bert_jax.training import trainer
+from bert_jax.training import evaluation, trainer
 from bert_jax.modeling.losses import bert_pretraining_sums, sums_to_means
 from bert_jax.training.metrics import read_metrics
 from tiny_models import BERT, random_variables
@@ -227,6 +227,11 @@ def test_two_phases_short_with_offsets_then_full_length(tmp_path):
     assert report["initialised"] == [] and len(report["restored"]) > 10
     evaluations = [m for m in read_metrics(str(tmp_path / "p2")) if "eval/mlm_accuracy" in m]
     assert evaluations and np.isfinite(evaluations[-1]["eval/mlm_nll"])
+    # Evaluated again from the workdir alone (its config.json): the same figures.
+    workdir = str(tmp_path / "p2")
+    again = evaluation.evaluate_checkpoint(evaluation.evaluation_config(workdir), workdir)
+    for key in ("eval/mlm_accuracy", "eval/mlm_nll", "eval/nsp_accuracy", "eval/nsp_nll"):
+        assert again[key] == evaluations[-1][key], key
 
 
 def test_loss_and_evaluation_run(task):

@@ -149,9 +149,24 @@ def test_evaluation_only_reproduces_the_logged_metrics(glue_dirs, tmp_path):
     config = experiment("sst2,steps=12", glue_dirs["sst2"], tmp_path)
     workdir = str(tmp_path / "run")
     logged = trainer.train_and_evaluate(config, workdir)
-    again = evaluation.evaluate_checkpoint(config, workdir)
+    # From the workdir alone (its config.json), in one pass over the split.
+    task, mesh, params, step = evaluation.restore_for_inference(
+        evaluation.evaluation_config(workdir), workdir)
+    passes, batches = [], []
+    read = task.eval_batches
+
+    def counted(*args):
+        passes.append(1)
+        for batch in read(*args):
+            batches.append(len(batch["input_ids"]))
+            yield batch
+
+    task.eval_batches = counted
+    with jax.set_mesh(mesh):
+        again = evaluation.make_evaluator(task, mesh)(params, step)
+    assert len(passes) == 1 and sum(batches) == 24
     for key in ("eval/accuracy", "eval/loss"):
-        assert again[key] == pytest.approx(logged[key], rel=1e-6, abs=1e-6), key
+        assert again[key] == logged[key], key
     predictions = json.loads((tmp_path / "run" / "predictions" / "validation_12.json")
                              .read_text())
     assert len(predictions) == 24

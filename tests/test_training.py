@@ -15,7 +15,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax.training import trainer
+from bert_jax.modeling.configs import ConfigError
+from bert_jax.training import evaluation, trainer
 from bert_jax.training.checkpoints import CheckpointError, Checkpointer
 from bert_jax.training.evaluation import evaluate_checkpoint
 from bert_jax.training.metrics import read_metrics
@@ -45,11 +46,12 @@ def flags_for(config_overrides: dict) -> list[str]:
 
 
 def launch(script: str, workdir, overrides: dict, devices: int = 1, extra=(),
-           config: str = "tiny_translate.py", **popen):
+           config: str | None = "tiny_translate.py", **popen):
+    """Runs `launch/<script>`; `config=None` gives no --config (the workdir's)."""
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
            "JAX_PLATFORMS": "cpu"}
-    command = [sys.executable, str(REPO / "launch" / script),
-               "--config=" + str(REPO / "experiments" / config),
+    config_flag = ["--config=" + str(REPO / "experiments" / config)] if config else []
+    command = [sys.executable, str(REPO / "launch" / script), *config_flag,
                f"--workdir={workdir}", *flags_for(overrides), *extra]
     return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **popen)
@@ -109,26 +111,81 @@ def test_tiny_experiment_trains_end_to_end(trained):
     assert Checkpointer(workdir, read_only=True).all_steps() == [200, 300]
 
 
-def test_evaluate_only_reproduces_logged_metrics(trained, tmp_path):
-    workdir, config, _, _ = trained
+def test_evaluate_with_only_the_workdir_reproduces_logged_metrics(trained, tmp_path):
+    workdir, _, _, _ = trained
     output = tmp_path / "eval.json"
-    code, out = finish(launch("evaluate.py", workdir, {"data.data_dir": config.data.data_dir},
-                              devices=1, extra=["--step=200", f"--output={output}"]))
+    code, out = finish(launch("evaluate.py", workdir, {}, devices=8, config=None,
+                              extra=["--step=200", f"--output={output}"]))
     assert code == 0, out
     result = json.loads(output.read_text())
     logged = next(m for m in read_metrics(workdir) if m["step"] == 200)
     assert result["step"] == 200
-    for key in ("eval/nll", "eval/accuracy"):
-        np.testing.assert_allclose(result[key], logged[key], rtol=1e-6)
+    for key in ("eval/nll", "eval/accuracy", "eval/bleu", "eval/chrf"):
+        assert result[key] == logged[key], key
+
+
+def test_evaluate_refuses_to_change_the_model(trained):
+    workdir, _, _, _ = trained
+    code, out = finish(launch("evaluate.py", workdir, {"model.num_layers": 1}, config=None))
+    assert code != 0
+    assert "config.model.num_layers (2 in " in out and "To evaluate another model" in out
+    # The same check in-process, and what evaluation may change.
+    changed = evaluation.saved_config(workdir)
+    changed.decode.beam_size, changed.data.eval_split = 1, "test"
+    assert evaluation.evaluation_config(workdir, changed).decode.beam_size == 1
+    changed.data.vocab_size = 64
+    with pytest.raises(ConfigError, match=r"config.data.vocab_size \(0 in"):
+        evaluation.evaluation_config(workdir, changed)
+
+
+def _parallel_corpus(folder, stems: dict[str, int], seed: int) -> None:
+    """`{stem}.src` / `{stem}.tgt` files: sentences of made-up words and their
+    reversal in capitals."""
+    words = ["ka", "lo", "mi", "nu", "pe", "ra", "si", "tu"]
+    rng = np.random.default_rng(seed)
+    folder.mkdir()
+    for stem, count in stems.items():
+        sources = [rng.choice(words, rng.integers(2, 6)) for _ in range(count)]
+        (folder / f"{stem}.src").write_text("".join(" ".join(s) + "\n" for s in sources))
+        (folder / f"{stem}.tgt").write_text(
+            "".join(" ".join(s[::-1]).upper() + "\n" for s in sources))
+
+
+def test_translation_evaluated_on_an_extra_test_split_of_a_corpus_folder(tmp_path, data_dir):
+    corpus, extra = tmp_path / "corpus", tmp_path / "extra"
+    _parallel_corpus(corpus, {"train": 400, "val": 20}, seed=0)
+    _parallel_corpus(extra, {"test_2017": 12}, seed=1)
+    config = tiny_config(data_dir, **{"train.num_steps": 20, "train.eval_every": 20,
+                                      "train.checkpoint_every": 20, "train.log_every": 10,
+                                      "optimizer.warmup_steps": 5})
+    config.data.update(dict(builder="parallel_text", source_key="source",
+                            target_key="target", vocab_size=40, bleu_examples=8))
+    config.data.builder_kwargs = ml_collections.ConfigDict(dict(
+        path=str(corpus), source_language="src", target_language="tgt"))
+    config.model.vocab_size = 40
+    workdir = tmp_path / "run"
+    trainer.train_and_evaluate(config, str(workdir))
+    code, out = finish(launch(
+        "evaluate.py", workdir, {"data.builder_kwargs.path": extra,
+                                 "data.eval_split": "test_2017"},
+        config=None, extra=[f"--output={tmp_path / 'eval.json'}"]))
+    assert code == 0, out
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["step"] == 20 and np.isfinite(result["eval/nll"]) and "eval/bleu" in result
+    samples = [json.loads(line) for line in open(workdir / "samples" / "20.jsonl")]
+    assert [s["source"] for s in samples] == (extra / "test_2017.src").read_text(
+        ).splitlines()[:8]
+    assert [s["reference"] for s in samples] == (extra / "test_2017.tgt").read_text(
+        ).splitlines()[:8]
 
 
 def test_translate_command_matches_the_logged_samples(trained, tmp_path):
-    workdir, config, _, _ = trained
+    workdir, _, _, _ = trained
     samples = [json.loads(line) for line in open(os.path.join(workdir, "samples",
                                                                 "300.jsonl"))][:5]
     source_file = tmp_path / "sources.txt"
     source_file.write_text("".join(s["source"] + "\n" for s in samples))
-    code, out = finish(launch("translate.py", workdir, {"data.data_dir": config.data.data_dir},
+    code, out = finish(launch("translate.py", workdir, {}, config=None,
                               extra=["--step=300", f"--input={source_file}"]))
     assert code == 0, out
     printed = [line for line in out.splitlines() if not line[:1] in ("I", "W", "E")]
@@ -276,6 +333,18 @@ def test_checkpoint_of_another_model_shape(trained):
     with pytest.raises(CheckpointError, match=r"(?s)mis-shaped.*mlp/intermediate/kernel: "
                        r"checkpoint \(64, 128\) vs model \(64, 96\)"):
         evaluate_checkpoint(changed, workdir, 300)
+
+
+def test_checkpoint_of_another_model_is_refused_naming_the_arrays(trained):
+    workdir, config, _, _ = trained
+    fewer_layers = tiny_config(config.data.data_dir, **{"model.num_layers": 1})
+    with pytest.raises(CheckpointError, match=r"(?s)parameters the model does not have "
+                       r"\(42\): decoder/layer_1/"):
+        evaluation.restore_for_inference(fewer_layers, workdir, 300)
+    more_layers = tiny_config(config.data.data_dir, **{"model.num_layers": 3})
+    with pytest.raises(CheckpointError, match=r"(?s)parameters the checkpoint lacks "
+                       r"\(\d+\): decoder/layer_2/"):
+        evaluation.restore_for_inference(more_layers, workdir, 300)
 
 
 def test_corrupted_checkpoint_is_reported_and_kept(tmp_path, data_dir):

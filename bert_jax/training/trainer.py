@@ -23,6 +23,7 @@ import ml_collections
 from absl import logging
 from flax import traverse_util
 
+from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.tasks import build_task
 from bert_jax.training import optimizer as optimizer_lib
 from bert_jax.training.checkpoints import Checkpointer, restore_params
@@ -102,7 +103,9 @@ def make_optimizer(config: ml_collections.ConfigDict):
 
 
 def initialise_from(state: TrainState, path: str, workdir: str) -> TrainState:
-    """Overwrites the parameters that `path` holds (params-only restore)."""
+    """Overwrites the parameters that `path` (`config.init_from`) holds
+    (params-only restore)."""
+    path = checkpoint_path(path)
     restored, names, missing = restore_params(path, abstract_like(state.params))
     flat = traverse_util.flatten_dict(state.params)
     flat.update(traverse_util.flatten_dict(restored))
