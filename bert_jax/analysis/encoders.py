@@ -1,0 +1,88 @@
+"""A BERT encoder to analyse (attention maps, features), from wherever it lives.
+
+`load_encoder(path)` takes
+  - a Hugging Face BERT folder (`config.json`, `model.safetensors`, usually
+    `vocab.txt`, casing from `tokenizer_config.json`'s `do_lower_case`);
+  - a bert_jax pretrained folder (`launch/convert.py` output,
+    `model_config.json`; a `vocab.txt` beside it or `vocab_file`);
+  - the workdir of a BERT training run (pretraining or fine-tuning), restored as
+    `launch/evaluate.py` restores it (`training.evaluation.restore_for_inference`
+    with the workdir's `config.json`: the checkpoint must hold exactly the
+    model's arrays), with the run's vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import flax.linen as nn
+
+from bert_jax.convert import load_hf_bert, load_pretrained
+from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
+from bert_jax.data.wordpiece import WordPiece
+from bert_jax.modeling.configs import BertConfig, ConfigError
+from bert_jax.training import evaluation
+from bert_jax.training.checkpoints import CHECKPOINT_DIR
+
+
+@dataclasses.dataclass
+class Encoder:
+    """config: the encoder's BertConfig (einsum attention, no dropout);
+    params: `BertModel` parameters (unboxed; task heads left out);
+    vocab: its WordPiece vocabulary, None when none was found."""
+
+    config: BertConfig
+    params: Any
+    vocab: WordPiece | None
+
+
+def is_workdir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, evaluation.CONFIG_FILE)) and os.path.isdir(
+        os.path.join(path, CHECKPOINT_DIR))
+
+
+def _casing(folder: str) -> bool:
+    """`do_lower_case` of the folder's tokenizer_config.json; uncased if absent."""
+    path = os.path.join(folder, "tokenizer_config.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            value = json.load(f).get("do_lower_case")
+        if value is not None:
+            return bool(value)
+    return True
+
+
+def load_encoder(path: str, *, vocab_file: str | None = None,
+                 lowercase: bool | None = None, step: int | None = None) -> Encoder:
+    """The BERT encoder at `path` (see the module docstring); `step`: the
+    checkpoint of a workdir (default: the latest); `vocab_file`, `lowercase`
+    replace the vocabulary found beside the weights."""
+    path = os.path.abspath(path)
+    vocab = None
+    if is_workdir(path):
+        task, _, params, _ = evaluation.restore_for_inference(
+            evaluation.saved_config(path), path, step)
+        config, vocab = task.model_config, getattr(task, "vocab", None)
+    elif os.path.isfile(os.path.join(path, PRETRAINED_CONFIG)):
+        config, params = load_pretrained(path)
+    else:
+        config, params = load_hf_bert(path)
+    if not isinstance(config, BertConfig):
+        raise ConfigError(f"{path} holds a {type(config).__name__}, not a BERT model.")
+    params = nn.meta.unbox(params)
+    params = params.get("bert", params)
+    beside = os.path.join(path, "vocab.txt")
+    if vocab_file is None and vocab is None and os.path.isfile(beside):
+        vocab_file = beside
+    if vocab_file:
+        if not os.path.isfile(vocab_file):
+            raise FileNotFoundError(f"{vocab_file} does not exist: give the vocabulary "
+                                    "the encoder was trained with.")
+        casing = _casing(os.path.dirname(vocab_file)) if lowercase is None else lowercase
+        vocab = WordPiece.from_vocab_file(vocab_file, lowercase=casing)
+    config = config.replace(attention_impl="einsum", dropout_rate=0.0,
+                            attention_dropout_rate=0.0)
+    return Encoder(config, params, vocab)
