@@ -15,8 +15,7 @@ import tensorflow_datasets as tfds
 from bert_jax.data.conllu import (
     UPOS_TAGS, Conllu, ConlluFormatError, conllu_config, read_conllu, tag_vocabulary)
 from bert_jax.data.glue import (
-    GLUE_TASKS, GlueFormatError, GlueTaskSpec, GlueTsv, from_catalog, glue_tsv_config,
-    read_tsv)
+    GLUE_TASKS, GlueFormatError, GlueTaskSpec, from_catalog, read_split, read_tsv)
 from bert_jax.data.sources import load_source
 from bert_jax.evaluation import classification_metrics
 
@@ -150,58 +149,39 @@ def _sst2_dir(root, n_train=5) -> str:
     return str(root)
 
 
-def test_glue_tsv_builder_reads_back(tmp_path):
+def test_glue_splits_read_from_the_task_directory(tmp_path):
     path = _sst2_dir(tmp_path / "glue" / "SST-2")
-    data_dir = tmp_path / "tfds"
-    dev = load_source("glue_tsv", "validation", data_dir, path=path, task="sst2")
-    assert len(dev) == 2
-    assert [(_text(dev[i]["text_a"]), _text(dev[i]["text_b"]), int(dev[i]["label"]),
-             int(dev[i]["idx"])) for i in range(2)] == [
-        ('" quoted "', "", 1, 0), ("plain", "", 0, 1)]
-    builder = GlueTsv(path=path, task="sst2", data_dir=data_dir)
-    assert set(builder.info.splits.keys()) == {"train", "validation", "test"}
-    assert builder.builder_config.name.startswith("SST-2_sst2_")
-    assert builder.info.metadata["metrics"] == ["accuracy"]
-    train = load_source(builder, "train")
-    assert [_text(train[i]["text_a"]) for i in range(5)] == [
-        f"train sentence {i}" for i in range(5)]   # file order, stripped
-    test = load_source(builder, "test")
-    assert int(test[0]["label"]) == -1
-    # The GLUE root works too (the task's directory inside it), same config.
-    assert glue_tsv_config(tmp_path / "glue", "sst2") is builder.builder_config
-    # The config name resolves in this process.
-    by_name = tfds.builder(f"glue_tsv/{builder.builder_config.name}", data_dir=data_dir)
-    assert by_name.data_dir == builder.data_dir
+    dev = read_split(path, "sst2", "validation")
+    assert [(e["text_a"], e["text_b"], e["label"]) for e in dev] == [
+        ('" quoted "', "", 1), ("plain", "", 0)]
+    train = read_split(path, "sst2", "train")
+    assert [e["text_a"] for e in train] == [f"train sentence {i}" for i in range(5)]
+    assert read_split(path, "sst2", "test")[0]["label"] == -1      # unlabelled
+    # The GLUE root works too (the task's directory inside it).
+    assert read_split(tmp_path / "glue", "sst2", "validation") == dev
 
 
-def test_glue_tsv_regression_and_fingerprint(tmp_path):
+def test_glue_regression_split_is_read_as_the_file_is_now(tmp_path):
     root = tmp_path / "stsb"
     _write(root / "train.tsv", "sentence1\tsentence2\tscore\na b\tc d\t2.5\n")
     _write(root / "dev.tsv", "sentence1\tsentence2\tscore\ne\tf\t0.25\n")
-    builder = GlueTsv(path=root, task="stsb", data_dir=tmp_path / "tfds")
-    dev = load_source(builder, "validation")
-    assert builder.info.features["label"].np_dtype == np.float32
-    assert float(dev[0]["label"]) == 0.25
-    assert (_text(dev[0]["text_a"]), _text(dev[0]["text_b"])) == ("e", "f")
-    # An edited file gets another config; an edit after construction is an error.
+    dev = read_split(root, "stsb", "validation")
+    assert (dev[0]["text_a"], dev[0]["text_b"], dev[0]["label"]) == ("e", "f", 0.25)
     _write(root / "dev.tsv", "sentence1\tsentence2\tscore\ne\tf\t0.5\n")
-    other = GlueTsv(path=root, task="stsb", data_dir=tmp_path / "tfds")
-    assert other.builder_config.name != builder.builder_config.name
-    os.utime(root / "train.tsv", ns=(1, 1))
-    msg = _error(GlueFormatError, load_source, other, "train")
-    assert "train.tsv changed after the builder was created" in msg
+    assert read_split(root, "stsb", "validation")[0]["label"] == 0.5
 
 
-def test_glue_tsv_build_errors(tmp_path):
+def test_glue_split_errors(tmp_path):
     root = tmp_path / "bad"
     _write(root / "train.tsv", "sentence\tlabel\nok\t1\nnot ok\t7\n")
-    builder = GlueTsv(path=root, task="sst2", data_dir=tmp_path / "tfds")
-    msg = _error(GlueFormatError, load_source, builder, "train")
+    msg = _error(GlueFormatError, read_split, root, "sst2", "train")
     assert f"{root / 'train.tsv'}:3:8:" in msg and "unknown label '7'" in msg
-    msg = _error(FileNotFoundError, GlueTsv, path=tmp_path, task="mrpc")
+    msg = _error(FileNotFoundError, read_split, tmp_path, "mrpc", "train")
     assert "train.tsv" in msg and "MRPC" in msg
-    with pytest.raises(ValueError, match="missing: task"):
-        GlueTsv(path=root)
+    _write(root / "dev.tsv", "sentence\tlabel\n")
+    msg = _error(GlueFormatError, read_split, root, "sst2", "validation")
+    assert f"{root / 'dev.tsv'} has no examples" in msg
+    assert "no split 'dev'" in _error(GlueFormatError, read_split, root, "sst2", "dev")
 
 
 def test_from_catalog_maps_labels():
@@ -377,16 +357,9 @@ def test_real_glue_counts(real_glue, tmp_path):
     # MRPC keeps the quote characters of its sentences (csv.QUOTE_NONE).
     dev = read_tsv(real_glue / "MRPC" / "dev.tsv", "mrpc")
     assert sum('"' in ex["text_a"] + ex["text_b"] for ex in dev) > 10
-    # Through the builders (the small tasks), from the GLUE root.
+    # By split from the GLUE root (the task's folder inside it).
     for task, split, n in (("mrpc", "validation", 408), ("stsb", "train", 5749)):
-        source = load_source("glue_tsv", split, tmp_path, path=real_glue, task=task)
-        assert len(source) == n
-        ref = read_tsv(real_glue / GLUE_TASKS[task].directory
-                       / GLUE_TASKS[task].splits[split], task)
-        for i in (0, n - 1):
-            assert _text(source[i]["text_a"]) == ref[i]["text_a"]
-            assert _text(source[i]["text_b"]) == ref[i]["text_b"]
-            assert np.isclose(source[i]["label"], ref[i]["label"])
+        assert len(read_split(real_glue, task, split)) == n
 
 
 def test_real_ud_ewt(shared_data, tmp_path):

@@ -15,7 +15,7 @@ from bert_jax.data.squad_windows import (QAExample, SquadFormatError, WindowConf
                                          make_windows, nbest_answers, predict_answers,
                                          read_squad, squad_json, windows_for)
 from bert_jax.data.sources import load_source
-from bert_jax.data.squad_json import CATALOG, SquadJson, from_features, parse_articles
+from bert_jax.data.squad_json import CATALOG, from_features, parse_articles, read_split
 from bert_jax.data.wordpiece import WordPiece
 from bert_jax.evaluation import squad
 
@@ -444,61 +444,48 @@ def test_real_file_gold_round_trip(shared_data, vocab, config):
 
 
 # --------------------------------------------------------------------------
-# The `squad_json` tfds builder and the catalog's `squad/v1.1`.
+# SQuAD splits by article (`squad_json`) and the catalog's `squad/v1.1`.
 
-def _as_examples(builder, split):
-    source = load_source(builder, split)
-    return [from_features(source[i]) for i in range(len(source))]
-
-
-def test_squad_json_builder_splits_by_article(tmp_path):
+def test_squad_split_by_article(tmp_path):
     examples = _examples(4, seed=3, title="A") + _examples(3, seed=4, title="B")
     path = _write(tmp_path, {"version": "1.1", "data": squad_json(examples)})
-    builder = SquadJson(path=path, splits={"train": "0:1", "validation": "1:"},
-                        data_dir=tmp_path / "tfds")
-    assert _as_examples(builder, "train") == examples[:4]
-    assert _as_examples(builder, "validation") == examples[4:]
-    assert SquadJson(path=path, data_dir=tmp_path / "tfds").builder_config.splits == (
-        ("validation", ":"),)
+    assert read_split(path, "0:1") == examples[:4]
+    assert read_split(path, "1:") == examples[4:]
+    assert read_split(path, ":") == examples
     assert parse_articles(" 38 : ") == slice(38, None) and parse_articles(":-2") == slice(None, -2)
-    with pytest.raises(ValueError, match=r"split 'train'.*'0-38'"):
-        SquadJson(path=path, splits={"train": "0-38"})
+    with pytest.raises(ValueError, match=r"'0-38' is not an article range"):
+        read_split(path, "0-38")
 
 
-def test_squad_json_builder_rejects_bad_files_before_writing(tmp_path):
+def test_squad_split_errors_name_the_file_and_question(tmp_path):
     context = "Orvind repaired the loom in 1802."
     qa = {"id": "q-17", "question": "Who?", "answers": [{"text": "Pellam", "answer_start": 0}]}
     path = _write(tmp_path, {"version": "1.1", "data": [
         {"title": "T", "paragraphs": [{"context": context, "qas": [qa]}]}]})
-    builder = SquadJson(path=path, data_dir=tmp_path / "tfds")
     with pytest.raises(SquadFormatError, match="q-17") as error:
-        load_source(builder, "validation")
+        read_split(path, ":")
     assert path in str(error.value)
-    assert not list((tmp_path / "tfds").rglob("*.array_record*"))
-    with pytest.raises(SquadFormatError, match=r"'validation \(5:\)'.*no questions"):
-        qa["answers"][0]["text"] = "Orvind"
-        load_source(SquadJson(path=_write(tmp_path, {"version": "1.1", "data": [
-            {"title": "T", "paragraphs": [{"context": context, "qas": [qa]}]}]}, "ok.json"),
-            splits={"validation": "5:"}, data_dir=tmp_path / "tfds"), "validation")
+    qa["answers"][0]["text"] = "Orvind"
+    path = _write(tmp_path, {"version": "1.1", "data": [
+        {"title": "T", "paragraphs": [{"context": context, "qas": [qa]}]}]}, "ok.json")
+    with pytest.raises(SquadFormatError, match=r"articles '5:' hold no questions"):
+        read_split(path, "5:")
 
 
-def test_squad_catalog_has_the_builders_features(tmp_path):
-    """The catalog's `squad/v1.1` and `squad_json` share their features, so
-    `from_features` reads both (mock_data: offline; its random answer lists
-    have unrelated lengths, so only the layout is compared)."""
+def test_squad_catalog_has_the_features_from_features_reads(tmp_path):
+    """The catalog's `squad/v1.1` has the layout `from_features` reads
+    (mock_data: offline; its random answer lists have unrelated lengths, so
+    only the layout is compared)."""
     import tensorflow_datasets as tfds
     import tensorflow_datasets.question_answering.squad  # noqa: F401  (registers it)
-    path = _write(tmp_path, {"version": "1.1", "data": squad_json(_examples(2))})
-    ours = SquadJson(path=path, data_dir=tmp_path / "ours").info.features
     with tfds.testing.mock_data(num_examples=3):
-        catalog = tfds.builder(CATALOG, data_dir=tmp_path / "catalog")
-        assert catalog.info.features.get_tensor_info() == ours.get_tensor_info()
-        source = load_source(catalog, "validation")
-        assert len(source) == 3 and set(source[0]) == set(ours)
+        source = load_source(tfds.builder(CATALOG, data_dir=tmp_path / "catalog"),
+                             "validation")
+        assert len(source) == 3
+        assert set(source[0]) == {"id", "title", "context", "question", "answers"}
+        assert set(source[0]["answers"]) == {"text", "answer_start"}
 
 
-def test_real_file_through_the_builder(shared_data, tmp_path):
+def test_real_file_by_articles(shared_data):
     path = _dev_file(shared_data)
-    builder = SquadJson(path=path, splits={"train": "0:38", "validation": "38:"},
-                        data_dir=tmp_path)
-    assert _as_examples(builder, "validation") == read_squad(path, slice(38, None))
+    assert read_split(path, "38:") == read_squad(path, slice(38, None))

@@ -10,15 +10,12 @@ QNLI and MNLI, laid out as in the official GLUE download
     examples[0]   # {"text_a": "it 's a charming ...", "text_b": "", "label": 1,
                   #  "line": 2}
 
-or as a tfds dataset in `array_record` format (read without TensorFlow):
+or by split from the task's directory (or the GLUE root holding it):
 
-    builder = GlueTsv(path="../shared/data/glue/SST-2", task="sst2",
-                      data_dir=data_dir)
-    dev = load_source(builder, "validation")  # dev[i]: text_a, text_b, label, idx
-    # or by name, the parameters passed through load_source (this module must
-    # have been imported, which registers the builder):
-    dev = load_source("glue_tsv", "validation", data_dir,
-                      path="../shared/data/glue/SST-2", task="sst2")
+    dev = read_split("../shared/data/glue", "sst2", "validation")
+
+The files are small (MNLI's 393k training pairs read in seconds), so they are
+read as they are, each time, with no dataset build in between.
 
 Users with network access can use the tfds catalog instead
 (`load_source("glue/sst2", "validation")`) and map its examples to the same
@@ -44,12 +41,6 @@ to do: a missing file (`FileNotFoundError`), invalid UTF-8, a header without a
 needed column, a row with too few fields, an unknown label, a regression label
 that is not a finite number, an empty text field.
 
-`GlueTsv` config name, e.g. `SST-2_sst2_3f9a0c1b2d4e`: the directory's name,
-the task, and a 12-hex-digit SHA-256 of the absolute (symlink-resolved) path,
-the task's parsing parameters (columns, labels, split files) and each file's
-name, size and modification time (ns), as in `parallel_text`: an edited file
-gets a config (and folder) of its own; a file that changes between
-constructing the builder and building it is an error.
 """
 
 from __future__ import annotations
@@ -62,11 +53,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
-import tensorflow_datasets as tfds
 
-from bert_jax.data.builder_configs import (
-    ConfigRegistry, LocalFilesBuilder, check_unchanged, config_name, file_stats)
-from bert_jax.data.text_files import utf8_lines
+from bert_jax.data.text_files import as_text, utf8_lines
 
 Column = str | int
 
@@ -161,11 +149,6 @@ class GlueTaskSpec:
     def has_header(self) -> bool:
         """Whether the files start with a header row (columns given by name)."""
         return not isinstance(self.text_a, int)
-
-    def _fingerprint(self) -> tuple:
-        """What decides how the files are parsed (not the description)."""
-        return (self.name, self.text_a, self.text_b, self.label_column, self.labels,
-                tuple(sorted(self.splits.items())), self.unlabeled_splits)
 
 
 _STANDARD_SPLITS = {"train": "train.tsv", "validation": "dev.tsv", "test": "test.tsv"}
@@ -426,7 +409,7 @@ def from_catalog(spec: str | GlueTaskSpec, example: Mapping[str, Any]
             raise KeyError(f"from_catalog({spec.name}): the example has no feature "
                            f"{feature!r} (it has {sorted(example)}); is it from "
                            f"{spec.catalog}?")
-        out[key] = _to_str(example[feature]).strip()
+        out[key] = as_text(example[feature]).strip()
     if spec.catalog_label not in example:
         raise KeyError(f"from_catalog({spec.name}): the example has no feature "
                        f"{spec.catalog_label!r} (it has {sorted(example)})")
@@ -449,136 +432,40 @@ def from_catalog(spec: str | GlueTaskSpec, example: Mapping[str, Any]
     return out
 
 
-def _to_str(value: Any) -> str:
-    if isinstance(value, np.ndarray):
-        value = value.item()
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    return str(value)
+# ------------------------------------------------------------------ splits --
 
 
-# ----------------------------------------------------------------- builder --
-
-
-@dataclasses.dataclass(eq=False)
-class GlueTsvConfig(tfds.core.BuilderConfig):
-    """A task directory and its fingerprint; build instances with `glue_tsv_config`."""
-
-    path: str = ""                                # absolute, symlinks resolved
-    task: GlueTaskSpec | None = None
-    splits: tuple[tuple[str, str], ...] = ()      # (tfds split name, file name)
-    # (file name, size in bytes, mtime in ns) of every file read.
-    files: tuple[tuple[str, int, int], ...] = ()
-
-    def split_file(self, split: str) -> str:
-        """The TSV file of `split`."""
-        return os.path.join(self.path, dict(self.splits)[split])
-
-
-_CONFIGS: ConfigRegistry[GlueTsvConfig] = ConfigRegistry()
-
-
-def glue_tsv_config(path: str | os.PathLike, task: str | GlueTaskSpec
-                    ) -> GlueTsvConfig:
-    """The (validated, fingerprinted, interned) config of a task directory.
-
-    `path` is the task's directory (holding `train.tsv`, `dev.tsv`, ...), or a
-    GLUE root holding it as `spec.directory` (`SST-2`). The splits are those
-    of `spec.splits` whose file exists; their contents are checked when the
-    dataset is built.
-    """
-    spec = get_task(task)
+def task_directory(path: str | os.PathLike, spec: GlueTaskSpec) -> str:
+    """The task's directory: `path` itself when it holds some of the task's
+    files, or its `spec.directory` folder (a GLUE root: `SST-2`)."""
     directory = os.path.realpath(os.path.expanduser(os.fspath(path)))
     if not os.path.isdir(directory):
         raise FileNotFoundError(
             f"glue {spec.name}: {directory} is not a directory (path="
             f"{os.fspath(path)!r}); pass the task's directory, holding "
             f"{sorted(set(spec.splits.values()))}.")
-    present = [(split, name) for split, name in spec.splits.items()
-               if os.path.isfile(os.path.join(directory, name))]
-    if not present and spec.directory and os.path.isdir(
-            os.path.join(directory, spec.directory)):
-        return glue_tsv_config(os.path.join(directory, spec.directory), spec)
-    if not present:
-        raise FileNotFoundError(
-            f"glue {spec.name}: {directory} has none of the task's files "
-            f"{sorted(set(spec.splits.values()))} (nor a {spec.directory!r} folder); "
-            f"pass the task's directory.")
-    params = dict(path=directory, task=spec._fingerprint(),
-                  splits=tuple(sorted(present)),
-                  files=file_stats(directory, [name for _, name in present]))
-    name = config_name(directory, params, spec.name, default="glue")
-    return _CONFIGS.intern(name, lambda: GlueTsvConfig(
-        name=name, description=(
-            f"GLUE task {spec.name} from {directory}, splits "
-            f"{dict(present)}"),
-        path=directory, task=spec, splits=params["splits"], files=params["files"]))
+    if any(os.path.isfile(os.path.join(directory, f)) for f in spec.splits.values()):
+        return directory
+    if spec.directory and os.path.isdir(os.path.join(directory, spec.directory)):
+        return task_directory(os.path.join(directory, spec.directory), spec)
+    raise FileNotFoundError(
+        f"glue {spec.name}: {directory} has none of the task's files "
+        f"{sorted(set(spec.splits.values()))} (nor a {spec.directory!r} folder); "
+        "pass the task's directory.")
 
 
-class GlueTsv(LocalFilesBuilder):
-    """A GLUE-style task read from local TSV files (see the module docstring).
-
-    Features: `text_a`, `text_b` (text; `""` for single-sentence tasks),
-    `label` (int64 class index, -1 when unlabelled; float32 for regression,
-    NaN when unlabelled), `idx` (int64, the example's 0-based position in
-    its file). Examples keep the file order.
-    """
-
-    CONFIGS = _CONFIGS
-
-    def __init__(self, *, path: str | os.PathLike | None = None,
-                 task: str | GlueTaskSpec | None = None, config=None, **kwargs):
-        """The task directory and task (`path`, `task`) or `config`, not both."""
-        given = {k for k, v in dict(path=path, task=task).items() if v is not None}
-        if config is not None:
-            if given:
-                raise ValueError(f"glue_tsv: pass either config= or {sorted(given)}, "
-                                 f"not both.")
-        else:
-            missing = {"path", "task"} - given
-            if missing:
-                raise ValueError(f"glue_tsv needs path= (the task directory) and "
-                                 f"task= (one of {sorted(GLUE_TASKS)} or a "
-                                 f"GlueTaskSpec); missing: {', '.join(sorted(missing))}.")
-            config = glue_tsv_config(path, task)
-        super().__init__(config=config, **kwargs)
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        spec: GlueTaskSpec = self.builder_config.task
-        label = np.float32 if spec.is_regression else np.int64
-        return self.dataset_info_from_configs(
-            features=tfds.features.FeaturesDict({
-                "text_a": tfds.features.Text(),
-                "text_b": tfds.features.Text(),
-                "label": tfds.features.Scalar(dtype=label),
-                "idx": tfds.features.Scalar(dtype=np.int64),
-            }),
-            metadata=tfds.core.MetadataDict(
-                task=spec.name, labels=list(spec.labels),
-                label_names=list(spec.label_names or spec.labels),
-                metrics=list(spec.metrics), is_regression=spec.is_regression),
-            disable_shuffling=True,   # example i is the file's i-th example
-        )
-
-    def _split_generators(self, dl_manager):
-        del dl_manager  # nothing to download
-        cfg: GlueTsvConfig = self.builder_config
-        spec = cfg.task
-        prefix = f"glue {spec.name}: "
-        check_unchanged(cfg.path, cfg.files, cfg.name, f"glue {spec.name}", GlueFormatError)
-        # Read (and check) every split before tfds writes any example.
-        examples = {split: read_tsv(cfg.split_file(split), spec,
-                                    labels_required=split not in spec.unlabeled_splits)
-                    for split, _ in cfg.splits}
-        empty = [split for split, ex in examples.items() if not ex]
-        if empty:  # tfds cannot write a split with no examples
-            raise GlueFormatError(
-                f"{prefix}split(s) {empty} have no examples "
-                f"({', '.join(cfg.split_file(s) for s in empty)}); remove the "
-                f"file(s) or add examples.")
-        return {split: self._generate_examples(ex) for split, ex in examples.items()}
-
-    def _generate_examples(self, examples):
-        for idx, ex in enumerate(examples):
-            yield idx, {"text_a": ex["text_a"], "text_b": ex["text_b"],
-                        "label": ex["label"], "idx": idx}
+def read_split(path: str | os.PathLike, spec: str | GlueTaskSpec, split: str
+               ) -> list[dict[str, Any]]:
+    """The examples of `split` (`train`, `validation`, `test`, ...) of the
+    task directory (or GLUE root) `path`, in file order (`read_tsv`); a split
+    without examples is an error naming its file."""
+    spec = get_task(spec)
+    if split not in spec.splits:
+        raise GlueFormatError(f"glue {spec.name}: no split {split!r}; the task has "
+                              f"{sorted(spec.splits)}.")
+    file = os.path.join(task_directory(path, spec), spec.splits[split])
+    examples = read_tsv(file, spec, labels_required=split not in spec.unlabeled_splits)
+    if not examples:
+        raise GlueFormatError(f"glue {spec.name}: {file} has no examples; add examples "
+                              "or evaluate another split.")
+    return examples

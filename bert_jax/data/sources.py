@@ -37,7 +37,7 @@ from absl import logging
 
 # Registers the project's builders with tfds so that they resolve by name.
 from bert_jax.data import (  # noqa: F401
-    conllu, glue, parallel_text, squad_json, synthetic_reverse, synthetic_translation)
+    conllu, parallel_text, synthetic_reverse, synthetic_translation)
 
 FILE_FORMAT = "array_record"
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+
 
 def utf8_lines(path: str, error: type[Exception], prefix: str = ""
                ) -> Iterator[tuple[int, str]]:
@@ -25,3 +27,10 @@ def utf8_lines(path: str, error: type[Exception], prefix: str = ""
                     f"byte {e.start + 1} of line {lineno}); convert the file to UTF-8 "
                     f"(e.g. `iconv -f latin1 -t utf-8`) or fix that line.") from None
             yield lineno, text.removeprefix("\ufeff") if lineno == 1 else text
+
+
+def as_text(value) -> str:
+    """A tfds text feature (bytes, or a 0-d array of bytes) or any value as str."""
+    if isinstance(value, np.ndarray):
+        value = value.item()
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)

@@ -25,7 +25,7 @@ to `WORKDIR/predictions/<split>_<step>.json` (for SQuAD the official
                   `data.tag_column`; the label of a word sits on its first
                   sub-token (the others are not scored); accuracy over words, and
                   entity F1 when the tags are BIO.
-  task='squad'    SQuAD v1.1 JSON `data.path` (the `squad_json` builder), articles
+  task='squad'    SQuAD v1.1 JSON `data.path` (`squad_json.read_split`), articles
                   `data.train_articles` / `data.eval_articles` (`'0:38'`, `'38:'`),
                   or with `data.path=''` the catalog's `squad/v1.1`: windows of
                   `max_seq_length` every `doc_stride` tokens, start/end logits,
@@ -49,6 +49,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax.data import conllu, glue, pipeline, sources, squad_json, squad_windows
+from bert_jax.data.text_files import as_text
 from bert_jax.modeling.bert import (
     BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification)
 from bert_jax.modeling.configs import ConfigError
@@ -58,10 +59,6 @@ from bert_jax.tasks.base import Batch, Task, register
 from bert_jax.tasks.bert_backbone import resolve_backbone
 
 ROW = "row"  # the row's index in its split's rows: predictions map back through it
-
-
-def _text(value) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def _buckets(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
@@ -227,11 +224,7 @@ class GlueTask(FinetuneTask):
     def examples(self, split: str) -> list[dict]:
         data = self.config.data
         if data.path:
-            builder = glue.GlueTsv(path=data.path, task=self.spec.name,
-                                   data_dir=data.data_dir or None)
-            source = sources.load_source(builder, split)
-            return [{"text_a": _text(e["text_a"]), "text_b": _text(e["text_b"]),
-                     "label": e["label"]} for e in (source[i] for i in range(len(source)))]
+            return glue.read_split(data.path, self.spec, split)
         source = sources.load_source(self.spec.catalog, split, data.data_dir or None)
         return [glue.from_catalog(self.spec, source[i]) for i in range(len(source))]
 
@@ -312,7 +305,7 @@ class TaggingTask(FinetuneTask):
     @functools.cache
     def examples(self, split: str) -> list[dict]:
         source = sources.load_source(self._builder, split)
-        return [{"words": [_text(w) for w in e["words"]], "tags": [_text(t) for t in e["tags"]]}
+        return [{"words": [as_text(w) for w in e["words"]], "tags": [as_text(t) for t in e["tags"]]}
                 for e in (source[i] for i in range(len(source)))]
 
     def training_texts(self):
@@ -399,10 +392,8 @@ class SquadTask(FinetuneTask):
             raise ConfigError(f"squad has splits 'train' and 'validation' (the articles "
                               f"data.train_articles / data.eval_articles), not {split!r}.")
         if data.path:
-            builder = squad_json.SquadJson(path=data.path, splits=articles,
-                                           data_dir=data.data_dir or None)
-            source = sources.load_source(builder, split)
-        elif all(str(a).strip() in ("", ":") for a in articles.values()):
+            return squad_json.read_split(data.path, articles[split])
+        if all(str(a).strip() in ("", ":") for a in articles.values()):
             source = sources.load_source(squad_json.CATALOG, split, data.data_dir or None)
         else:
             raise ConfigError(

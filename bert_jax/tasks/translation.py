@@ -28,6 +28,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax.data import pipeline, sources, vocabulary
+from bert_jax.data.text_files import as_text
 from bert_jax.evaluation.decoding import transformer_search
 from bert_jax.modeling import Transformer, TransformerConfig
 from bert_jax.modeling.configs import ConfigError
@@ -38,10 +39,6 @@ from bert_jax.modeling.losses import cross_entropy_sums
 
 _PACKING_FEATURES = ("inputs_segmentation", "targets_segmentation",
                      "inputs_positions", "targets_positions")
-
-
-def _text(value) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 @register("translation")
@@ -104,16 +101,16 @@ class TranslationTask(Task):
         count = min(len(source), data.vocab_sample)
         for index in np.linspace(0, len(source) - 1, count).astype(int):
             example = source[int(index)]
-            yield _text(example[data.source_key])
-            yield _text(example[data.target_key])
+            yield as_text(example[data.source_key])
+            yield as_text(example[data.target_key])
 
     def _encode(self, value) -> np.ndarray:
         """Text -> ids ending with EOS; id datasets are taken as they are."""
         if self.vocab is None:  # ids, or ids written as text ("5 3 7")
             if isinstance(value, (str, bytes)):
-                value = [int(token) for token in _text(value).split()]
+                value = [int(token) for token in as_text(value).split()]
             return np.asarray(value, np.int32)
-        return np.array(self.vocab.encode(_text(value)) + [vocabulary.EOS_ID], np.int32)
+        return np.array(self.vocab.encode(as_text(value)) + [vocabulary.EOS_ID], np.int32)
 
     def preprocess(self, example) -> Batch:
         """An example -> {'inputs', 'targets'} int32 ids."""
