@@ -16,9 +16,10 @@ import tensorflow_datasets as tfds
 
 from bert_jax.data import (
     SyntheticReverse, eval_batches, load_source, num_filtered, reverse_config,
-    train_iterator, translation_preprocess)
+    train_iterator)
 from bert_jax.data.pipeline import shuffle_seed
 from bert_jax.data.synthetic_reverse import EOS_ID, FIRST_TOKEN_ID
+from tiny_models import translation_preprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(num_train=64, num_validation=20)  # max_length 12 -> targets <= 13
@@ -79,19 +80,16 @@ def _run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
 def test_build_and_read_without_tensorflow(tmp_path):
     result = _run_python(f"""
         import sys
-        from bert_jax.data import (eval_batches, load_source, train_iterator,
-                                   translation_preprocess)
+        from bert_jax.data import eval_batches, load_source, train_iterator
         d = {str(tmp_path)!r}
         train = load_source("synthetic_reverse", "train", d, num_train=16, num_validation=4)
         val = load_source("synthetic_reverse", "validation", d, num_train=16, num_validation=4)
         assert (len(train), len(val)) == (16, 4)
         it = train_iterator(train, global_batch_size=4, seed=0, process_index=0,
-                            process_count=1, preprocess=translation_preprocess,
-                            max_length=13)
+                            process_count=1, preprocess=dict, max_length=13)
         assert next(it)["targets"].shape == (4, 13)
         ev = eval_batches(train, global_batch_size=4, process_index=0,
-                          process_count=1, max_length=13,
-                          preprocess=translation_preprocess)
+                          process_count=1, max_length=13, preprocess=dict)
         assert next(ev)["inputs"].shape == (4, 13)
         print("TF_LOADED", "tensorflow" in sys.modules)
         # `it` (a prefetching thread) and `ev` stay alive until exit: that

@@ -5,7 +5,8 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax.data.pipeline import train_iterator, translation_preprocess
+from bert_jax.data.pipeline import train_iterator
+from tiny_models import translation_preprocess
 from bert_jax.training.prefetch import DevicePrefetch
 from bert_jax.training.sharding import global_batch, make_mesh
 

@@ -49,3 +49,9 @@ def jitted(model, method=None, mutable=(), **static):
 
 def max_diff(a, b):
     return float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
+
+
+def translation_preprocess(example) -> dict[str, np.ndarray]:
+    """`{'inputs', 'targets'}` of a `synthetic_reverse` example as int32."""
+    return {"inputs": np.asarray(example["inputs"], np.int32),
+            "targets": np.asarray(example["targets"], np.int32)}

@@ -4,7 +4,7 @@ and grain input pipelines with static shapes and checkpointable state.
     from bert_jax.data import load_source, train_iterator, eval_batches
     source = load_source("synthetic_reverse", "train", data_dir, num_train=64)
     it = train_iterator(source, global_batch_size=32, seed=0, process_index=0,
-                        process_count=1, preprocess=translation_preprocess,
+                        process_count=1, preprocess=dict,
                         max_length=16)
 """
 
@@ -14,7 +14,6 @@ from bert_jax.data.pipeline import (
     eval_batches,
     num_filtered,
     train_iterator,
-    translation_preprocess,
 )
 from bert_jax.data.sources import load_source
 from bert_jax.data.synthetic_reverse import SyntheticReverse, reverse_config
@@ -33,5 +32,4 @@ __all__ = [
     "reverse_config",
     "train_iterator",
     "translation_config",
-    "translation_preprocess",
 ]

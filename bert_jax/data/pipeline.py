@@ -76,12 +76,6 @@ MaxLength = int | Mapping[str, int]
 _SHUFFLE_PURPOSE = 0x5EED  # mixed into the user seed for the shuffle seed
 
 
-def translation_preprocess(example: Example) -> dict[str, np.ndarray]:
-    """`{'inputs', 'targets'}` as stored (targets end with EOS), as int32."""
-    return {"inputs": np.asarray(example["inputs"], np.int32),
-            "targets": np.asarray(example["targets"], np.int32)}
-
-
 # ----------------------------------------------------------------- examples --
 
 class _Prepare:
