@@ -9,6 +9,7 @@ sums, and divides sums by weights itself so padding never counts.
 from __future__ import annotations
 
 import abc
+import functools
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import flax.linen as nn
@@ -53,6 +54,20 @@ def build_task(config: ml_collections.ConfigDict, workdir: str | None,
         raise ValueError(f"config.task={config.task!r} cannot be built without its data "
                          f"(ahead-of-time compilation); tasks that can: {supported}.")
     return cls(config, workdir, abstract=True)
+
+
+def cached_method(method: Callable) -> Callable:
+    """Caches `method(self, arg)` per instance and argument (e.g. the rows of a
+    split). Unlike `functools.cache` on a method, the cache lives and dies with
+    its task instead of keeping every task alive."""
+    @functools.wraps(method)
+    def cached(self, arg):
+        cache = self.__dict__.setdefault("_method_cache", {})
+        key = (method.__name__, arg)
+        if key not in cache:
+            cache[key] = method(self, arg)
+        return cache[key]
+    return cached
 
 
 def written_by_process_zero(load_or_create: Callable[[bool], T], what: str) -> T:

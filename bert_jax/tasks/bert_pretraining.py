@@ -55,7 +55,7 @@ from bert_jax.data import (
 from bert_jax.data.bert_pretraining import BertPretraining, parse_file_spec
 from bert_jax.modeling.bert import BertForPreTraining
 from bert_jax.modeling.configs import BertConfig, ConfigError
-from bert_jax.tasks.base import Batch, Task, register, written_by_process_zero
+from bert_jax.tasks.base import Batch, Task, cached_method, register, written_by_process_zero
 from bert_jax.tasks.bert_backbone import resolve_backbone
 from bert_jax.modeling.flops import bert_train_flops
 from bert_jax.modeling.losses import bert_pretraining_sums
@@ -130,7 +130,7 @@ class BertPretrainingTask(Task):
             for document in pretraining_data.read_documents(path, fmt):
                 yield from document
 
-    @functools.cache
+    @cached_method
     def _source(self, split: str):
         data = self.config.data
         builder = BertPretraining(

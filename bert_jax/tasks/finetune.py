@@ -55,7 +55,7 @@ from bert_jax.modeling.bert import (
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.modeling.flops import bert_train_flops
 from bert_jax.modeling.losses import cross_entropy_sums
-from bert_jax.tasks.base import Batch, Task, register
+from bert_jax.tasks.base import Batch, Task, cached_method, register
 from bert_jax.tasks.bert_backbone import resolve_backbone
 
 ROW = "row"  # the row's index in its split's rows: predictions map back through it
@@ -120,7 +120,7 @@ class FinetuneTask(Task):
 
     # -- rows and batches ------------------------------------------------------------
 
-    @functools.cache
+    @cached_method
     def rows(self, split: str) -> list[Batch]:
         rows = self.featurize(split)
         for index, row in enumerate(rows):
@@ -220,7 +220,7 @@ class GlueTask(FinetuneTask):
         self.spec = glue.get_task(config.data.glue_task)
         super().__init__(config, workdir)
 
-    @functools.cache
+    @cached_method
     def examples(self, split: str) -> list[dict]:
         data = self.config.data
         if data.path:
@@ -302,7 +302,7 @@ class TaggingTask(FinetuneTask):
         sources.load_source(self._builder, "train")   # prepares, fills the metadata
         return tuple(self._builder.info.metadata["tags"])
 
-    @functools.cache
+    @cached_method
     def examples(self, split: str) -> list[dict]:
         source = sources.load_source(self._builder, split)
         return [{"words": [as_text(w) for w in e["words"]], "tags": [as_text(t) for t in e["tags"]]}
@@ -384,7 +384,7 @@ class SquadTask(FinetuneTask):
             max_query_length=data.max_query_length)
         super().__init__(config, workdir)
 
-    @functools.cache
+    @cached_method
     def examples(self, split: str) -> list[squad_windows.QAExample]:
         data = self.config.data
         articles = {"train": data.train_articles, "validation": data.eval_articles}
@@ -408,7 +408,7 @@ class SquadTask(FinetuneTask):
             yield example.question
             yield example.context
 
-    @functools.cache
+    @cached_method
     def windows(self, split: str) -> list[dict]:
         return squad_windows.windows_for(self.examples(split), self.vocab, self.window_config)
 

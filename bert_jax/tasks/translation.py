@@ -21,7 +21,6 @@ beam-search translations of the first examples of the evaluation split
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import numpy as np
@@ -32,7 +31,7 @@ from bert_jax.data.text_files import as_text
 from bert_jax.evaluation.decoding import transformer_search
 from bert_jax.modeling import Transformer, TransformerConfig
 from bert_jax.modeling.configs import ConfigError
-from bert_jax.tasks.base import Batch, Task, register, written_by_process_zero
+from bert_jax.tasks.base import Batch, Task, cached_method, register, written_by_process_zero
 from bert_jax.modeling.flops import transformer_train_flops
 from bert_jax.modeling.losses import cross_entropy_sums
 
@@ -88,7 +87,7 @@ class TranslationTask(Task):
                 model_type=data.vocab_type, is_writer=is_writer),
             "vocabulary")
 
-    @functools.cache
+    @cached_method
     def _source(self, split: str):
         data = self.config.data
         return sources.load_source(data.builder, split, data.data_dir or None,
@@ -196,7 +195,7 @@ class TranslationTask(Task):
                 words.append(str(int(i)))
         return " ".join(words)
 
-    @functools.cache
+    @cached_method
     def _search(self, mesh):
         """Beam search, compiled; its output replicated on every device (the
         model keeps activations batch-sharded, see `layers.batch_sharded`)."""
