@@ -71,6 +71,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0
     config.init_from = DEFAULT_BACKBONE
+    config.evals = ()              # evaluators by name (evaluation/evaluators.py); (): the task's
     config.peak_flops = 0.0
 
     # From scratch this is the architecture; with init_from only the run-time

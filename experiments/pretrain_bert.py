@@ -61,6 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.task = "bert_pretraining"
     config.seed = 0
     config.init_from = ""          # continue from a checkpoint: HF folder, pretrained, workdir
+    config.evals = ()              # evaluators by name (evaluation/evaluators.py); (): the task's
     config.peak_flops = 0.0
 
     config.model = ml_collections.ConfigDict(dict(

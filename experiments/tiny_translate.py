@@ -20,6 +20,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.task = "translation"
     config.seed = 0
     config.init_from = ""          # params-only restore: pretrained folder or workdir
+    config.evals = ()              # evaluators by name (evaluation/evaluators.py); (): the task's
     config.peak_flops = 0.0        # per-device peak FLOP/s for MFU; 0 = table/measured
 
     config.model = ml_collections.ConfigDict(dict(

@@ -133,6 +133,10 @@ def test_evaluate_refuses_to_change_the_model(trained):
     changed = evaluation.saved_config(workdir)
     changed.decode.beam_size, changed.data.eval_split = 1, "test"
     assert evaluation.evaluation_config(workdir, changed).decode.beam_size == 1
+    changed.data.eval_split, changed.evals = "validation", ("loss",)
+    only_loss = evaluation.evaluate_checkpoint(
+        evaluation.evaluation_config(workdir, changed), workdir, 300)
+    assert sorted(only_loss) == ["eval/accuracy", "eval/nll", "eval/perplexity", "step"]
     changed.data.vocab_size = 64
     with pytest.raises(ConfigError, match=r"config.data.vocab_size \(0 in"):
         evaluation.evaluation_config(workdir, changed)

@@ -57,8 +57,13 @@ def jit_predict(task: Task, mesh) -> Callable:
 
 def evaluator_specs(task: Task) -> dict[str, dict[str, Any]]:
     """name -> options of the evaluators to run: `config.evals`, or the task's
-    `default_evals()` when it is empty."""
-    evals = task.config.get("evals") or task.default_evals()
+    `default_evals()` when it is empty. `config.evals` is a dict (name ->
+    options) or a sequence of names (e.g. `--config.evals='("loss",)'`), each
+    with the task's default options for it."""
+    defaults = task.default_evals()
+    evals = task.config.get("evals") or defaults
+    if isinstance(evals, (list, tuple)):
+        evals = {name: defaults.get(name, {}) for name in evals}
     specs = {}
     for name, options in dict(evals).items():
         evaluators_lib.get(name)   # an unknown name fails here, naming the known ones
@@ -147,7 +152,15 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
         raise CheckpointError(f"--workdir={workdir} holds no {CONFIG_FILE}: it is not the "
                               "workdir of a training run (launch/train.py writes it).")
     with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f))
+        return ml_collections.ConfigDict(json.load(f, object_hook=_tuples))
+
+
+def _tuples(values: dict) -> dict:
+    """JSON arrays back to the tuples configs are written with (and
+    `--config.KEY='(a, b)'` overrides)."""
+    def convert(value):
+        return tuple(convert(v) for v in value) if isinstance(value, list) else value
+    return {key: convert(value) for key, value in values.items()}
 
 
 def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None = None
