@@ -228,7 +228,7 @@ class TranslationTask(Task):
             data = self.config.data
             inputs = self.encode_sources([e[data.source_key] for e in examples])
             hypotheses = [self.detokenize(t) for t in self.translate(params, inputs, mesh)]
-            text = self.detokenize if self.vocab is None else _text
+            text = self.detokenize if self.vocab is None else as_text
             return ([text(e[data.source_key]) for e in examples],
                     [text(e[data.target_key]) for e in examples], hypotheses)
         return generate
