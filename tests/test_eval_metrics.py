@@ -311,3 +311,45 @@ def test_best_spans_bad_inputs():
     with pytest.raises(ValueError, match="n_best=0"):
         squad.best_spans(np.zeros(3), np.zeros(3), n_best=0, max_answer_length=1,
                          valid=np.ones(3, bool))
+
+
+# --------------------------------------------------------------------------
+# The hand-written metrics against scipy.stats and seqeval on real data
+# (kept for the commit that swaps them; the swap deletes this check).
+
+def test_hand_written_metrics_match_the_libraries_on_real_data(shared_data):
+    from scipy import stats
+    from seqeval import metrics as seqeval_metrics
+    from bert_jax.data import glue
+    from bert_jax.data.conllu import read_conllu
+
+    # STS-B dev gold scores against a real baseline predictor: word overlap.
+    examples = glue.read_tsv(shared_data / "glue" / "STS-B" / "dev.tsv", "stsb")
+    gold = np.array([e["label"] for e in examples])
+    overlap = np.array([len(set(e["text_a"].lower().split()) & set(e["text_b"].lower().split()))
+                        / len(set(e["text_a"].lower().split()) | set(e["text_b"].lower().split()))
+                        for e in examples])
+    assert len(gold) == 1500
+    assert cm.pearson(overlap, gold) == pytest.approx(stats.pearsonr(overlap, gold)[0], abs=1e-12)
+    assert cm.spearman(overlap, gold) == pytest.approx(stats.spearmanr(overlap, gold)[0],
+                                                       abs=1e-12)
+
+    # UD English-EWT dev: gold BIO spans of proper nouns (NAME) and numbers
+    # (NUM); predicted by capitalisation and digits, in IO tags (I- without B-).
+    sentences = read_conllu(shared_data / "ud_en_ewt" / "en_ewt-ud-dev.conllu")
+    gold_tags, predicted_tags = [], []
+    for s in sentences:
+        kinds = [{"PROPN": "NAME", "NUM": "NUM"}.get(t) for t in s["tags"]]
+        gold_tags.append([("O" if k is None else ("I-" if i and kinds[i - 1] == k else "B-")
+                           + k) for i, k in enumerate(kinds)])
+        predicted_tags.append(["I-NUM" if any(c.isdigit() for c in w) else
+                               "I-NAME" if i and w[:1].isupper() else "O"
+                               for i, w in enumerate(s["words"])])
+    mine = cm.entity_f1(predicted_tags, gold_tags)
+    assert 0.2 < mine["f1"] < 0.9, mine
+    assert mine == pytest.approx({
+        "precision": seqeval_metrics.precision_score(gold_tags, predicted_tags),
+        "recall": seqeval_metrics.recall_score(gold_tags, predicted_tags),
+        "f1": seqeval_metrics.f1_score(gold_tags, predicted_tags)}, abs=1e-12)
+    print(f"STS-B overlap pearson {cm.pearson(overlap, gold):.6f} spearman "
+          f"{cm.spearman(overlap, gold):.6f}; EWT dev entity {mine}")
