@@ -140,6 +140,35 @@ def test_tagging_labels_sit_on_first_sub_tokens(tmp_path):
     assert metrics["tag_accuracy"] == 100.0 and len(written) == len(rows)
 
 
+def test_ner_reads_conll2003_files_named_by_the_config(tmp_path):
+    """Made-up CoNLL-2003-style files (tag first, word last) under other names."""
+    data = tmp_path / "ner"
+    data.mkdir()
+    sentences = [[("B-PER", "Ann"), ("I-PER", "Lee"), ("O", "was"), ("O", "good")],
+                 [("O", "the"), ("B-ORG", "Acme"), ("O", "plot")]]
+    block = "-DOCSTART- -X- -X-\n\n" + "".join(
+        "".join(f"{tag} NN {word}\n" for tag, word in sentence) + "\n"
+        for sentence in sentences)
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (data / name).write_text(block * 3)
+    config = experiment("ner", data, tmp_path, vocab_size=60, tag_column="0", word_column=2,
+                        splits=dict(train="a.txt", validation="b.txt", test="c.txt"))
+    task = build_task(config, str(tmp_path / "t"))
+    assert task.examples("validation")[:2] == [
+        {"words": [w for _, w in s], "tags": [t for t, _ in s]} for s in sentences]
+    assert task.tags == ("B-ORG", "B-PER", "I-PER", "O")
+    rows = task.rows("validation")
+    perfect = {i: np.maximum(r["labels"] - 1, 0) for i, r in enumerate(rows)}
+    metrics, _ = task.score("validation", perfect)
+    assert metrics == {"tag_accuracy": 100.0, "entity_f1": 100.0}
+    # The first "Ann Lee" tagged B-PER O: the entity "Ann" is wrong, so 5 of
+    # the 6 predicted and of the 6 gold entities match: P = R = F1 = 5/6.
+    first = np.flatnonzero(rows[0]["labels"])
+    perfect[0][first[1]] = task.tags.index("O")
+    metrics, _ = task.score("validation", perfect)
+    assert metrics["entity_f1"] == pytest.approx(100 * 5 / 6)
+
+
 def test_evaluation_only_reproduces_the_logged_metrics(glue_dirs, tmp_path):
     config = experiment("sst2,steps=12", glue_dirs["sst2"], tmp_path)
     workdir = str(tmp_path / "run")

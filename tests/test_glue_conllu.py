@@ -286,6 +286,13 @@ def test_read_conll2003(tmp_path):
         (["Peter", "Blackburn"], ["B-PER", "I-PER"], 7),
         (["#"], ["O"], 13)]
     assert read_conllu(path, "pos", format="conll2003")[0]["tags"] == ["NNP", "VBZ", "JJ"]
+    by_index = read_conllu(path, "-2", format="conll2003", word_column=1)[0]
+    assert (by_index["words"], by_index["tags"]) == (["NNP", "VBZ", "JJ"],
+                                                     ["B-NP", "B-VP", "B-NP"])
+    with pytest.raises(ValueError, match="column 1 of this CoNLL-2003 file is the word"):
+        read_conllu(path, 1, format="conll2003", word_column=1)
+    msg = _error(ConlluFormatError, read_conllu, path, format="conll2003", word_column=4)
+    assert f"{path}:3:" in msg and "no column 4; set word_column" in msg
     assert tag_vocabulary(s) == ["B-MISC", "B-ORG", "B-PER", "I-PER", "O"]
     bad = _write(tmp_path / "bad.txt", "EU NNP B-NP B-ORG\nrejects O\n")
     msg = _error(ConlluFormatError, read_conllu, bad, format="conll2003")
