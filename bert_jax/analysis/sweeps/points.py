@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import copy
 import difflib
 import importlib.util
 import inspect
@@ -167,10 +168,9 @@ def apply_overrides(config: Any, overrides: Point) -> Any:
             near = difflib.get_close_matches(key, keys, n=5, cutoff=0.6)
             raise SweepError(f"unknown config key {key!r}; nearest existing keys: "
                              + ", ".join(near or sorted({k.split(".")[0] for k in keys})))
-    new = config.copy_and_resolve_references()
+    new = copy.deepcopy(config)   # field references kept, as on the command line
     try:
-        with new.unlocked():
-            new.update_from_flattened_dict(overrides)
+        new.update_from_flattened_dict(overrides)
     except (TypeError, ValueError) as e:
         raise SweepError(f"cannot set {overrides}: {e}") from None
     return new
