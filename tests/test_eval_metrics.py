@@ -3,8 +3,9 @@
 Each metric is checked against hand-worked cases (the arithmetic is in the
 comments) and, where sklearn is installed, the classification ones against it
 on random data (Pearson/Spearman come from scipy.stats and entity F1 from
-seqeval; the hand-worked cases check how they are called). The SQuAD evaluator must reproduce the published EM 86.2 / F1 92.2 of the
-BERT ensemble's leaderboard predictions on the real development set.
+seqeval; the hand-worked cases check how they are called). The SQuAD evaluator
+must reproduce the published EM 86.2 / F1 92.2 of the BERT ensemble's
+leaderboard predictions on the real development set.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Sweeps (bert_jax/analysis/sweeps/, launch/sweep.py): points (Python helpers
-and the one-line spec) and their errors, key validation, run names, launcher commands, and a real tiny sweep of
-experiments/tiny_translate.py (tables, plots, skip of finished runs, resume of
-an interrupted one)."""
+and the one-line spec) and their errors, key validation, run names, launcher
+commands, and a real tiny sweep of experiments/tiny_translate.py (tables,
+plots, skip of finished runs, resume of an interrupted one)."""
 
 from __future__ import annotations
 

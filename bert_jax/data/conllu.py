@@ -311,7 +311,8 @@ def conllu_config(path: str | os.PathLike, splits: Mapping[str, str] | None = No
                                     f"(splits={dict(splits)})")
         mapping = tuple(sorted(splits.items()))
     params = dict(path=directory, splits=mapping, column=index, format=format,
-                  word_column=word_column, files=file_stats(directory, [name for _, name in mapping]))
+                  word_column=word_column,
+                  files=file_stats(directory, [name for _, name in mapping]))
     names = CONLLU_COLUMNS if format == "conllu" else CONLL2003_COLUMNS
     column_label = (names[index] if 0 <= index < len(names) and format == "conllu"
                     else f"col{index}".replace("-", "m"))

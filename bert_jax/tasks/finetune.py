@@ -22,9 +22,9 @@ prediction, not sums), which are also written to
   task='tagging'  CoNLL-U (or CoNLL-2003, `data.format`) files in `data.path`
                   (`data.splits`: split -> file name; {} = UD's
                   `*-ud-{train,dev,test}.conllu`), tag column `data.tag_column`
-                  (CoNLL-2003 word column `data.word_column`); the label of a word sits on its first
-                  sub-token (the others are not scored); accuracy over words, and
-                  entity F1 when the tags are BIO.
+                  (CoNLL-2003 word column `data.word_column`); the label of a
+                  word sits on its first sub-token (the others are not scored);
+                  accuracy over words, and entity F1 when the tags are BIO.
   task='squad'    SQuAD v1.1 JSON `data.path` (the `squad_json` builder), articles
                   `data.train_articles` / `data.eval_articles` (`'0:38'`, `'38:'`),
                   or with `data.path=''` the catalog's `squad/v1.1`: windows of
