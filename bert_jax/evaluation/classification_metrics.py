@@ -147,6 +147,11 @@ def tagging_accuracy(predictions, labels, ignore=-100) -> float:
     return float(np.mean(predictions[counted] == labels[counted]))
 
 
+def is_bio(tags: Sequence[str]) -> bool:
+    """Whether every tag is `O`, `B-TYPE` or `I-TYPE` (entity tags)."""
+    return all(tag == "O" or tag[:2] in ("B-", "I-") for tag in tags)
+
+
 def _check_bio(tags: Sequence[str], where: str) -> None:
     for position, tag in enumerate(tags):
         if tag != "O" and tag[:2] not in ("B-", "I-"):

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 
 from bert_jax.analysis.features.strategies import check_strategy, combine_layers
-from bert_jax.evaluation.classification_metrics import entity_f1, tagging_accuracy
+from bert_jax.evaluation.classification_metrics import entity_f1, is_bio, tagging_accuracy
 
 
 @dataclasses.dataclass
@@ -204,11 +204,6 @@ def tag_ids(sentences_tags: Sequence[Sequence[str]], tags: Sequence[str],
     evaluation tag the training data never had)."""
     index = {tag: i for i, tag in enumerate(tags)}
     return [[index.get(tag, ignore) for tag in sentence] for sentence in sentences_tags]
-
-
-def is_bio(tags: Sequence[str]) -> bool:
-    """Whether every tag is `O`, `B-TYPE` or `I-TYPE` (entity tags)."""
-    return all(tag == "O" or tag[:2] in ("B-", "I-") for tag in tags)
 
 
 def tag_scores(predictions: np.ndarray, gold_tags: Sequence[Sequence[str]],
