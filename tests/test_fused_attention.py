@@ -48,6 +48,7 @@ def test_structured_mask_is_the_dense_masks_combined():
                                   np.asarray(causal_mask(4)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, lq, lk, mask, valid_queries", [
     ("key padding (BERT)", 6, 8, AttentionMask(key_valid=KEY_VALID), None),
     ("padding both sides (encoder)", 6, 6,
@@ -107,6 +108,7 @@ def _abstract_device(platform):
 # Splash through the models, in Pallas interpret mode (lengths of 128).
 
 
+@pytest.mark.slow
 def test_bert_splash_equals_einsum_on_a_mesh():
     config = dataclasses.replace(BERT, max_len=128)
     ids = jnp.asarray(RNG.integers(3, 50, size=(4, 128)), jnp.int32)
@@ -120,6 +122,7 @@ def test_bert_splash_equals_einsum_on_a_mesh():
                                np.asarray(einsum.sequence_output), atol=2e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_packed_transformer_splash_equals_einsum():
     """Packed rows (segments restart positions; padding at the end): the
     encoder, causal decoder and cross-attention masks all go through splash."""

@@ -396,6 +396,7 @@ def test_real_glue_counts(real_glue, tmp_path):
             assert np.isclose(source[i]["label"], ref[i]["label"])
 
 
+@pytest.mark.slow
 def test_real_ud_ewt(shared_data, tmp_path):
     builder = Conllu(path=shared_data / "ud_en_ewt", data_dir=tmp_path)
     counts = {split: len(load_source(builder, split))

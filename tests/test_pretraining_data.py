@@ -405,6 +405,7 @@ def _word_rows(num_rows: int, seed: int) -> tuple[np.ndarray, list[list[list[int
     return rows, all_words
 
 
+@pytest.mark.slow
 def test_whole_word_masking_never_splits_words():
     rows, words = _word_rows(2000, seed=2)
     masker = _masker(whole_word=True, max_predictions_per_seq=8)

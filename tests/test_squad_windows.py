@@ -418,6 +418,7 @@ def _dev_file(shared_data) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_real_file_splits_by_article(shared_data):
     path = _dev_file(shared_data)
     train, evaluation = read_squad(path, slice(0, 38)), read_squad(path, slice(38, None))
@@ -429,6 +430,7 @@ def test_real_file_splits_by_article(shared_data):
     assert squad_json(read_squad(path, slice(0, 2))) == squad.load_dataset(path)[:2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [WindowConfig(), WindowConfig(128, 32, 32)],
                          ids=["384-128", "128-32"])
 def test_real_file_gold_round_trip(shared_data, vocab, config):
@@ -497,6 +499,7 @@ def test_squad_catalog_has_the_builders_features(tmp_path):
         assert len(source) == 3 and set(source[0]) == set(ours)
 
 
+@pytest.mark.slow
 def test_real_file_through_the_builder(shared_data, tmp_path):
     path = _dev_file(shared_data)
     builder = SquadJson(path=path, splits={"train": "0:38", "validation": "38:"},

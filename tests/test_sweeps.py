@@ -239,6 +239,7 @@ def test_launcher_commands_round_trip_through_shlex(tmp_path):
         assert parsed.data.vocab_type == AWKWARD
 
 
+@pytest.mark.slow
 def test_cli_prints_commands_and_rejects_unknown_keys(tmp_path):
     def cli(*args):
         return subprocess.run(
@@ -336,6 +337,7 @@ def _steps(workdir) -> list[int]:
     return [line["step"] for line in sweeps.read_metrics(workdir)]
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_from_its_checkpoint(tiny_sweep):
     h1 = os.path.join(tiny_sweep["directory"], "num_heads=1,num_layers=1")
     h2 = os.path.join(tiny_sweep["directory"], "num_heads=2,num_layers=1")
@@ -354,6 +356,7 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_sweep):
         sum(s["seconds"] for s in info["sessions"]))
 
 
+@pytest.mark.slow
 def test_results_tables_and_plots(tiny_sweep):
     directory = pathlib.Path(tiny_sweep["directory"])
     rows = tiny_sweep["rows"]
@@ -383,6 +386,7 @@ def test_results_tables_and_plots(tiny_sweep):
     assert tiny_sweep["paths"]["heatmap"].endswith("heatmap_eval_bleu.png")
 
 
+@pytest.mark.slow
 def test_relaunch_skips_finished_runs(tiny_sweep):
     directory = tiny_sweep["directory"]
     before = {name: os.path.getmtime(os.path.join(directory, name, "metrics.jsonl"))
@@ -402,6 +406,7 @@ def test_relaunch_skips_finished_runs(tiny_sweep):
     assert printer.launch(out=io.StringIO()) == []
 
 
+@pytest.mark.slow
 def test_partial_sweeps_are_reported(tiny_sweep, tmp_path):
     # A wider sweep over the same directory: the new points have not started.
     wide = sweeps.Sweep(sweeps.apply_overrides(tiny_sweep["base_config"], BASE),
