@@ -216,6 +216,7 @@ def test_largest_prunable_fraction():
     assert ablation.largest_prunable_fraction(curve[1:], 90.0) == 0.0
 
 
+@pytest.mark.slow
 def test_pruning_on_the_tiny_bert(classifier):
     loss = classifier
     curve = ablation.iterative_pruning(
@@ -225,6 +226,7 @@ def test_pruning_on_the_tiny_bert(classifier):
     assert curve[0].metric == pytest.approx(-float(loss(jnp.ones((L, H)))), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_run_ablations_and_report(tmp_path, classifier):
     loss = classifier
 

@@ -64,6 +64,7 @@ def random_qkv(seed, b=2, lq=5, lk=7, h=3, d=8):
 # dot_product_attention.
 
 
+@pytest.mark.slow
 def test_worked_example_scores_112_96_16_8():
     """Scores 112, 96, 16, 8 with √d = 8 are 14, 12, 2, 1 after scaling."""
     d = 64
@@ -124,6 +125,7 @@ def test_bfloat16_scores_are_accumulated_in_float32(impl):
                                atol=4e-3)  # bfloat16 output rounding
 
 
+@pytest.mark.slow
 def test_matches_numpy_reference_with_padding():
     q, k, v = random_qkv(1)
     rng = np.random.default_rng(1)
@@ -153,6 +155,7 @@ def test_matches_numpy_reference_causal_cross_lengths():
                                atol=1e-5)
 
 
+@pytest.mark.slow
 def test_query_with_no_visible_key_gets_uniform_weights():
     q, k, v = random_qkv(4, b=1, lq=3, lk=4, h=1, d=4)
     mask = np.ones((1, 1, 3, 4), bool)

@@ -186,6 +186,7 @@ def test_decoding_misuse_fails_loudly(translation_batch):
         assert bool(jnp.isnan(logits).any()) == (i == 3), i
 
 
+@pytest.mark.slow
 def test_packed_targets_need_source_segments_and_positions(translation_batch):
     src, tgt = translation_batch
     model = Transformer(TRANSFORMER)
@@ -223,6 +224,7 @@ def test_shift_right():
 # Residual wiring: post-norm and pre-norm.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
 def test_transformer_norm_position_params(translation_batch, norm_position):
     src, tgt = translation_batch

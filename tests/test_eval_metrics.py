@@ -217,6 +217,7 @@ def test_files_and_command_line(tmp_path, capsys):
         squad.evaluate([], {})
 
 
+@pytest.mark.slow
 def test_leaderboard_predictions_score_the_published_figures(shared_data, caplog):
     """The BERT ensemble's leaderboard predictions: EM 86.2 / F1 92.2 (README)."""
     folder = shared_data / "squad_v1.1"

@@ -32,6 +32,7 @@ def qkv(lq=6, lk=6, heads=2, depth=8, dtype=jnp.float32):
     return draw(lq), draw(lk), draw(lk)
 
 
+@pytest.mark.slow
 def test_structured_mask_is_the_dense_masks_combined():
     dense = AttentionMask(query_valid=QUERY_VALID[:, :6], key_valid=QUERY_VALID,
                           query_segments=SEGMENTS, key_segments=SEGMENTS,

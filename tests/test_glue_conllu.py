@@ -367,6 +367,7 @@ def real_glue(shared_data):
     return shared_data / "glue"
 
 
+@pytest.mark.slow
 def test_real_glue_counts(real_glue, tmp_path):
     expected = {("sst2", "SST-2"): (67349, 872), ("mrpc", "MRPC"): (3668, 408),
                 ("stsb", "STS-B"): (5749, 1500)}

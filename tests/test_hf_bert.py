@@ -289,6 +289,7 @@ def tiny_tensors():
     return params_to_hf({"bert": params}, TINY)
 
 
+@pytest.mark.slow
 def test_missing_unknown_and_misshaped_tensors_are_named(tiny_tensors):
     tensors = dict(tiny_tensors)
     del tensors["encoder.layer.1.attention.self.key.bias"]
@@ -302,11 +303,13 @@ def test_missing_unknown_and_misshaped_tensors_are_named(tiny_tensors):
     assert "unknown tensor 'encoder.layer.7.mystery.weight'" in message
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_size_is_rejected(tiny_tensors):
     with pytest.raises(WeightConversionError, match="hidden 256"):
         params_from_hf(tiny_tensors, bert_preset("mini", vocab_size=97, max_len=32))
 
 
+@pytest.mark.slow
 def test_untied_mlm_decoder_is_rejected(tiny_tensors):
     tensors = dict(tiny_tensors)
     tensors["cls.predictions.decoder.weight"] = np.ones((97, 128), np.float32)
@@ -330,6 +333,7 @@ def test_bad_folders_give_clear_errors(tmp_path, model_path):
         load_hf_bert(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_pre_norm_cannot_be_exported(tmp_path):
     config = TINY.replace(norm_position="pre")
     params = BertModel(config).init(jax.random.PRNGKey(0), _tiny_inputs()[0])["params"]

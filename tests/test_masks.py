@@ -85,6 +85,7 @@ def test_mean_pooling_averages_real_positions_only(bert):
         BertForSequenceClassification(BERT, pooling="max").init(jax.random.PRNGKey(0), ids)
 
 
+@pytest.mark.slow
 def test_bert_real_tokens_do_change_other_positions(bert):
     """Sanity check for the test above: real tokens are attended to."""
     apply, variables, ids, attention_mask = bert
@@ -140,6 +141,7 @@ def test_future_targets_do_not_change_earlier_logits(transformer, j):
         assert max_diff(out[:, j + 1], ref[:, j + 1]) > 1e-3  # it is seen there
 
 
+@pytest.mark.slow
 def test_padded_source_positions_do_not_change_logits(transformer):
     model, variables, src, tgt = transformer
     assert np.any(np.asarray(src) == 0)
@@ -165,6 +167,7 @@ def test_more_source_padding_changes_nothing(transformer):
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_source_tokens_do_change_logits(transformer):
     model, variables, src, tgt = transformer
     ref = np.asarray(_logits(model, variables, src, tgt))
@@ -216,6 +219,7 @@ def test_packed_segments_match_separate_sequences(transformer):
 # Mask helpers: shapes and values.
 
 
+@pytest.mark.slow
 def test_padding_mask_contract():
     q_valid = np.array([[1, 1, 0], [1, 0, 0]], bool)
     k_valid = np.array([[1, 0, 1, 1], [0, 1, 1, 0]], bool)

@@ -77,6 +77,7 @@ def test_bert_options_give_the_same_outputs_and_gradients(options, bert_referenc
     assert max_diff(head_grads2, head_grads) < 1e-5  # head importance works scanned
 
 
+@pytest.mark.slow
 def test_scan_params_round_trip(bert_reference):
     _, params, _ = bert_reference
     scanned = scan_params(params)

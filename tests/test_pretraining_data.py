@@ -327,6 +327,7 @@ def _check_layout(rows: np.ndarray, out: dict[str, np.ndarray], max_predictions:
         assert np.array_equal(out["input_ids"][row, unchosen], rows[row, unchosen])
 
 
+@pytest.mark.slow
 def test_masking_rates():
     rows = _rows(4000, 64, seed=0)
     out = _masker(max_predictions_per_seq=64).mask_batch(

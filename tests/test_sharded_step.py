@@ -108,6 +108,7 @@ def test_no_weight_decay_on_biases_and_layer_norm():
     assert not any("['bias']" in k or "['scale']" in k for k in decayed)
 
 
+@pytest.mark.slow
 def test_schedules():
     linear = learning_rate_schedule("linear", 1.0, 10, 110)
     assert float(linear(0)) == 0.0 and float(linear(5)) == pytest.approx(0.5)

@@ -106,12 +106,14 @@ def test_key_padding(mesh_shape, axes, heads):
     )
 
 
+@pytest.mark.slow
 def test_causal_with_padding():
     q, k, v = random_qkv(1)
     segments = padding_segments([100, 128], 128)
     assert_matches_reference(q, k, v, segments, segments, causal=True, mesh=cpu_mesh())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True])
 def test_packed_segments(causal):
     q, k, v = random_qkv(2)
@@ -142,6 +144,7 @@ def test_bfloat16():
     )
 
 
+@pytest.mark.slow
 def test_no_segments():
     q, k, v = random_qkv(4)
     got = splash(q, k, v, None, None, causal=True, mesh=cpu_mesh())
