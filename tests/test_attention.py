@@ -64,6 +64,7 @@ def random_qkv(seed, b=2, lq=5, lk=7, h=3, d=8):
 # dot_product_attention.
 
 
+@pytest.mark.slow
 def test_worked_example_scores_112_96_16_8():
     """Scores 112, 96, 16, 8 with √d = 8 are 14, 12, 2, 1 after scaling."""
     d = 64
@@ -98,6 +99,7 @@ def test_worked_example_scores_112_96_16_8():
                                atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["einsum", "xla"])
 def test_bfloat16_scores_are_accumulated_in_float32(impl):
     """q·k = 257 and 256 with bfloat16 inputs. 257 is not a bfloat16 number
@@ -123,6 +125,7 @@ def test_bfloat16_scores_are_accumulated_in_float32(impl):
                                atol=4e-3)  # bfloat16 output rounding
 
 
+@pytest.mark.slow
 def test_matches_numpy_reference_with_padding():
     q, k, v = random_qkv(1)
     rng = np.random.default_rng(1)
@@ -138,6 +141,7 @@ def test_matches_numpy_reference_with_padding():
     assert np.all(np.asarray(weights)[hidden] == 0.0)
 
 
+@pytest.mark.slow
 def test_matches_numpy_reference_causal_cross_lengths():
     q, k, v = random_qkv(2, lq=6, lk=6, h=2, d=4)
     out, weights = dot_product_attention(q, k, v, causal_mask(6), return_weights=True)
@@ -151,6 +155,7 @@ def test_matches_numpy_reference_causal_cross_lengths():
                                atol=1e-5)
 
 
+@pytest.mark.slow
 def test_query_with_no_visible_key_gets_uniform_weights():
     q, k, v = random_qkv(4, b=1, lq=3, lk=4, h=1, d=4)
     mask = np.ones((1, 1, 3, 4), bool)
@@ -172,6 +177,7 @@ MASKS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask_name", sorted(MASKS))
 @pytest.mark.parametrize("with_head_mask", [False, True])
 def test_fused_matches_einsum(mask_name, with_head_mask):
@@ -219,6 +225,7 @@ def transformer_setup():
     return variables, src, tgt
 
 
+@pytest.mark.slow
 def test_bert_fused_matches_einsum(bert_setup):
     variables, ids, attention_mask = bert_setup
     einsum = jitted(BertModel(BERT))(variables, ids, attention_mask)
@@ -230,6 +237,7 @@ def test_bert_fused_matches_einsum(bert_setup):
                                np.asarray(einsum.pooled_output), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_transformer_fused_matches_einsum(transformer_setup):
     variables, src, tgt = transformer_setup
     einsum = jitted(Transformer(TRANSFORMER))(variables, src, tgt)
@@ -250,6 +258,7 @@ def _rms_rel_error(approx, exact):
     return np.sqrt(np.mean((approx - exact) ** 2) / np.mean(exact ** 2))
 
 
+@pytest.mark.slow
 def test_bert_bfloat16_close_to_float32(bert_setup):
     variables, ids, attention_mask = bert_setup
     ref = jitted(BertModel(BERT))(variables, ids, attention_mask)
@@ -274,6 +283,7 @@ def test_bert_bfloat16_close_to_float32(bert_setup):
         assert np.all(np.asarray(weights)[1, :, :, 8:] == 0.0)
 
 
+@pytest.mark.slow
 def test_transformer_bfloat16_close_to_float32(transformer_setup):
     variables, src, tgt = transformer_setup
     ref = jitted(Transformer(TRANSFORMER))(variables, src, tgt)
@@ -334,6 +344,7 @@ def test_mha_matches_manual_computation(mha_setup):
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["einsum", "xla"])
 def test_head_mask_removes_that_heads_contribution(mha_setup, impl):
     params, xq, xkv, mask = mha_setup
@@ -355,6 +366,7 @@ def test_head_mask_removes_that_heads_contribution(mha_setup, impl):
     np.testing.assert_allclose(np.asarray(ones), np.asarray(full), rtol=0, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_head_mask_all_ones_changes_nothing_in_bert(bert_setup):
     variables, ids, attention_mask = bert_setup
     model = jitted(BertModel(BERT))
@@ -368,6 +380,7 @@ def test_head_mask_all_ones_changes_nothing_in_bert(bert_setup):
     assert np.abs(np.asarray(out.sequence_output - ref.sequence_output)).max() > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["einsum", "xla"])
 def test_attention_probabilities_recorded(bert_setup, impl):
     variables, ids, attention_mask = bert_setup
@@ -409,6 +422,7 @@ def test_recorded_weights_match_reference(mha_setup):
         rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_fused_with_attention_dropout_in_training_raises(mha_setup, bert_setup):
     params, xq, xkv, mask = mha_setup
     module = _mha(attention_impl="xla", dropout_rate=0.1)
@@ -434,6 +448,7 @@ def test_fused_with_attention_dropout_in_training_raises(mha_setup, bert_setup):
                        rngs={"dropout": jax.random.PRNGKey(0)})
 
 
+@pytest.mark.slow
 def test_attention_dropout(mha_setup):
     params, xq, xkv, mask = mha_setup
     rate = 0.5

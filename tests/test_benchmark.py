@@ -8,6 +8,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow   # each test runs launch/benchmark.py in a subprocess
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 

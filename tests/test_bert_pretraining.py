@@ -182,6 +182,7 @@ def test_training_masking_rate_leaves_evaluation_at_the_original(tmp_path):
     assert 0.1 < np.mean([_masked_fraction(b) for b in evaluation]) < 0.2
 
 
+@pytest.mark.slow
 def test_random_position_offsets_shift_training_rows_only(tmp_path):
     config = experiment_config(tmp_path / "tfds", random_position_offsets=True)
     config.model.max_len = 64                       # offsets in [0, 64 - 48]
@@ -215,6 +216,7 @@ def test_random_position_offsets_shift_training_rows_only(tmp_path):
     assert abs(loss(step0) - loss(plain)) > 1e-4
 
 
+@pytest.mark.slow
 def test_two_phases_short_with_offsets_then_full_length(tmp_path):
     """The README's recipe in miniature: phase 1 at sequence 16 with random
     position offsets, phase 2 at 48 from it (`init_from`), through the trainer."""
@@ -254,6 +256,7 @@ def test_two_phases_short_with_offsets_then_full_length(tmp_path):
     assert os.listdir(tmp_path / "maps") == ["layer0_heads.png"]
 
 
+@pytest.mark.slow
 def test_loss_and_evaluation_run(task):
     params = initial_params(task)
     batch = next(iter(task.eval_batches(0, 1)))
@@ -264,6 +267,7 @@ def test_loss_and_evaluation_run(task):
     assert abs(float(means["mlm_nll"]) - np.log(task.vocab.size)) < 1.5
 
 
+@pytest.mark.slow
 def test_mlm_head_at_masked_positions_gives_the_loss_of_every_position():
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(5, 50, (2, 12)), jnp.int32)
@@ -282,6 +286,7 @@ def test_mlm_head_at_masked_positions_gives_the_loss_of_every_position():
         np.testing.assert_allclose(float(a[key]), float(b[key]), rtol=1e-6, err_msg=key)
 
 
+@pytest.mark.slow
 def test_nsp_metrics_are_per_real_sequence():
     logits = jnp.zeros((3, 4, 10))
     nsp = jnp.array([[5.0, 0.0], [0.0, 5.0], [5.0, 0.0]])

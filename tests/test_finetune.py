@@ -72,6 +72,7 @@ def test_pair_truncation_drops_from_the_longer_side():
     assert truncate_pair([1, 2], [3], 5) == ([1, 2], [3])
 
 
+@pytest.mark.slow
 def test_classification_and_regression_heads(glue_dirs, tmp_path):
     sst = build_task(experiment("sst2", glue_dirs["sst2"], tmp_path), str(tmp_path / "a"))
     sts = build_task(experiment("stsb", glue_dirs["stsb"], tmp_path), str(tmp_path / "b"))
@@ -101,6 +102,7 @@ def test_classification_and_regression_heads(glue_dirs, tmp_path):
     assert row["label"].dtype == np.float32
 
 
+@pytest.mark.slow
 def test_length_buckets_cut_batches_without_changing_the_loss(glue_dirs, tmp_path):
     task = build_task(experiment("sst2", glue_dirs["sst2"], tmp_path), str(tmp_path / "c"))
     variables = jax.jit(task.init_variables)(jax.random.PRNGKey(1))
@@ -149,6 +151,36 @@ def test_tagging_labels_sit_on_first_sub_tokens(tmp_path):
     assert len(result.files["predictions/test_1.json"]) == len(rows)
 
 
+def test_ner_reads_conll2003_files_named_by_the_config(tmp_path):
+    """Made-up CoNLL-2003-style files (tag first, word last) under other names."""
+    data = tmp_path / "ner"
+    data.mkdir()
+    sentences = [[("B-PER", "Ann"), ("I-PER", "Lee"), ("O", "was"), ("O", "good")],
+                 [("O", "the"), ("B-ORG", "Acme"), ("O", "plot")]]
+    block = "-DOCSTART- -X- -X-\n\n" + "".join(
+        "".join(f"{tag} NN {word}\n" for tag, word in sentence) + "\n"
+        for sentence in sentences)
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (data / name).write_text(block * 3)
+    config = experiment("ner", data, tmp_path, vocab_size=60, tag_column="0", word_column=2,
+                        splits=dict(train="a.txt", validation="b.txt", test="c.txt"))
+    task = build_task(config, str(tmp_path / "t"))
+    assert task.examples("validation")[:2] == [
+        {"words": [w for _, w in s], "tags": [t for t, _ in s]} for s in sentences]
+    assert task.tags == ("B-ORG", "B-PER", "I-PER", "O")
+    rows = task.rows("validation")
+    perfect = {i: np.maximum(r["labels"] - 1, 0) for i, r in enumerate(rows)}
+    metrics, _ = task.score("validation", perfect)
+    assert metrics == {"tag_accuracy": 100.0, "entity_f1": 100.0}
+    # The first "Ann Lee" tagged B-PER O: the entity "Ann" is wrong, so 5 of
+    # the 6 predicted and of the 6 gold entities match: P = R = F1 = 5/6.
+    first = np.flatnonzero(rows[0]["labels"])
+    perfect[0][first[1]] = task.tags.index("O")
+    metrics, _ = task.score("validation", perfect)
+    assert metrics["entity_f1"] == pytest.approx(100 * 5 / 6)
+
+
+@pytest.mark.slow
 def test_evaluation_only_reproduces_the_logged_metrics(glue_dirs, tmp_path):
     config = experiment("sst2,steps=12", glue_dirs["sst2"], tmp_path)
     workdir = str(tmp_path / "run")
@@ -215,6 +247,7 @@ def test_vocabulary_of_another_size_than_the_checkpoint_is_named(tmp_path):
         resolve_backbone(config, str(tmp_path / "w"), lambda: iter(()))
 
 
+@pytest.mark.slow
 def test_squad_trains_from_a_json_file_and_writes_the_official_predictions(tmp_path):
     rng = np.random.default_rng(0)
     articles = []

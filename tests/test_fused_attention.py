@@ -32,6 +32,7 @@ def qkv(lq=6, lk=6, heads=2, depth=8, dtype=jnp.float32):
     return draw(lq), draw(lk), draw(lk)
 
 
+@pytest.mark.slow
 def test_structured_mask_is_the_dense_masks_combined():
     dense = AttentionMask(query_valid=QUERY_VALID[:, :6], key_valid=QUERY_VALID,
                           query_segments=SEGMENTS, key_segments=SEGMENTS,
@@ -48,6 +49,7 @@ def test_structured_mask_is_the_dense_masks_combined():
                                   np.asarray(causal_mask(4)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, lq, lk, mask, valid_queries", [
     ("key padding (BERT)", 6, 8, AttentionMask(key_valid=KEY_VALID), None),
     ("padding both sides (encoder)", 6, 6,
@@ -107,6 +109,7 @@ def _abstract_device(platform):
 # Splash through the models, in Pallas interpret mode (lengths of 128).
 
 
+@pytest.mark.slow
 def test_bert_splash_equals_einsum_on_a_mesh():
     config = dataclasses.replace(BERT, max_len=128)
     ids = jnp.asarray(RNG.integers(3, 50, size=(4, 128)), jnp.int32)
@@ -120,6 +123,7 @@ def test_bert_splash_equals_einsum_on_a_mesh():
                                np.asarray(einsum.sequence_output), atol=2e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_packed_transformer_splash_equals_einsum():
     """Packed rows (segments restart positions; padding at the end): the
     encoder, causal decoder and cross-attention masks all go through splash."""

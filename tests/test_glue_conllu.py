@@ -266,6 +266,13 @@ def test_read_conll2003(tmp_path):
         (["Peter", "Blackburn"], ["B-PER", "I-PER"], 7),
         (["#"], ["O"], 13)]
     assert read_conllu(path, "pos", format="conll2003")[0]["tags"] == ["NNP", "VBZ", "JJ"]
+    by_index = read_conllu(path, "-2", format="conll2003", word_column=1)[0]
+    assert (by_index["words"], by_index["tags"]) == (["NNP", "VBZ", "JJ"],
+                                                     ["B-NP", "B-VP", "B-NP"])
+    with pytest.raises(ValueError, match="column 1 of this CoNLL-2003 file is the word"):
+        read_conllu(path, 1, format="conll2003", word_column=1)
+    msg = _error(ConlluFormatError, read_conllu, path, format="conll2003", word_column=4)
+    assert f"{path}:3:" in msg and "no column 4; set word_column" in msg
     assert tag_vocabulary(s) == ["B-MISC", "B-ORG", "B-PER", "I-PER", "O"]
     bad = _write(tmp_path / "bad.txt", "EU NNP B-NP B-ORG\nrejects O\n")
     msg = _error(ConlluFormatError, read_conllu, bad, format="conll2003")
@@ -340,6 +347,7 @@ def real_glue(shared_data):
     return shared_data / "glue"
 
 
+@pytest.mark.slow
 def test_real_glue_counts(real_glue, tmp_path):
     expected = {("sst2", "SST-2"): (67349, 872), ("mrpc", "MRPC"): (3668, 408),
                 ("stsb", "STS-B"): (5749, 1500)}
@@ -362,6 +370,7 @@ def test_real_glue_counts(real_glue, tmp_path):
         assert len(read_split(real_glue, task, split)) == n
 
 
+@pytest.mark.slow
 def test_real_ud_ewt(shared_data, tmp_path):
     builder = Conllu(path=shared_data / "ud_en_ewt", data_dir=tmp_path)
     counts = {split: len(load_source(builder, split))

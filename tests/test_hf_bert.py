@@ -87,6 +87,7 @@ def ours(imported, batch):
     return out, attentions
 
 
+@pytest.mark.slow
 def test_imported_config_matches_checkpoint(imported, model_path):
     config, params = imported
     with open(os.path.join(model_path, "config.json")) as f:
@@ -98,6 +99,7 @@ def test_imported_config_matches_checkpoint(imported, model_path):
     assert set(params) == {"bert"}
 
 
+@pytest.mark.slow
 def test_hidden_states_match_transformers(ours, hf_outputs, batch, imported):
     out, _ = ours
     hf32, hf64 = hf_outputs
@@ -121,6 +123,7 @@ def test_hidden_states_match_transformers(ours, hf_outputs, batch, imported):
                                atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_attention_probabilities_match_transformers(ours, hf_outputs, batch):
     _, attentions = ours
     hf32, _ = hf_outputs
@@ -134,6 +137,7 @@ def test_attention_probabilities_match_transformers(ours, hf_outputs, batch):
     assert float(jnp.abs(attentions[0] * padded_keys[:, None, None, :]).max()) == 0.0
 
 
+@pytest.mark.slow
 def test_fused_attention_matches_einsum_on_real_weights(imported, batch, ours):
     config, params = imported
     fused = BertModel(config.replace(attention_impl="xla")).apply(
@@ -144,6 +148,7 @@ def test_fused_attention_matches_einsum_on_real_weights(imported, batch, ours):
                                np.asarray(ours[0].sequence_output)[real], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_sentence_embeddings_match_sentence_transformers(imported, model_path, batch):
     sentence_transformers = pytest.importorskip(
         "sentence_transformers", reason="needs sentence-transformers (test extra)")
@@ -158,6 +163,7 @@ def test_sentence_embeddings_match_sentence_transformers(imported, model_path, b
     assert np.all(1.0 - cosine < 1e-5), 1.0 - cosine
 
 
+@pytest.mark.slow
 def test_export_reload_in_transformers_round_trip(imported, hf_outputs, batch, tmp_path):
     config, params = imported
     save_hf_bert(str(tmp_path), config, params)
@@ -186,6 +192,7 @@ def _tiny_inputs():
     return ids, mask, types
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ours_cls, hf_name, kwargs", [
     (BertForPreTraining, "BertForPreTraining", {}),
     (BertForSequenceClassification, "BertForSequenceClassification", {"num_labels": 3}),
@@ -223,6 +230,7 @@ def test_task_heads_export_to_transformers(ours_cls, hf_name, kwargs, tmp_path):
         np.array_equal, jax.device_get(params), back))
 
 
+@pytest.mark.slow
 def test_pretraining_loss_and_gradients_match_transformers(tmp_path):
     """The pretraining loss (MLM at the masked positions + NSP) and its gradient
     with respect to every parameter equal `BertForPreTraining`'s with `labels`
@@ -281,6 +289,7 @@ def tiny_tensors():
     return params_to_hf({"bert": params}, TINY)
 
 
+@pytest.mark.slow
 def test_missing_unknown_and_misshaped_tensors_are_named(tiny_tensors):
     tensors = dict(tiny_tensors)
     del tensors["encoder.layer.1.attention.self.key.bias"]
@@ -294,11 +303,13 @@ def test_missing_unknown_and_misshaped_tensors_are_named(tiny_tensors):
     assert "unknown tensor 'encoder.layer.7.mystery.weight'" in message
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_size_is_rejected(tiny_tensors):
     with pytest.raises(WeightConversionError, match="hidden 256"):
         params_from_hf(tiny_tensors, bert_preset("mini", vocab_size=97, max_len=32))
 
 
+@pytest.mark.slow
 def test_untied_mlm_decoder_is_rejected(tiny_tensors):
     tensors = dict(tiny_tensors)
     tensors["cls.predictions.decoder.weight"] = np.ones((97, 128), np.float32)
@@ -322,6 +333,7 @@ def test_bad_folders_give_clear_errors(tmp_path, model_path):
         load_hf_bert(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_pre_norm_cannot_be_exported(tmp_path):
     config = TINY.replace(norm_position="pre")
     params = BertModel(config).init(jax.random.PRNGKey(0), _tiny_inputs()[0])["params"]
@@ -343,6 +355,7 @@ def test_pretrained_folder_round_trip(tmp_path):
         save_pretrained(str(tmp_path / "m"), TINY, params)
 
 
+@pytest.mark.slow
 def test_convert_command_imports_and_exports(tmp_path, model_path, imported, batch):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     subprocess.run([sys.executable, str(REPO / "launch" / "convert.py"),

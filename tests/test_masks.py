@@ -35,6 +35,7 @@ def bert():
     return jitted(model), random_variables(model, ids), ids, attention_mask
 
 
+@pytest.mark.slow
 def test_bert_padded_tokens_do_not_change_real_positions(bert):
     apply, variables, ids, attention_mask = bert
     valid = np.asarray(attention_mask, bool)
@@ -53,6 +54,7 @@ def test_bert_padded_tokens_do_not_change_real_positions(bert):
     assert max_diff(seq[~valid], ref_seq[~valid]) > 1e-2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pooling", POOLINGS)
 def test_sequence_classifier_pooling_ignores_padding(bert, pooling):
     _, _, ids, attention_mask = bert
@@ -66,6 +68,7 @@ def test_sequence_classifier_pooling_ignores_padding(bert, pooling):
     assert max_diff(apply(variables, real, attention_mask), ref) > 1e-3
 
 
+@pytest.mark.slow
 def test_mean_pooling_averages_real_positions_only(bert):
     _, _, ids, attention_mask = bert
     model = BertForSequenceClassification(BERT, num_labels=3, pooling="mean")
@@ -82,6 +85,7 @@ def test_mean_pooling_averages_real_positions_only(bert):
         BertForSequenceClassification(BERT, pooling="max").init(jax.random.PRNGKey(0), ids)
 
 
+@pytest.mark.slow
 def test_bert_real_tokens_do_change_other_positions(bert):
     """Sanity check for the test above: real tokens are attended to."""
     apply, variables, ids, attention_mask = bert
@@ -124,6 +128,7 @@ def _logits(model, variables, src, tgt, src_positions=None):
                          _positions(tgt))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("j", [0, 3, 7, 8])
 def test_future_targets_do_not_change_earlier_logits(transformer, j):
     model, variables, src, tgt = transformer
@@ -136,6 +141,7 @@ def test_future_targets_do_not_change_earlier_logits(transformer, j):
         assert max_diff(out[:, j + 1], ref[:, j + 1]) > 1e-3  # it is seen there
 
 
+@pytest.mark.slow
 def test_padded_source_positions_do_not_change_logits(transformer):
     model, variables, src, tgt = transformer
     assert np.any(np.asarray(src) == 0)
@@ -152,6 +158,7 @@ def test_padded_source_positions_do_not_change_logits(transformer):
     np.testing.assert_allclose(out[1], ref[1], rtol=0, atol=1e-6)  # other row
 
 
+@pytest.mark.slow
 def test_more_source_padding_changes_nothing(transformer):
     model, variables, src, tgt = transformer
     ref = np.asarray(_logits(model, variables, src, tgt))
@@ -160,6 +167,7 @@ def test_more_source_padding_changes_nothing(transformer):
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_source_tokens_do_change_logits(transformer):
     model, variables, src, tgt = transformer
     ref = np.asarray(_logits(model, variables, src, tgt))
@@ -176,6 +184,7 @@ def test_source_tokens_do_change_logits(transformer):
 # Packed sequences.
 
 
+@pytest.mark.slow
 def test_packed_segments_match_separate_sequences(transformer):
     model, variables, _, _ = transformer
     a_src, a_tgt = [5, 6, 7, 8], [9, 10, 11, 12]
@@ -210,6 +219,7 @@ def test_packed_segments_match_separate_sequences(transformer):
 # Mask helpers: shapes and values.
 
 
+@pytest.mark.slow
 def test_padding_mask_contract():
     q_valid = np.array([[1, 1, 0], [1, 0, 0]], bool)
     k_valid = np.array([[1, 0, 1, 1], [0, 1, 1, 0]], bool)
@@ -275,6 +285,7 @@ def _single_layer_params(params, layer):
     return {"params": single}
 
 
+@pytest.mark.slow
 def test_layer_mask_false_is_identity(stacks):
     cfg, two, one, variables, x, mask = stacks
     run_two, run_one = jitted(two), jitted(one)
@@ -301,6 +312,7 @@ def test_layer_mask_false_is_identity(stacks):
     assert max_diff(full, first) > 1e-2
 
 
+@pytest.mark.slow
 def test_zero_head_mask_removes_the_layers_attention(stacks):
     """All heads of layer 1 masked = that layer's attention output is its bias:
     the same as a zero output-projection kernel."""

@@ -40,6 +40,7 @@ def _unpacked(batch, max_length):
     return {key: np.stack(value) for key, value in rows.items()}
 
 
+@pytest.mark.slow
 def test_packed_rows_give_the_loss_of_unpacked_rows(packed_task):
     task = packed_task
     assert task.batch_rows == 8 and task.row_length == 40
@@ -83,6 +84,7 @@ def test_batch_tokens_must_divide_into_rows(packed_task):
         build_task(config, packed_task.workdir)
 
 
+@pytest.mark.slow
 def test_a_packed_run_trains(packed_task, tmp_path):
     config = packed_task.config.copy_and_resolve_references()
     config.train.update(dict(num_steps=150, eval_every=150, checkpoint_every=150,

@@ -52,6 +52,7 @@ def bert_reference():
     return config, params, _bert_outputs(config, params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(
     f"{k}={v}" for k, v in o.items()))
 def test_bert_options_give_the_same_outputs_and_gradients(options, bert_reference):
@@ -76,6 +77,7 @@ def test_bert_options_give_the_same_outputs_and_gradients(options, bert_referenc
     assert max_diff(head_grads2, head_grads) < 1e-5  # head importance works scanned
 
 
+@pytest.mark.slow
 def test_scan_params_round_trip(bert_reference):
     _, params, _ = bert_reference
     scanned = scan_params(params)
@@ -88,6 +90,7 @@ def test_scan_params_round_trip(bert_reference):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_scanned_transformer_trains_and_decodes_like_the_plain_one():
     config = dataclasses.replace(TRANSFORMER, dropout_rate=0.0, attention_dropout_rate=0.0)
     fast = dataclasses.replace(config, scan_layers=True, remat="dots")
@@ -106,6 +109,7 @@ def test_scanned_transformer_trains_and_decodes_like_the_plain_one():
     np.testing.assert_allclose(scores, scores2, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_scanned_parameters_shard_like_their_layers():
     config = dataclasses.replace(BERT, scan_layers=True, num_heads=4)
     model = BertForPreTraining(config)
@@ -125,6 +129,7 @@ def test_bad_options_are_named():
         dataclasses.replace(BERT, scan_layers=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lhs_shape,rhs_shape,count", [
     ((2, 3, 4), (4, 5), 1), ((2, 3, 4, 5), (4, 5, 6), 2), ((2, 3, 4), (4, 2, 3), 1)])
 def test_dense_contraction_has_the_autodiff_gradients(lhs_shape, rhs_shape, count):
@@ -152,6 +157,7 @@ def test_dense_contraction_has_the_autodiff_gradients(lhs_shape, rhs_shape, coun
         np.testing.assert_allclose(np.asarray(grad, np.float32), ref, rtol=0.05, atol=0.1)
 
 
+@pytest.mark.slow
 def test_bfloat16_bert_tracks_float32(bert_reference):
     config, params, (value, hidden, (grads, _)) = bert_reference
     value16, hidden16, (grads16, _) = _bert_outputs(

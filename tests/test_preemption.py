@@ -106,6 +106,7 @@ print("checkpoints at steps", checkpoints)
 """
 
 
+@pytest.mark.slow
 def test_sync_manager_catches_sigterm_without_a_collective():
     """A real coordination service and a real SIGTERM, in one process that
     claims to be one of two: it survives the signal (JAX's handler, not the
@@ -177,6 +178,7 @@ def preemption_step(output: str) -> int:
     return int(found.group(1))
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_of_two_processes(tmp_path, data_dir, start_job):  # noqa: F811
     """Both processes save the same step and exit 0; the run resumes from it."""
     overrides = {**TWO_PROCESS_RUN, "data.data_dir": data_dir}

@@ -327,6 +327,7 @@ def _check_layout(rows: np.ndarray, out: dict[str, np.ndarray], max_predictions:
         assert np.array_equal(out["input_ids"][row, unchosen], rows[row, unchosen])
 
 
+@pytest.mark.slow
 def test_masking_rates():
     rows = _rows(4000, 64, seed=0)
     out = _masker(max_predictions_per_seq=64).mask_batch(
@@ -405,6 +406,7 @@ def _word_rows(num_rows: int, seed: int) -> tuple[np.ndarray, list[list[list[int
     return rows, all_words
 
 
+@pytest.mark.slow
 def test_whole_word_masking_never_splits_words():
     rows, words = _word_rows(2000, seed=2)
     masker = _masker(whole_word=True, max_predictions_per_seq=8)

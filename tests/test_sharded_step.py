@@ -58,6 +58,7 @@ def single_device():
     return _run((1, 1, 1), jax.devices()[:1])[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(8, 1, 1), (1, 8, 1), (2, 1, 4), (2, 2, 2)],
                          ids=["data", "fsdp", "tensor", "mixed"])
 def test_sharded_step_equals_single_device(shape, single_device):
@@ -77,6 +78,7 @@ def test_sharded_step_equals_single_device(shape, single_device):
     assert kernel.sharding.shard_shape(kernel.shape) == expected
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_batch(single_device):
     (params, metrics, _), _ = _run((2, 2, 2), jax.devices(), grad_accum_steps=2)
     ref_params, ref_metrics, _ = single_device
@@ -85,6 +87,7 @@ def test_gradient_accumulation_equals_one_batch(single_device):
                  params, ref_params)
 
 
+@pytest.mark.slow
 def test_padding_never_counts():
     batch = _batch()
     params = MODEL.init(jax.random.PRNGKey(0), batch["input_ids"])["params"]
@@ -95,6 +98,7 @@ def test_padding_never_counts():
     assert float(loss_fn(params, changed, jax.random.PRNGKey(0))[0]) == float(loss_sum)
 
 
+@pytest.mark.slow
 def test_no_weight_decay_on_biases_and_layer_norm():
     params = MODEL.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
     mask = jax.tree_util.tree_flatten_with_path(decay_mask(params))[0]
@@ -104,6 +108,7 @@ def test_no_weight_decay_on_biases_and_layer_norm():
     assert not any("['bias']" in k or "['scale']" in k for k in decayed)
 
 
+@pytest.mark.slow
 def test_schedules():
     linear = learning_rate_schedule("linear", 1.0, 10, 110)
     assert float(linear(0)) == 0.0 and float(linear(5)) == pytest.approx(0.5)
@@ -126,6 +131,7 @@ def test_mesh_shapes():
         mesh_shape((2, 2, 1), 8)
 
 
+@pytest.mark.slow
 def test_the_old_state_is_donated_to_the_step():
     mesh = make_mesh((2, 2, 2), jax.devices())
     ids = jnp.zeros((2, 12), jnp.int32)

@@ -88,6 +88,7 @@ def assert_matches_reference(q, k, v, q_segments, k_segments, *, causal, mesh):
 # Interpret mode (CPU) vs the reference.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mesh_shape, axes, heads",
     [
@@ -105,12 +106,14 @@ def test_key_padding(mesh_shape, axes, heads):
     )
 
 
+@pytest.mark.slow
 def test_causal_with_padding():
     q, k, v = random_qkv(1)
     segments = padding_segments([100, 128], 128)
     assert_matches_reference(q, k, v, segments, segments, causal=True, mesh=cpu_mesh())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True])
 def test_packed_segments(causal):
     q, k, v = random_qkv(2)
@@ -118,6 +121,7 @@ def test_packed_segments(causal):
     assert_matches_reference(q, k, v, segments, segments, causal=causal, mesh=cpu_mesh())
 
 
+@pytest.mark.slow
 def test_cross_attention():
     q, k, v = random_qkv(3, q_len=128, kv_len=256)
     q_segments = padding_segments([128, 90], 128)
@@ -125,6 +129,7 @@ def test_cross_attention():
     assert_matches_reference(q, k, v, q_segments, k_segments, causal=False, mesh=cpu_mesh())
 
 
+@pytest.mark.slow
 def test_bfloat16():
     """bfloat16 in and out; compared with the float32 reference on the same inputs."""
     q, k, v = (x.astype(jnp.bfloat16) for x in random_qkv(8))
@@ -139,6 +144,7 @@ def test_bfloat16():
     )
 
 
+@pytest.mark.slow
 def test_no_segments():
     q, k, v = random_qkv(4)
     got = splash(q, k, v, None, None, causal=True, mesh=cpu_mesh())
@@ -147,6 +153,7 @@ def test_no_segments():
     np.testing.assert_allclose(got, want, **TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "q_len, kv_len, causal, q_rows, k_rows",
     [
@@ -175,6 +182,7 @@ def test_gradients(q_len, kv_len, causal, q_rows, k_rows):
         np.testing.assert_allclose(g, w, **TOL, err_msg=f"d{name}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "q_len, kv_len, kwargs, message",
     [
@@ -228,6 +236,7 @@ def compile_forward_backward(mesh, shape, dtype, *, causal, segments):
     return jax.jit(step).lower(*args).compile().as_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mesh_shape, heads, head_dim, dtype, causal, segments, local_shape",
     [

@@ -418,6 +418,7 @@ def _dev_file(shared_data) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_real_file_splits_by_article(shared_data):
     path = _dev_file(shared_data)
     train, evaluation = read_squad(path, slice(0, 38)), read_squad(path, slice(38, None))
@@ -429,6 +430,7 @@ def test_real_file_splits_by_article(shared_data):
     assert squad_json(read_squad(path, slice(0, 2))) == squad.load_dataset(path)[:2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [WindowConfig(), WindowConfig(128, 32, 32)],
                          ids=["384-128", "128-32"])
 def test_real_file_gold_round_trip(shared_data, vocab, config):
@@ -486,6 +488,7 @@ def test_squad_catalog_has_the_features_from_features_reads(tmp_path):
         assert set(source[0]["answers"]) == {"text", "answer_start"}
 
 
+@pytest.mark.slow
 def test_real_file_by_articles(shared_data):
     path = _dev_file(shared_data)
     assert read_split(path, "38:") == read_squad(path, slice(38, None))

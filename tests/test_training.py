@@ -88,6 +88,7 @@ def trained(tmp_path_factory, data_dir):
     return workdir, config, logged, time.perf_counter() - start
 
 
+@pytest.mark.slow
 def test_tiny_experiment_trains_end_to_end(trained):
     workdir, config, logged, _ = trained
     metrics = read_metrics(workdir)
@@ -111,6 +112,7 @@ def test_tiny_experiment_trains_end_to_end(trained):
     assert Checkpointer(workdir, read_only=True).all_steps() == [200, 300]
 
 
+@pytest.mark.slow
 def test_evaluate_with_only_the_workdir_reproduces_logged_metrics(trained, tmp_path):
     workdir, _, _, _ = trained
     output = tmp_path / "eval.json"
@@ -124,6 +126,7 @@ def test_evaluate_with_only_the_workdir_reproduces_logged_metrics(trained, tmp_p
         assert result[key] == logged[key], key
 
 
+@pytest.mark.slow
 def test_evaluate_refuses_to_change_the_model(trained):
     workdir, _, _, _ = trained
     code, out = finish(launch("evaluate.py", workdir, {"model.num_layers": 1}, config=None))
@@ -155,6 +158,7 @@ def _parallel_corpus(folder, stems: dict[str, int], seed: int) -> None:
             "".join(" ".join(s[::-1]).upper() + "\n" for s in sources))
 
 
+@pytest.mark.slow
 def test_translation_evaluated_on_an_extra_test_split_of_a_corpus_folder(tmp_path, data_dir):
     corpus, extra = tmp_path / "corpus", tmp_path / "extra"
     _parallel_corpus(corpus, {"train": 400, "val": 20}, seed=0)
@@ -183,6 +187,7 @@ def test_translation_evaluated_on_an_extra_test_split_of_a_corpus_folder(tmp_pat
         ).splitlines()[:8]
 
 
+@pytest.mark.slow
 def test_translate_command_matches_the_logged_samples(trained, tmp_path):
     workdir, _, _, _ = trained
     samples = [json.loads(line) for line in open(os.path.join(workdir, "samples",
@@ -203,6 +208,7 @@ RESUME = {"train.num_steps": 200, "train.checkpoint_every": 100, "train.log_ever
           "train.eval_every": 100, "model.dropout_rate": 0.1}
 
 
+@pytest.mark.slow
 def test_kill_and_resume_is_exact(tmp_path, data_dir):
     overrides = {**RESUME, "data.data_dir": data_dir}
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -228,6 +234,7 @@ def test_kill_and_resume_is_exact(tmp_path, data_dir):
                  saved_params(straight, 200))
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_cleanly(tmp_path, data_dir):
     overrides = {"train.num_steps": 100000, "train.checkpoint_every": 100000,
                  "train.log_every": 10, "data.data_dir": data_dir}
@@ -244,6 +251,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, data_dir):
     assert "SIGTERM" in out
 
 
+@pytest.mark.slow
 def test_kill_during_async_save_resumes_from_last_complete(tmp_path):
     script = f"""
 import os, signal, sys
@@ -280,6 +288,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path, data_dir):
     """The text translation experiment at toy size: both processes need the
     vocabulary that process 0 trains (a barrier), and the same numbers."""
@@ -322,6 +331,7 @@ def test_unwritable_workdir(tmp_path, data_dir, monkeypatch):
         trainer.prepare_workdir(str(tmp_path / "run"), tiny_config(data_dir))
 
 
+@pytest.mark.slow
 def test_incompatible_config_in_workdir(trained):
     workdir, config, _, _ = trained
     changed = tiny_config(config.data.data_dir, **{"model.hidden_size": 32})
@@ -331,6 +341,7 @@ def test_incompatible_config_in_workdir(trained):
     assert evaluate_checkpoint(config, workdir, 300)["step"] == 300
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_shape(trained):
     workdir, config, _, _ = trained
     changed = tiny_config(config.data.data_dir, **{"model.mlp_dim": 96})
@@ -339,6 +350,7 @@ def test_checkpoint_of_another_model_shape(trained):
         evaluate_checkpoint(changed, workdir, 300)
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_is_refused_naming_the_arrays(trained):
     workdir, config, _, _ = trained
     fewer_layers = tiny_config(config.data.data_dir, **{"model.num_layers": 1})
@@ -351,6 +363,7 @@ def test_checkpoint_of_another_model_is_refused_naming_the_arrays(trained):
         evaluation.restore_for_inference(more_layers, workdir, 300)
 
 
+@pytest.mark.slow
 def test_corrupted_checkpoint_is_reported_and_kept(tmp_path, data_dir):
     overrides = {"train.num_steps": 20, "train.checkpoint_every": 10, "train.log_every": 10,
                  "train.eval_every": 20, "optimizer.warmup_steps": 5}
@@ -368,6 +381,7 @@ def test_corrupted_checkpoint_is_reported_and_kept(tmp_path, data_dir):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
 
 
+@pytest.mark.slow
 def test_empty_dataset(tmp_path, data_dir):
     config = tiny_config(data_dir)
     config.data.builder_kwargs.num_train = 64
@@ -377,6 +391,7 @@ def test_empty_dataset(tmp_path, data_dir):
     assert not (tmp_path / "checkpoints").exists() or not os.listdir(tmp_path / "checkpoints")
 
 
+@pytest.mark.slow
 def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_dir):
     config = tiny_config(data_dir, **{"train.num_steps": 60, "train.checkpoint_every": 1,
                                       "train.log_every": 1000, "train.eval_every": 1000,
@@ -390,6 +405,7 @@ def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_dir
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(saved_params(tmp_path, last)))
 
 
+@pytest.mark.slow
 def test_config_flags_reject_unknown_keys_and_bad_types(tmp_path):
     for flag, message in [("--config.train.num_stepz=5", "num_stepz"),
                           ("--config.train.num_steps=many", "num_steps")]:
@@ -401,6 +417,7 @@ def test_config_flags_reject_unknown_keys_and_bad_types(tmp_path):
 # Restoring into another mesh; params-only restore.
 
 
+@pytest.mark.slow
 def test_restore_into_a_different_mesh(tmp_path):
     from bert_jax.modeling import BertForTokenClassification, bert_preset
     from bert_jax.training.evaluation import abstract_like
@@ -429,6 +446,7 @@ def test_restore_into_a_different_mesh(tmp_path):
     assert kernel.sharding.shard_shape(kernel.shape) == (16, 32)  # fsdp=2, tensor=2
 
 
+@pytest.mark.slow
 def test_params_only_restore_tolerates_new_heads(tmp_path):
     from bert_jax.convert import save_pretrained
     from bert_jax.modeling import BertForSequenceClassification, BertModel, bert_preset
@@ -451,6 +469,7 @@ def test_params_only_restore_tolerates_new_heads(tmp_path):
                  jax.device_get(nn.meta.unbox(encoder)))
 
 
+@pytest.mark.slow
 def test_init_from_a_trained_workdir(trained, tmp_path):
     workdir, config, _, _ = trained
     config = tiny_config(config.data.data_dir, **{

@@ -36,6 +36,7 @@ def sample() -> list[tuple[str, str]]:
 
 # ------------------------------------------------------ synthetic builder --
 
+@pytest.mark.slow
 def test_synthetic_build_matches_generator_and_is_deterministic(tmp_path):
     splits = {}
     for run in ("a", "b"):
@@ -418,6 +419,7 @@ def multi30k(shared_data, tmp_path_factory):
             for src, tgt in (("de", "en"), ("en", "de"))}
 
 
+@pytest.mark.slow
 def test_multi30k_splits_and_both_directions(multi30k, shared_data):
     for pair, splits in multi30k.items():
         assert {s: len(v) for s, v in splits.items()} == {

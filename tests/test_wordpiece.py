@@ -165,6 +165,7 @@ def _check_offsets(vocab: WordPiece, text: str) -> None:
                 (text, text[start:end], pieces)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_offsets_point_into_the_original_text(vocab_file, lowercase):
     vocab = WordPiece.from_vocab_file(vocab_file, lowercase=lowercase)

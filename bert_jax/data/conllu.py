@@ -29,8 +29,11 @@ CoNLL-2003 (`format="conll2003"`): whitespace-separated columns, the word
 first (`word POS chunk NER`, BIO tags); a blank line ends a sentence;
 `-DOCSTART-` lines are skipped; no comment lines (`#` may be a word). The tag
 is the last column unless `column` says otherwise (`"pos"`, `"chunk"`,
-`"ner"`, or an index, negative from the end). Every token line of a file must
-have the same number of columns.
+`"ner"`, or an index, negative from the end); `word_column` (default 0) picks
+the word. Every token line of a file must have the same number of columns.
+Its files have no fixed names: pass `splits` (e.g. `{"train": "eng.train",
+"validation": "eng.testa", "test": "eng.testb"}`). A column given as text
+holding an integer (`"-1"`, as from a string config field) is that index.
 
 `line` is the 1-based line where the sentence starts (its first comment line,
 if any); `sent_id` is `""` without a `# sent_id` comment.
@@ -85,8 +88,10 @@ class ConlluFormatError(ValueError):
     """A tagging file that cannot be read (the message says where and how)."""
 
 
-def _column_index(column: str | int | None, format: str) -> int:
+def _column_index(column: str | int | None, format: str, word_column: int = 0) -> int:
     """The 0-based (CoNLL-2003: possibly negative) index of the tag column."""
+    if isinstance(column, str) and re.fullmatch(r"-?[0-9]+", column.strip()):
+        column = int(column)
     if format not in FORMATS:
         raise ValueError(f"conllu: format must be one of {FORMATS}, got {format!r}")
     names = CONLLU_COLUMNS if format == "conllu" else CONLL2003_COLUMNS
@@ -100,9 +105,9 @@ def _column_index(column: str | int | None, format: str) -> int:
     if isinstance(column, int) and not isinstance(column, bool):
         if format == "conllu" and not 0 <= column < len(CONLLU_COLUMNS):
             raise ValueError(f"conllu: a CoNLL-U column index is 0..9, got {column}")
-        if format == "conll2003" and column == 0:
-            raise ValueError("conllu: column 0 of a CoNLL-2003 file is the word; "
-                             "pick a tag column (e.g. -1, the last)")
+        if format == "conll2003" and column == word_column:
+            raise ValueError(f"conllu: column {column} of this CoNLL-2003 file is the "
+                             "word (word_column); pick a tag column (e.g. -1, the last)")
         return column
     raise TypeError(f"conllu: column must be a name, an int or None, got {column!r}")
 
@@ -113,7 +118,7 @@ def _char_column(fields: list[str], index: int) -> int:
 
 
 def read_conllu(path: str | os.PathLike, column: str | int | None = None,
-                format: str = "conllu") -> list[dict[str, Any]]:
+                format: str = "conllu", word_column: int = 0) -> list[dict[str, Any]]:
     """The sentences of a CoNLL-U (or CoNLL-2003) file, in file order.
 
     Args:
@@ -122,6 +127,7 @@ def read_conllu(path: str | os.PathLike, column: str | int | None = None,
         CoNLL-2003: `"pos"`, `"chunk"`, `"ner"`) or a 0-based index (CoNLL-2003:
         negative from the end). `None`: `"upos"`, or CoNLL-2003's last column.
       format: `"conllu"` or `"conll2003"` (see the module docstring).
+      word_column: CoNLL-2003 only: the 0-based index of the word's column.
 
     Returns:
       `[{"words": [str], "tags": [str], "line": int, "sent_id": str}, ...]`,
@@ -132,7 +138,7 @@ def read_conllu(path: str | os.PathLike, column: str | int | None = None,
       ConlluFormatError: see the module docstring; the message names the file
         and the line.
     """
-    index = _column_index(column, format)
+    index = _column_index(column, format, word_column)
     column_name = (CONLLU_COLUMNS[index].upper() if format == "conllu"
                    else f"column {index}")
     path = os.fspath(path)
@@ -166,17 +172,18 @@ def read_conllu(path: str | os.PathLike, column: str | int | None = None,
                 start = lineno
             if width is None:
                 width = (len(fields), lineno)
-                if not -len(fields) <= index < len(fields):
-                    raise ConlluFormatError(
-                        f"conllu: {path}:{lineno}: the line has {len(fields)} "
-                        f"whitespace-separated columns, no column {index}; pass "
-                        f"column= a tag column of this file (e.g. -1, the last).")
+                for name, i in (("column", index), ("word_column", word_column)):
+                    if not -len(fields) <= i < len(fields):
+                        raise ConlluFormatError(
+                            f"conllu: {path}:{lineno}: the line has {len(fields)} "
+                            f"whitespace-separated columns, no column {i}; set {name} "
+                            f"to a column of this file (e.g. -1, the last).")
             elif len(fields) != width[0]:
                 raise ConlluFormatError(
                     f"conllu: {path}:{lineno}: expected {width[0]} whitespace-"
                     f"separated columns (as on line {width[1]}), got {len(fields)}; "
                     f"a word with a space in it, or a missing tag? Fix that line.")
-            words.append(fields[0])
+            words.append(fields[word_column])
             tags.append(fields[index])
             continue
         if start is None:
@@ -262,6 +269,7 @@ class ConlluConfig(tfds.core.BuilderConfig):
     splits: tuple[tuple[str, str], ...] = ()      # (tfds split name, file name)
     column: int = 3
     format: str = "conllu"
+    word_column: int = 0
     # (file name, size in bytes, mtime in ns) of every file read.
     files: tuple[tuple[str, int, int], ...] = ()
 
@@ -274,15 +282,15 @@ _CONFIGS: ConfigRegistry[ConlluConfig] = ConfigRegistry()
 
 
 def conllu_config(path: str | os.PathLike, splits: Mapping[str, str] | None = None,
-                  column: str | int | None = None, format: str = "conllu"
-                  ) -> ConlluConfig:
+                  column: str | int | None = None, format: str = "conllu",
+                  word_column: int = 0) -> ConlluConfig:
     """The (validated, fingerprinted, interned) config of a corpus directory.
 
     `splits`: tfds split name -> file name in `path`; by default the UD files
     `*-ud-{train,dev,test}.conllu` (as `train`/`validation`/`test`). The files'
     contents are checked when the dataset is built.
     """
-    index = _column_index(column, format)
+    index = _column_index(column, format, word_column)
     directory = os.path.realpath(os.path.expanduser(os.fspath(path)))
     if not os.path.isdir(directory):
         raise FileNotFoundError(
@@ -303,6 +311,7 @@ def conllu_config(path: str | os.PathLike, splits: Mapping[str, str] | None = No
                                     f"(splits={dict(splits)})")
         mapping = tuple(sorted(splits.items()))
     params = dict(path=directory, splits=mapping, column=index, format=format,
+                  word_column=word_column,
                   files=file_stats(directory, [name for _, name in mapping]))
     names = CONLLU_COLUMNS if format == "conllu" else CONLL2003_COLUMNS
     column_label = (names[index] if 0 <= index < len(names) and format == "conllu"
@@ -327,11 +336,11 @@ class Conllu(LocalFilesBuilder):
     def __init__(self, *, path: str | os.PathLike | None = None,
                  splits: Mapping[str, str] | None = None,
                  column: str | int | None = None, format: str | None = None,
-                 config=None, **kwargs):
-        """The corpus (`path`, optionally `splits`, `column`, `format`) or
-        `config`, not both."""
-        given = {k for k, v in dict(path=path, splits=splits, column=column,
-                                    format=format).items() if v is not None}
+                 word_column: int | None = None, config=None, **kwargs):
+        """The corpus (`path`, optionally `splits`, `column`, `format`,
+        `word_column`) or `config`, not both."""
+        given = {k for k, v in dict(path=path, splits=splits, column=column, format=format,
+                                    word_column=word_column).items() if v is not None}
         if config is not None:
             if given:
                 raise ValueError(f"conllu: pass either config= or {sorted(given)}, "
@@ -340,7 +349,7 @@ class Conllu(LocalFilesBuilder):
             if path is None:
                 raise ValueError("conllu needs path= (the corpus directory).")
             config = conllu_config(path, splits=splits, column=column,
-                                   format=format or "conllu")
+                                   format=format or "conllu", word_column=word_column or 0)
         super().__init__(config=config, **kwargs)
 
     def _info(self) -> tfds.core.DatasetInfo:
@@ -358,7 +367,8 @@ class Conllu(LocalFilesBuilder):
         cfg: ConlluConfig = self.builder_config
         check_unchanged(cfg.path, cfg.files, cfg.name, "conllu", ConlluFormatError)
         # Read (and check) every split before tfds writes any example.
-        sentences = {split: read_conllu(cfg.split_file(split), cfg.column, cfg.format)
+        sentences = {split: read_conllu(cfg.split_file(split), cfg.column, cfg.format,
+                                        cfg.word_column)
                      for split, _ in cfg.splits}
         empty = [split for split, s in sentences.items() if not s]
         if empty:  # tfds cannot write a split with no examples

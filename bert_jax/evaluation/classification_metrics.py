@@ -6,12 +6,11 @@ references the field reports with:
 
 - GLUE: accuracy, binary F1 of the positive class (MRPC, QQP), Matthews
   correlation (CoLA; sklearn's multi-class definition), Pearson and Spearman
-  correlation (STS-B; Spearman with average ranks for ties, as
-  `scipy.stats.spearmanr`).
+  correlation (STS-B; `scipy.stats`).
 - Token tagging: accuracy over labelled positions (padding and sub-word
   continuations carry the label `ignore`, -100 by the Hugging Face convention),
-  and entity-level precision/recall/F1 for BIO tags, with entities read the way
-  conlleval and seqeval's default mode read them.
+  and entity-level precision/recall/F1 for BIO tags (`seqeval`, whose default
+  mode reads entities as conlleval does).
 
 All scores are Python floats in [0, 1] (correlations in [-1, 1]), not
 percentages. Mismatched or empty inputs raise a ValueError that names the
@@ -20,9 +19,11 @@ arguments and their shapes.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
+from scipy import stats
+from seqeval import metrics as seqeval_metrics
 
 
 # --------------------------------------------------------------------------
@@ -101,48 +102,31 @@ def matthews_corrcoef(predictions, labels) -> float:
 # Regression (correlations).
 
 def pearson(predictions, targets) -> float:
-    """Pearson correlation coefficient (STS-B), in [-1, 1].
+    """Pearson correlation coefficient (STS-B), in [-1, 1] (`scipy.stats.pearsonr`).
 
     predictions, targets: `[examples]` real values. NaN when either input is
-    constant (the correlation is undefined; `scipy.stats.pearsonr` also gives
-    NaN), so a collapsed model shows up as NaN rather than a plausible number.
+    constant (the correlation is undefined), so a collapsed model shows up as
+    NaN rather than a plausible number.
     """
     predictions, targets = _paired(predictions, targets, "predictions", "targets")
-    x = predictions.astype(np.float64) - np.mean(predictions, dtype=np.float64)
-    y = targets.astype(np.float64) - np.mean(targets, dtype=np.float64)
-    norm = np.sqrt((x @ x) * (y @ y))
-    if norm == 0:
-        return float("nan")
-    return float(np.clip((x @ y) / norm, -1.0, 1.0))
-
-
-def average_ranks(values) -> np.ndarray:
-    """1-based ranks of `[n]` values, tied values sharing their average rank.
-
-    The same as `scipy.stats.rankdata(values, method="average")`:
-    `average_ranks([10, 20, 20, 30]) == [1, 2.5, 2.5, 4]`.
-    """
-    values = np.asarray(values).reshape(-1)
-    order = np.argsort(values, kind="stable")
-    sorted_values = values[order]
-    # Each run of equal values is one group; its members get the group's mean rank.
-    starts_group = np.concatenate([[True], sorted_values[1:] != sorted_values[:-1]])
-    group = np.cumsum(starts_group) - 1
-    first = np.flatnonzero(starts_group)                 # 0-based first position per group
-    last = np.append(first[1:], len(values)) - 1         # 0-based last position per group
-    ranks = np.empty(len(values), dtype=np.float64)
-    ranks[order] = (first[group] + last[group]) / 2 + 1
-    return ranks
+    return _correlation(stats.pearsonr, predictions, targets)
 
 
 def spearman(predictions, targets) -> float:
-    """Spearman rank correlation (STS-B): Pearson of the average ranks.
+    """Spearman rank correlation (STS-B), ties at their average rank
+    (`scipy.stats.spearmanr`).
 
-    predictions, targets: `[examples]` real values; ties get their average rank,
-    as in `scipy.stats.spearmanr`. NaN when either input is constant.
+    predictions, targets: `[examples]` real values. NaN when either input is
+    constant.
     """
     predictions, targets = _paired(predictions, targets, "predictions", "targets")
-    return pearson(average_ranks(predictions), average_ranks(targets))
+    return _correlation(stats.spearmanr, predictions, targets)
+
+
+def _correlation(function, x: np.ndarray, y: np.ndarray) -> float:
+    if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")   # undefined; scipy would warn and give NaN too
+    return float(function(x.astype(np.float64), y.astype(np.float64))[0])
 
 
 # --------------------------------------------------------------------------
@@ -163,74 +147,43 @@ def tagging_accuracy(predictions, labels, ignore=-100) -> float:
     return float(np.mean(predictions[counted] == labels[counted]))
 
 
-class Entity(NamedTuple):
-    """One entity of a tagged sentence: tokens `start..end` inclusive."""
-    type: str
-    start: int
-    end: int
+def is_bio(tags: Sequence[str]) -> bool:
+    """Whether every tag is `O`, `B-TYPE` or `I-TYPE` (entity tags)."""
+    return all(tag == "O" or tag[:2] in ("B-", "I-") for tag in tags)
 
 
-def _split_tag(tag: str, where: str) -> tuple[str, str]:
-    """'B-PER' -> ('B', 'PER'); 'O' -> ('O', '')."""
-    if tag == "O":
-        return "O", ""
-    prefix, _, entity_type = tag.partition("-")
-    if prefix not in ("B", "I"):
-        raise ValueError(f"{where}: tag {tag!r} is not BIO; use 'O', 'B-TYPE' or 'I-TYPE' "
-                         "(convert IOBES or other schemes to BIO first).")
-    return prefix, entity_type
-
-
-def bio_entities(tags: Sequence[str], where: str = "tags") -> list[Entity]:
-    """The entities of one sentence of BIO tags, read as conlleval does.
-
-    An entity starts at B-X, or at I-X not continuing an entity of type X (so
-    a stray I- starts a new entity); it ends before O, before B-, or before an
-    I- of another type. `bio_entities(['I-PER', 'I-LOC', 'O', 'B-ORG'])` is
-    `[('PER', 0, 0), ('LOC', 1, 1), ('ORG', 3, 3)]`.
-    """
-    entities: list[Entity] = []
-    current_type, start = None, 0
+def _check_bio(tags: Sequence[str], where: str) -> None:
     for position, tag in enumerate(tags):
-        prefix, entity_type = _split_tag(tag, f"{where}, token {position}")
-        continues = prefix == "I" and entity_type == current_type
-        if current_type is not None and not continues:
-            entities.append(Entity(current_type, start, position - 1))
-            current_type = None
-        if prefix != "O" and not continues:
-            current_type, start = entity_type, position
-    if current_type is not None:
-        entities.append(Entity(current_type, start, len(tags) - 1))
-    return entities
-
-
-def _ratio(numerator: int, denominator: int) -> float:
-    return numerator / denominator if denominator else 0.0
+        if tag != "O" and tag[:2] not in ("B-", "I-"):
+            raise ValueError(f"{where}, token {position}: tag {tag!r} is not BIO; use 'O', "
+                             "'B-TYPE' or 'I-TYPE' (convert IOBES or other schemes to BIO "
+                             "first).")
 
 
 def entity_f1(predicted_tags: Sequence[Sequence[str]],
               gold_tags: Sequence[Sequence[str]]) -> dict[str, float]:
-    """Entity-level precision, recall and F1 for BIO tagging (CoNLL NER style).
+    """Entity-level precision, recall and F1 for BIO tagging (CoNLL NER style),
+    by `seqeval` (micro average, its default conlleval-compatible mode: a
+    stray I-X starts an entity).
 
     predicted_tags, gold_tags: `[sentences][tokens]` string tags ('B-PER',
     'I-PER', 'O'). An entity counts as correct only if its type, start and end
     all match a gold entity. Scores are fractions in [0, 1]; each is 0.0 when
-    its denominator is zero (as seqeval).
+    its denominator is zero.
     """
     if len(predicted_tags) != len(gold_tags):
         raise ValueError(f"predicted_tags has {len(predicted_tags)} sentences but gold_tags "
                          f"has {len(gold_tags)}; pass the same sentences in the same order.")
     if not gold_tags:
         raise ValueError("predicted_tags and gold_tags are empty; pass at least one sentence.")
-    predicted, gold = set(), set()
-    for index, (sentence_predicted, sentence_gold) in enumerate(zip(predicted_tags, gold_tags)):
-        if len(sentence_predicted) != len(sentence_gold):
-            raise ValueError(f"sentence {index}: predicted_tags has {len(sentence_predicted)} "
-                             f"tags but gold_tags has {len(sentence_gold)}; tag every token once.")
-        predicted.update((index, *e) for e in bio_entities(sentence_predicted,
-                                                           f"predicted_tags[{index}]"))
-        gold.update((index, *e) for e in bio_entities(sentence_gold, f"gold_tags[{index}]"))
-    correct = len(predicted & gold)
-    precision, recall = _ratio(correct, len(predicted)), _ratio(correct, len(gold))
-    return {"precision": precision, "recall": recall,
-            "f1": _ratio(2 * precision * recall, precision + recall)}
+    for index, (predicted, gold) in enumerate(zip(predicted_tags, gold_tags)):
+        if len(predicted) != len(gold):
+            raise ValueError(f"sentence {index}: predicted_tags has {len(predicted)} "
+                             f"tags but gold_tags has {len(gold)}; tag every token once.")
+        _check_bio(predicted, f"predicted_tags[{index}]")
+        _check_bio(gold, f"gold_tags[{index}]")
+    gold_tags, predicted_tags = list(map(list, gold_tags)), list(map(list, predicted_tags))
+    return {name: float(score(gold_tags, predicted_tags, zero_division=0))
+            for name, score in (("precision", seqeval_metrics.precision_score),
+                                ("recall", seqeval_metrics.recall_score),
+                                ("f1", seqeval_metrics.f1_score))}

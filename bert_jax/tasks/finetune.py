@@ -21,11 +21,21 @@ to `WORKDIR/predictions/<split>_<step>.json` (for SQuAD the official
                   (`num_labels=1`, squared error) on the pooled sequence:
                   `head.pooling` 'cls' (BERT's pooler on [CLS]) or 'mean' (the
                   mean over real tokens, as Sentence-BERT models were trained).
+<<<<<<< HEAD
   task='tagging'  CoNLL-U (or CoNLL-2003) files in `data.path`, tag column
                   `data.tag_column`; the label of a word sits on its first
                   sub-token (the others are not scored); accuracy over words, and
                   entity F1 when the tags are BIO.
   task='squad'    SQuAD v1.1 JSON `data.path` (`squad_json.read_split`), articles
+=======
+  task='tagging'  CoNLL-U (or CoNLL-2003, `data.format`) files in `data.path`
+                  (`data.splits`: split -> file name; {} = UD's
+                  `*-ud-{train,dev,test}.conllu`), tag column `data.tag_column`
+                  (CoNLL-2003 word column `data.word_column`); the label of a
+                  word sits on its first sub-token (the others are not scored);
+                  accuracy over words, and entity F1 when the tags are BIO.
+  task='squad'    SQuAD v1.1 JSON `data.path` (the `squad_json` builder), articles
+>>>>>>> light
                   `data.train_articles` / `data.eval_articles` (`'0:38'`, `'38:'`),
                   or with `data.path=''` the catalog's `squad/v1.1`: windows of
                   `max_seq_length` every `doc_stride` tokens, start/end logits,
@@ -286,10 +296,11 @@ class TaggingTask(FinetuneTask):
     not scored)."""
 
     def __init__(self, config, workdir):
+        data = config.data
         self._builder = conllu.Conllu(
-            path=config.data.path, column=config.data.tag_column or None,
-            format=config.data.get("format", "conllu"),
-            data_dir=config.data.data_dir or None)
+            path=data.path, splits=dict(data.get("splits") or {}) or None,
+            column=data.tag_column or None, format=data.get("format", "conllu"),
+            word_column=data.get("word_column", 0), data_dir=data.data_dir or None)
         self._truncated_words: dict[str, int] = {}
         super().__init__(config, workdir)
 

@@ -1,17 +1,19 @@
-r"""Hyperparameter sweeps: a small grammar, a runner, results tables and plots.
+r"""Hyperparameter sweeps: points, a runner, results tables and plots.
 
 One job a module, each importing only from those listed before it:
 
-    grammar     the sweep grammar (`parse_sweep`, `load_sweep`) and SweepError
-    overrides   config keys: applying and validating a point's overrides
+    points      `sweep`/`product`/`zip` for a config's `get_sweep()`, the
+                one-line `--sweep` spec (`parse_sweep`), applying a point
     names       run names (`run_name`) and short key/value texts
     files       a run directory's files (records, metrics, checkpoints, DONE)
     runner      `Sweep`: trains the points here or writes launcher commands
     results     `collect`, `write_tables` (results.csv, results.md)
     plots       `plot` (heatmap, metric against parameters, curves), `report`
 
-A spec such as `model.num_heads=1,2,4,8 x model.num_layers=1,2` (product: 8
-runs; ` + ` zips axes of equal length) is described in `grammar`.
+A config's `get_sweep()` returns the points, e.g.
+`product(sweep("model.num_heads", [1, 2, 4, 8]), sweep("model.num_layers", [1, 2]))`;
+the one-line form `model.num_heads=1,2,4,8 x model.num_layers=1,2` (product: 8
+runs; ` + ` zips axes of equal length) is described in `points`.
 
 A sweep directory holds one workdir per point, named by `run_name` (e.g.
 `num_heads=2,num_layers=1`)::
@@ -38,10 +40,9 @@ writes results.csv / results.md and `plot` the heatmap, the metric against
 the parameter count and the training curves.
 """
 
-from bert_jax.analysis.sweeps.grammar import (
-    PRODUCT_OPERATORS, ZIP_OPERATORS, Axis, SweepError, SweepPoints, as_points,
-    load_sweep, parse_sweep, parse_value)
-from bert_jax.analysis.sweeps.overrides import apply_overrides, config_keys, validate
+from bert_jax.analysis.sweeps.points import (
+    SweepError, apply_overrides, as_points, load_sweep, parse_sweep, parse_value, product,
+    sweep, validate, zip)
 from bert_jax.analysis.sweeps.names import (
     MAX_NAME_LENGTH, format_value, run_name, short_keys)
 from bert_jax.analysis.sweeps.files import (
@@ -53,9 +54,8 @@ from bert_jax.analysis.sweeps.results import collect, markdown, table, write_tab
 from bert_jax.analysis.sweeps.plots import metric_mode, plot, report
 
 __all__ = [
-    "PRODUCT_OPERATORS", "ZIP_OPERATORS", "Axis", "SweepError", "SweepPoints",
-    "as_points", "load_sweep", "parse_sweep", "parse_value",
-    "apply_overrides", "config_keys", "validate",
+    "SweepError", "apply_overrides", "as_points", "load_sweep", "parse_sweep",
+    "parse_value", "product", "sweep", "validate", "zip",
     "MAX_NAME_LENGTH", "format_value", "run_name", "short_keys",
     "DONE_FILE", "OVERRIDES_FILE", "RUN_FILE", "SWEEP_FILE", "checkpoint_steps",
     "count_parameters", "is_finished", "read_metrics",

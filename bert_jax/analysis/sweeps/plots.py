@@ -9,7 +9,7 @@ import re
 from typing import Any, Sequence
 
 from bert_jax.analysis.sweeps.files import read_metrics
-from bert_jax.analysis.sweeps.grammar import SweepError
+from bert_jax.analysis.sweeps.points import SweepError
 from bert_jax.analysis.sweeps.names import format_value, short_keys
 from bert_jax.analysis.sweeps.results import (
     _metric_columns, _override_keys, collect, write_tables)

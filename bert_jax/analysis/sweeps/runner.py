@@ -16,9 +16,8 @@ from typing import Any, Callable, Sequence
 from bert_jax.analysis.sweeps.files import (
     DONE_FILE, OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, _jsonable, _now, _read_json,
     _write_json, checkpoint_steps, count_parameters, is_finished, read_metrics)
-from bert_jax.analysis.sweeps.grammar import SweepError, as_points
 from bert_jax.analysis.sweeps.names import run_name
-from bert_jax.analysis.sweeps.overrides import apply_overrides, validate
+from bert_jax.analysis.sweeps.points import SweepError, apply_overrides, as_points, validate
 
 LAUNCHERS = ("local", "print", "tpu_vm", "slurm")
 COMMANDS_FILE = "commands.sh"
@@ -57,7 +56,7 @@ class Sweep:
     Args:
       config: the base ConfigDict (base overrides already applied).
       directory: the sweep directory.
-      points: a spec string, a list of override dicts or SweepPoints.
+      points: a list of override dicts or a one-line spec string.
       config_file: `experiments/X.py[:ARG]`, for launcher commands.
       base_overrides: flat overrides applied to every run (recorded, and
         repeated in launcher commands; a point's own value wins).
@@ -85,6 +84,7 @@ class Sweep:
             raise SweepError(f"launcher={launcher!r}: use one of {', '.join(LAUNCHERS)}")
         self.config = config
         self.directory = directory
+        self.spec = points if isinstance(points, str) else None
         self.points = as_points(points)
         validate(self.points, config)
         self.config_file = config_file
@@ -121,7 +121,7 @@ class Sweep:
                                     *(r.name for r in self.runs)]))
         _write_json(sweep_file, _jsonable({
             "config_file": self.config_file,
-            "spec": self.points.spec,
+            "spec": self.spec,
             "base_overrides": self.base_overrides,
             "points": list(self.points),
             "runs": names,   # this sweep's runs after any earlier ones in DIR
