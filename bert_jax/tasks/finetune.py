@@ -21,21 +21,13 @@ to `WORKDIR/predictions/<split>_<step>.json` (for SQuAD the official
                   (`num_labels=1`, squared error) on the pooled sequence:
                   `head.pooling` 'cls' (BERT's pooler on [CLS]) or 'mean' (the
                   mean over real tokens, as Sentence-BERT models were trained).
-<<<<<<< HEAD
-  task='tagging'  CoNLL-U (or CoNLL-2003) files in `data.path`, tag column
-                  `data.tag_column`; the label of a word sits on its first
-                  sub-token (the others are not scored); accuracy over words, and
-                  entity F1 when the tags are BIO.
-  task='squad'    SQuAD v1.1 JSON `data.path` (`squad_json.read_split`), articles
-=======
   task='tagging'  CoNLL-U (or CoNLL-2003, `data.format`) files in `data.path`
                   (`data.splits`: split -> file name; {} = UD's
                   `*-ud-{train,dev,test}.conllu`), tag column `data.tag_column`
                   (CoNLL-2003 word column `data.word_column`); the label of a
                   word sits on its first sub-token (the others are not scored);
                   accuracy over words, and entity F1 when the tags are BIO.
-  task='squad'    SQuAD v1.1 JSON `data.path` (the `squad_json` builder), articles
->>>>>>> light
+  task='squad'    SQuAD v1.1 JSON `data.path` (`squad_json.read_split`), articles
                   `data.train_articles` / `data.eval_articles` (`'0:38'`, `'38:'`),
                   or with `data.path=''` the catalog's `squad/v1.1`: windows of
                   `max_seq_length` every `doc_stride` tokens, start/end logits,
@@ -60,6 +52,7 @@ from absl import logging
 
 from bert_jax.data import conllu, glue, pipeline, sources, squad_json, squad_windows
 from bert_jax.data.text_files import as_text
+from bert_jax.evaluation import classification_metrics
 from bert_jax.modeling.bert import (
     BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification)
 from bert_jax.modeling.configs import ConfigError
@@ -363,7 +356,7 @@ class TaggingTask(FinetuneTask):
 
     def default_evals(self):
         evals = {"loss": {}, "tagging": {}}
-        if all(t == "O" or t[:2] in ("B-", "I-") for t in self.tags):
+        if classification_metrics.is_bio(self.tags):
             evals["entity_f1"] = {}
         return evals
 
