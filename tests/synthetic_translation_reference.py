@@ -12,33 +12,8 @@ from bert_jax.data.synthetic_translation import (  # noqa: F401
     ADJECTIVES, CONJUNCTIONS, DEFINITE_ARTICLES, GENDERS, INDEFINITE_ARTICLES, NOUNS,
     NUMBERS, PREPOSITIONS, PUNCTUATION, SOURCE_DEFINITE, SOURCE_INDEFINITE, SOURCE_NP_AND,
     SOURCE_PAST, SOURCE_PLURAL_SUFFIX, SUBORDINATORS, TARGET_NP_AND, TENSES, VERBS, Clause,
-    NounPhrase, PrepPhrase, Sentence, render_target, target_adjective, target_noun,
-    target_verb)
-
-
-
-def _source_words() -> dict[str, tuple]:
-    """Every S surface form -> what it is; raises if two forms coincide."""
-    table: dict[str, tuple] = {}
-
-    def add(form, what):
-        if form in table or form in PUNCTUATION:
-            raise RuntimeError(f"synthetic_translation: source form {form!r} is "
-                               f"both {table.get(form, 'punctuation')} and {what}")
-        table[form] = what
-
-    add(SOURCE_DEFINITE, ("det", True))
-    add(SOURCE_INDEFINITE, ("det", False))
-    add(SOURCE_PAST, ("past",))
-    add(SOURCE_NP_AND, ("np_and",))
-    for i, n in enumerate(NOUNS):
-        add(n.source, ("noun", i, False))
-        add(n.source + SOURCE_PLURAL_SUFFIX, ("noun", i, True))
-    for kind, words in (("adj", ADJECTIVES), ("verb", VERBS), ("prep", PREPOSITIONS),
-                        ("sub", SUBORDINATORS), ("conj", CONJUNCTIONS)):
-        for i, w in enumerate(words):
-            add(w.source, (kind, i))
-    return table
+    NounPhrase, PrepPhrase, SOURCE_WORDS, Sentence, render_target, target_adjective,
+    target_noun, target_verb)
 
 
 def _target_words() -> dict[str, tuple]:
@@ -76,7 +51,6 @@ def _target_words() -> dict[str, tuple]:
     return table
 
 
-SOURCE_WORDS = _source_words()   # checked at import: all S forms distinct
 TARGET_WORDS = _target_words()   # checked at import: all T forms distinct
 
 

@@ -151,6 +151,16 @@ def test_tagging_labels_sit_on_first_sub_tokens(tmp_path):
     assert len(result.files["predictions/test_1.json"]) == len(rows)
 
 
+def tag_metrics(task, split, predicted: dict) -> dict[str, float]:
+    """The tagging evaluators' metrics of row -> predicted tag ids."""
+    decoded = task.decode_predictions(split, {i: {"prediction": p} for i, p in
+                                              predicted.items()})
+    context = evaluators.Context(sums={}, decoded=decoded, generate=None, split=split,
+                                 step=0)
+    return {k: v for name in ("tagging", "entity_f1")
+            for k, v in evaluators.get(name)(context).metrics.items()}
+
+
 def test_ner_reads_conll2003_files_named_by_the_config(tmp_path):
     """Made-up CoNLL-2003-style files (tag first, word last) under other names."""
     data = tmp_path / "ner"
@@ -170,13 +180,14 @@ def test_ner_reads_conll2003_files_named_by_the_config(tmp_path):
     assert task.tags == ("B-ORG", "B-PER", "I-PER", "O")
     rows = task.rows("validation")
     perfect = {i: np.maximum(r["labels"] - 1, 0) for i, r in enumerate(rows)}
-    metrics, _ = task.score("validation", perfect)
+    assert list(task.default_evals()) == ["loss", "tagging", "entity_f1"]
+    metrics = tag_metrics(task, "validation", perfect)
     assert metrics == {"tag_accuracy": 100.0, "entity_f1": 100.0}
     # The first "Ann Lee" tagged B-PER O: the entity "Ann" is wrong, so 5 of
     # the 6 predicted and of the 6 gold entities match: P = R = F1 = 5/6.
     first = np.flatnonzero(rows[0]["labels"])
     perfect[0][first[1]] = task.tags.index("O")
-    metrics, _ = task.score("validation", perfect)
+    metrics = tag_metrics(task, "validation", perfect)
     assert metrics["entity_f1"] == pytest.approx(100 * 5 / 6)
 
 

@@ -362,6 +362,36 @@ def render_target(sentence: Sentence) -> str:
     return " ".join(out + ["."])
 
 
+# ------------------------------------------------------------- vocabulary --
+
+
+def _source_words() -> dict[str, tuple]:
+    """Every S surface form -> what it is; raises if two forms coincide."""
+    table: dict[str, tuple] = {}
+
+    def add(form, what):
+        if form in table or form in PUNCTUATION:
+            raise RuntimeError(f"synthetic_translation: source form {form!r} is "
+                               f"both {table.get(form, 'punctuation')} and {what}")
+        table[form] = what
+
+    add(SOURCE_DEFINITE, ("det", True))
+    add(SOURCE_INDEFINITE, ("det", False))
+    add(SOURCE_PAST, ("past",))
+    add(SOURCE_NP_AND, ("np_and",))
+    for i, n in enumerate(NOUNS):
+        add(n.source, ("noun", i, False))
+        add(n.source + SOURCE_PLURAL_SUFFIX, ("noun", i, True))
+    for kind, words in (("adj", ADJECTIVES), ("verb", VERBS), ("prep", PREPOSITIONS),
+                        ("sub", SUBORDINATORS), ("conj", CONJUNCTIONS)):
+        for i, w in enumerate(words):
+            add(w.source, (kind, i))
+    return table
+
+
+SOURCE_WORDS = _source_words()   # checked at import: all S forms distinct
+
+
 # ---------------------------------------------------------------- sampling --
 
 
