@@ -67,11 +67,12 @@ import tensorflow_datasets as tfds
 from bert_jax.data.builder_configs import (
     ConfigRegistry, LocalFilesBuilder, check_unchanged, config_name, file_stats)
 from bert_jax.data.text_files import utf8_lines
+from bert_jax.errors import UserError
 
 Column = str | int
 
 
-class GlueFormatError(ValueError):
+class GlueFormatError(UserError, ValueError):
     """A TSV file that cannot be read as its task says (the message says where)."""
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from bert_jax.errors import UserError
 from bert_jax.tasks import build_task
 from bert_jax.training.evaluation import jit_eval_step
 from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_config
@@ -53,7 +54,7 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([A-Za-z_][\w\-]*?)(?:\.\d+)*\s*="
 GiB = float(1 << 30)
 
 
-class DoesNotFit(RuntimeError):
+class DoesNotFit(UserError, RuntimeError):
     """A step needs more memory per device than the chip has."""
 
 

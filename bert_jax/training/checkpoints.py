@@ -23,10 +23,12 @@ import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint import checkpoint_managers
 
+from bert_jax.errors import UserError
+
 CHECKPOINT_DIR = "checkpoints"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint cannot be read or does not fit; the message names it."""
 
 

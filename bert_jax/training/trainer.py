@@ -23,6 +23,7 @@ import ml_collections
 from absl import logging
 from flax import traverse_util
 
+from bert_jax.errors import UserError
 from bert_jax.tasks import build_task
 from bert_jax.training import optimizer as optimizer_lib
 from bert_jax.training.checkpoints import Checkpointer, restore_params
@@ -41,7 +42,7 @@ CONFIG_FILE = "config.json"
 IDENTITY_SECTIONS = ("task", "model", "data")
 
 
-class WorkdirError(RuntimeError):
+class WorkdirError(UserError, RuntimeError):
     """The workdir cannot be used; the message says why and what to do."""
 
 

@@ -29,6 +29,8 @@ import itertools
 import re
 from typing import Any, Iterable, Iterator, Sequence
 
+from bert_jax.errors import UserError
+
 PRODUCT_OPERATORS = ("x", "*", "\u00d7")
 ZIP_OPERATORS = ("+",)
 
@@ -36,7 +38,7 @@ _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _BRACKETS = {"(": ")", "[": "]", "{": "}"}
 
 
-class SweepError(ValueError):
+class SweepError(UserError, ValueError):
     """A bad sweep spec, key or point. `token` and `position` (a 0-based
     character offset in the spec, or None) say where."""
 
