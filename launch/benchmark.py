@@ -44,6 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+import cli
+
 from bert_jax.modeling import BertForPreTraining, Transformer, bert_preset, transformer_preset
 from bert_jax.training.flops import bert_train_flops, transformer_train_flops
 from bert_jax.training.losses import bert_pretraining_sums, cross_entropy_sums
@@ -351,4 +353,4 @@ def print_table(spec: str, rows: dict[str, dict]) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    app.run(main)
+    cli.run(main)

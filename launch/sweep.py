@@ -133,4 +133,4 @@ def run(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    launch_flags.run(main)

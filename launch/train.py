@@ -13,7 +13,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from absl import app  # noqa: E402
 
 import common_flags as launch_flags  # noqa: E402
 from bert_jax.training import trainer  # noqa: E402
@@ -25,4 +24,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    launch_flags.run(main)

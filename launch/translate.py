@@ -37,4 +37,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    launch_flags.run(main)
