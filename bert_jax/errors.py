@@ -14,4 +14,12 @@ This module imports nothing, so every layer (modeling included) may use it.
 
 
 class UserError(Exception):
-    """A mistake in the user's flags, config, data, checkpoint or workdir."""
+    """A mistake in the user's flags, config, data, checkpoint or workdir.
+
+    `rerun_with`: flags (name -> value) that get past the problem, e.g.
+    `{"restore_step": 10}`; the launch scripts print the user's command with them.
+    """
+
+    def __init__(self, *args, rerun_with: dict | None = None):
+        super().__init__(*args)
+        self.rerun_with = rerun_with

@@ -92,7 +92,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         batch_size=32, num_steps=600, grad_accum_steps=1,
         log_every=50, eval_every=200, checkpoint_every=200,
         keep_last=2, keep_best=0, best_metric="eval/mlm_accuracy", best_mode="max",
-        async_saves=True, device_prefetch=2))
+        async_saves=True, device_prefetch=2,
+        profile_steps=()))  # (START, END): a jax.profiler trace into WORKDIR/profile
 
     config.optimizer = ml_collections.ConfigDict(dict(
         learning_rate=1e-3, schedule="linear", warmup_steps=60, weight_decay=0.01,

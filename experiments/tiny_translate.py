@@ -55,7 +55,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         log_every=25, eval_every=100, checkpoint_every=100,
         keep_last=2, keep_best=1, best_metric="eval/nll", best_mode="min",
         async_saves=True,
-        device_prefetch=2))            # batches transferred to the devices ahead
+        device_prefetch=2,             # batches transferred to the devices ahead
+        profile_steps=()))             # (START, END): a jax.profiler trace in WORKDIR/profile
 
     config.optimizer = ml_collections.ConfigDict(dict(
         learning_rate=3e-3, schedule="rsqrt", warmup_steps=50, weight_decay=0.0,

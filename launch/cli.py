@@ -6,7 +6,8 @@ What the user sees, on stderr:
   - a bad flag (unknown, missing, wrong type), including config overrides
     (`--config.no_such=1`, `--config.train.num_steps=many`), and a
     `bert_jax.errors.UserError` or `app.UsageError` raised by `main`:
-    `error: <message>` and exit status 2, no traceback;
+    `error: <message>` and exit status 2, no traceback; when the error carries
+    `rerun_with` flags, the user's command with them follows;
   - anything else is a bug: Python's traceback, as before;
   - `--debug` (or `BERT_JAX_DEBUG=1` in the environment) shows the traceback of
     user errors too.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shlex
 import sys
 from typing import Callable
 
@@ -115,4 +117,15 @@ def _report_user_errors(main: Callable[[list[str]], None], argv: list[str]) -> N
     except (UserError, app.UsageError) as e:
         if debugging():
             raise
-        fail(str(e))
+        rerun_with = getattr(e, "rerun_with", None)
+        fail(str(e) + (f"\n  {command_with(rerun_with)}" if rerun_with else ""))
+
+
+def command_with(new_flags: dict, argv: list[str] | None = None) -> str:
+    """The command line that started this script, with `new_flags` set (replacing
+    any earlier value), quoted for a POSIX shell."""
+    argv = list(sys.argv if argv is None else argv)
+    names = {f"--{name}" for name in new_flags}
+    kept = [arg for arg in argv[1:] if arg.split("=", 1)[0] not in names]
+    added = [f"--{name}={value}" for name, value in new_flags.items()]
+    return shlex.join(["python", argv[0], *kept, *added])

@@ -33,10 +33,10 @@ from bert_jax.data import pipeline, sources, vocabulary
 from bert_jax.evaluation.decoding import transformer_search
 from bert_jax.evaluation.translation_metrics import bleu_and_chrf, write_samples
 from bert_jax.modeling import Transformer, TransformerConfig
-from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks.base import Batch, Task, register, written_by_process_zero
 from bert_jax.training.flops import transformer_train_flops
 from bert_jax.training.losses import cross_entropy_sums
+from bert_jax.training.validation import training_rows
 
 
 _PACKING_FEATURES = ("inputs_segmentation", "targets_segmentation",
@@ -67,20 +67,7 @@ class TranslationTask(Task):
         self.model_config.check_length(self.max_length, "config.data.max_length")
         self.pack_length = data.get("pack_length", 0)
         self.row_length = self.pack_length or self.max_length
-        self.batch_rows = self._batch_rows()
-
-    def _batch_rows(self) -> int:
-        """Rows of a global training batch: `train.batch_size`, or
-        `data.batch_tokens // row_length` when a token budget is set."""
-        tokens = self.config.data.get("batch_tokens", 0)
-        if not tokens:
-            return self.config.train.batch_size
-        if tokens % self.row_length:
-            raise ConfigError(
-                f"config.data.batch_tokens={tokens} is not a multiple of the row "
-                f"length {self.row_length} (data.pack_length or data.max_length); "
-                "make it one.")
-        return tokens // self.row_length
+        self.batch_rows = training_rows(config)
 
     # -- data ------------------------------------------------------------------
 

@@ -22,21 +22,26 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 from flax import traverse_util
+from jax.experimental import multihost_utils
 
 from bert_jax.errors import UserError
 from bert_jax.tasks import build_task
 from bert_jax.training import optimizer as optimizer_lib
-from bert_jax.training.checkpoints import Checkpointer, restore_params
+from bert_jax.training.checkpoints import (
+    CheckpointError, Checkpointer, restore_params, saved_steps, set_aside_steps_after)
 from bert_jax.training.evaluation import abstract_like, make_evaluator
 from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
 from bert_jax.training.preemption import PreemptionWatcher
 from bert_jax.training.prefetch import DevicePrefetch
+from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
     TrainState, create_train_state, jit_train_step, make_train_step)
+from bert_jax.training.validation import check_training_config
 
 CONFIG_FILE = "config.json"
+PROFILE_DIR = "profile"  # jax.profiler traces of config.train.profile_steps
 # Config sections that define what a workdir's checkpoints are; the rest (step
 # counts, logging, mesh) may change when a run is resumed.
 IDENTITY_SECTIONS = ("task", "model", "data")
@@ -44,6 +49,11 @@ IDENTITY_SECTIONS = ("task", "model", "data")
 
 class WorkdirError(UserError, RuntimeError):
     """The workdir cannot be used; the message says why and what to do."""
+
+
+class TrainingDiverged(UserError, FloatingPointError):
+    """The loss or gradients became NaN/Inf; nothing after the last good step
+    was saved."""
 
 
 def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -117,11 +127,32 @@ def initialise_from(state: TrainState, path: str, workdir: str) -> TrainState:
     return state.replace(params=traverse_util.unflatten_dict(flat))
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def _restore_point(workdir: str, step: int) -> None:
+    """Makes `step` the latest checkpoint: process 0 moves later ones aside
+    (keeping them); all processes wait for it."""
+    if step not in saved_steps(workdir):
+        raise CheckpointError(
+            f"--restore_step={step}: {workdir} holds no checkpoint of that step "
+            f"(available: {saved_steps(workdir)}); pick one of those.")
+    if jax.process_index() == 0:
+        for path in set_aside_steps_after(workdir, step):
+            logging.warning("--restore_step=%d: moved the later checkpoint %s aside (kept; "
+                            "delete it when it is no longer needed).", step, path)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("set_aside_checkpoints")
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       restore_step: int | None = None) -> dict[str, float]:
     """Trains `config` in `workdir` (resuming if it holds checkpoints).
+
+    `restore_step`: resume from this checkpoint instead of the latest; the
+    checkpoints of later steps are moved to WORKDIR/checkpoints_set_aside/
+    (kept, not deleted), and metrics logged after it are dropped.
 
     Returns the last metrics logged (train and eval).
     """
+    check_training_config(config)
     workdir = prepare_workdir(workdir, config)
     task = build_task(config, workdir)
     train = config.train
@@ -129,6 +160,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
     state, shardings = create_train_state(task.init_variables, task.model.apply,
                                           make_optimizer(config), mesh, init_rng)
+    if restore_step is not None:
+        _restore_point(workdir, restore_step)
     checkpointer = Checkpointer(workdir, keep_last=train.keep_last,
                                 keep_best=train.keep_best, best_metric=train.best_metric,
                                 best_mode=train.best_mode, async_saves=train.async_saves)
@@ -152,12 +185,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                         tokens_per_step=task.tokens_per_step(),
                         peak_flops=peak_flops_per_device(config.get("peak_flops", 0.0)))
     preemption = PreemptionWatcher(first_step)
+    profiler = StepProfiler(profile_range(train.get("profile_steps"),
+                                          "config.train.profile_steps"),
+                            os.path.join(workdir, PROFILE_DIR))
     first_bad = jnp.array(-1, jnp.int32)
 
     def check_finite():
         bad = int(first_bad)
         if bad >= 0:
-            raise FloatingPointError(
+            raise TrainingDiverged(
                 f"loss or gradients became NaN/Inf at step {bad}; stopping. The last "
                 f"good checkpoint is step {checkpointer.latest_step()} in "
                 f"{checkpointer.directory}.")
@@ -167,7 +203,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         with jax.set_mesh(mesh):
             for step in range(first_step + 1, train.num_steps + 1):
                 batch = next(train_iter)
+                profiler.before(step)
                 state, metrics = step_fn(state, batch, step_rng)
+                profiler.after(step, metrics)
                 finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
                 first_bad = jnp.where((first_bad < 0) & ~finite, step, first_bad)
                 last = step == train.num_steps
@@ -196,6 +234,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                     step)
                     break
     finally:
+        profiler.close()
         preemption.close()
         train_iter.close()
         checkpointer.close()
