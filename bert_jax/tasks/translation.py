@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax.analysis.ablation import transformer_mask_kwargs, transformer_shapes
 from bert_jax.data import pipeline, sources, vocabulary
+from bert_jax.data.input_lines import InputError
 from bert_jax.evaluation.decoding import transformer_search
 from bert_jax.evaluation.translation_metrics import bleu_and_chrf, write_samples
 from bert_jax.modeling import Transformer, TransformerConfig
@@ -101,7 +102,11 @@ class TranslationTask(Task):
         """Text -> ids ending with EOS; id datasets are taken as they are."""
         if self.vocab is None:  # ids, or ids written as text ("5 3 7")
             if isinstance(value, (str, bytes)):
-                value = [int(token) for token in _text(value).split()]
+                tokens = _text(value).split()
+                if not all(token.isdigit() for token in tokens):
+                    raise InputError(f"{_text(value)!r}: this model reads ids written as "
+                                     "numbers, e.g. '5 3 7'.")
+                value = [int(token) for token in tokens]
             return np.asarray(value, np.int32)
         return np.array(self.vocab.encode(_text(value)) + [vocabulary.EOS_ID], np.int32)
 
@@ -121,6 +126,27 @@ class TranslationTask(Task):
                 ids = np.append(ids[:self.max_length - 1], ids[-1])
             inputs[i, :len(ids)] = ids
         return inputs
+
+    def source_problems(self, text: str) -> list[str]:
+        """What `encode_sources` would do silently to `text`: an empty line,
+        ids or pieces the model does not know, a sentence cut at data.max_length."""
+        if not text.strip():
+            return ["empty line"]
+        if self.vocab is None:  # ids written as text
+            size = self.model_config.vocab_size
+            unknown = [token for token in text.split()
+                       if not token.isdigit() or int(token) >= size]
+            if unknown:
+                return [f"unknown ids {' '.join(unknown[:5])} (ids are 0..{size - 1})"]
+        ids = self._encode(text)
+        problems = []
+        if self.vocab is not None and vocabulary.UNK_ID in ids:
+            problems.append(f"{int(np.sum(ids == vocabulary.UNK_ID))} piece(s) unknown to "
+                            "the vocabulary")
+        if len(ids) > self.max_length:
+            problems.append(f"{len(ids)} tokens, more than data.max_length="
+                            f"{self.max_length}: it would be cut")
+        return problems
 
     def dummy_batch(self) -> Batch:
         zeros = np.zeros((1, self.max_length), np.int32)
