@@ -81,11 +81,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # fields apply (dropout, dtype, attention_impl, remat, scan_layers).
     config.model = ml_collections.ConfigDict(dict(
         hidden_size=384, num_heads=12, mlp_dim=1536, num_layers=6, max_len=512,
-        vocab_size=1, dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32",
+        vocab_size=1, dropout_rate=0.1, attention_dropout_rate=0.1, dtype="auto",
         # Run-time choices (any value restores the same checkpoints, except
         # scan_layers, which stacks them): attention kernel ('einsum', 'flash'
         # = the platform's, 'xla', 'cudnn', 'splash'), rematerialisation
-        # policy, layers as one nn.scan.
+        # policy, layers as one nn.scan; compute dtype ('auto': bfloat16 where
+        # the hardware computes it natively, else float32; see
+        # bert_jax/training/auto_dtype.py).
         attention_impl="einsum", remat="none", scan_layers=False))
 
     # GLUE tasks: the sequence is pooled by 'mean' (the mean over real tokens;

@@ -56,18 +56,18 @@ def fail(message: str) -> None:
     sys.exit(EXIT_USER_ERROR)
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
     """absl's flag parsing, with its errors, those ml_collections raises for an
     unknown config field, and a config file that cannot be loaded reported as
     `error: ...`."""
     try:
         try:
-            remaining = flags.FLAGS(argv)
+            remaining = flag_values(argv)
         except (AttributeError, KeyError) as e:  # ml_collections: no such config field
             if not any(arg.startswith("--config.") for arg in argv):
                 raise
             raise flags.Error(unknown_config_field(e, argv)) from e
-        _load_config_files()
+        _load_config_files(flag_values)
     except flags.Error as e:
         if debugging(argv):
             raise
@@ -75,11 +75,11 @@ def parse_flags(argv: list[str]) -> list[str]:
     return remaining
 
 
-def _load_config_files() -> None:
+def _load_config_files(flag_values: flags.FlagValues) -> None:
     """ml_collections defers a config file's load error until the config is
     first used, deep inside `main`; this raises it now, naming the flag."""
-    for name in flags.FLAGS:
-        flag = flags.FLAGS[name]
+    for name in flag_values:
+        flag = flag_values[name]
         if not config_flags.config_flags.is_config_flag(flag) or flag.value is None:
             continue
         try:

@@ -17,6 +17,7 @@ import ml_collections
 from jax.experimental import multihost_utils
 
 from bert_jax.modeling.configs import StackConfig
+from bert_jax.training.auto_dtype import resolve_model_dtype
 
 Batch = dict[str, Any]
 Sums = dict[str, jax.Array]
@@ -42,6 +43,7 @@ def build_task(config: ml_collections.ConfigDict, workdir: str | None,
     and writing nothing (`workdir` may be None): what ahead-of-time compilation
     (`bert_jax.training.aot`) needs. Vocabulary sizes then come from the config.
     """
+    config = resolve_model_dtype(config)  # 'auto' -> the local devices' dtype
     if config.task not in _REGISTRY:
         raise ValueError(f"config.task={config.task!r}: unknown task; registered tasks "
                          f"are {sorted(_REGISTRY)}.")

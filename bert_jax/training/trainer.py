@@ -27,6 +27,7 @@ from jax.experimental import multihost_utils
 from bert_jax.errors import UserError
 from bert_jax.tasks import build_task
 from bert_jax.training import optimizer as optimizer_lib
+from bert_jax.training.auto_dtype import resolve_model_dtype
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, saved_steps, set_aside_steps_after)
 from bert_jax.training.evaluation import abstract_like, make_evaluator
@@ -95,6 +96,15 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
     return workdir
 
 
+def _saved_model_dtype(workdir: str) -> str | None:
+    """config.model.dtype of the run already in `workdir` (None: there is none)."""
+    path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("model", {}).get("dtype")
+
+
 def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
@@ -153,15 +163,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     Returns the last metrics logged (train and eval).
     """
     check_training_config(config)
+    config = resolve_model_dtype(config, saved_dtype=_saved_model_dtype(workdir))
     workdir = prepare_workdir(workdir, config)
+    if restore_step is not None:
+        _restore_point(workdir, restore_step)
     task = build_task(config, workdir)
     train = config.train
     mesh = mesh_from_config(config.mesh)
     init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
     state, shardings = create_train_state(task.init_variables, task.model.apply,
                                           make_optimizer(config), mesh, init_rng)
-    if restore_step is not None:
-        _restore_point(workdir, restore_step)
     checkpointer = Checkpointer(workdir, keep_last=train.keep_last,
                                 keep_best=train.keep_best, best_metric=train.best_metric,
                                 best_mode=train.best_mode, async_saves=train.async_saves)
