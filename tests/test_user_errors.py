@@ -19,7 +19,8 @@ from bert_jax.data import input_lines, sources
 from bert_jax.errors import UserError
 from bert_jax.tasks import build_task
 from bert_jax.training import auto_dtype, trainer
-from bert_jax.training.checkpoints import CheckpointError, DamagedCheckpointError
+from bert_jax.training.checkpoints import (
+    CheckpointError, DamagedCheckpointError, describe_damage)
 from bert_jax.training.evaluation import evaluate_checkpoint
 from bert_jax.training.metrics import read_metrics
 from bert_jax.training.validation import check_training_config
@@ -256,6 +257,26 @@ def test_evaluating_a_damaged_checkpoint_names_the_file(run, data_dir, tmp_path)
             rf"cannot restore .*: array params\S* cannot be read .*; damaged \(truncated\) "
             rf"file: {step_dir}/state/\S+/d/[0-9a-f]+")):
         evaluate_checkpoint(tiny_config(data_dir, **RUN), str(workdir), 20)
+
+
+def test_damage_is_named_from_tensorstore_errors_in_the_chain(tmp_path):
+    data = tmp_path / "state" / "ocdbt.process_0" / "d"
+    data.mkdir(parents=True)
+    (data / "aa").write_bytes(b"12345")
+    (data / "bb").write_bytes(b"1234567")
+    read = (f'Error reading "params.w/0.0" in OCDBT database at local file '
+            f'"{tmp_path}/state/": ')
+    truncated = Exception("Encountered error while reading array index")
+    truncated.__cause__ = ValueError("OUT_OF_RANGE: " + read + "Requested byte range "
+                                     "[3, 9) is not valid for value of size 5")
+    assert describe_damage(truncated) == (
+        "array params.w cannot be read (Requested byte range [3, 9) is not valid for "
+        f"value of size 5); damaged (truncated) file: {data / 'aa'}")
+    missing = ValueError("DATA_LOSS: " + read + "Truncated Zstd-compressed stream")
+    assert describe_damage(missing) == (
+        "array params.w cannot be read (Truncated Zstd-compressed stream); a data file "
+        f"under {tmp_path}/state/*/d/ is damaged or missing")
+    assert describe_damage(KeyError("params")) is None
 
 
 def test_restore_step_must_exist_and_moves_nothing(run, data_dir, tmp_path):

@@ -129,7 +129,7 @@ _VALUE_SIZE = re.compile(r"for value of size (\d+)")
 
 
 def describe_damage(error: BaseException) -> str | None:
-    """'array NAME cannot be read (REASON); damaged file: PATH' from the
+    """'array NAME cannot be read (REASON)[; damaged (truncated) file: PATH]' from the
     TensorStore read error in `error`'s chain, or None if there is none.
 
     TensorStore names the array and the checkpoint, not the data file; a read
@@ -141,13 +141,14 @@ def describe_damage(error: BaseException) -> str | None:
             continue
         message = f"array {found['array']} cannot be read ({found['reason'] or cause})"
         size = _VALUE_SIZE.search(found["reason"] or "")
-        if size:
-            data_files = glob.glob(os.path.join(found["database"], "**", "d", "*"),
-                                   recursive=True)
-            files = [path for path in data_files if os.path.getsize(path) == int(size.group(1))]
-            if files:
-                message += f"; damaged (truncated) file: {', '.join(sorted(files))}"
-        return message
+        data_files = glob.glob(os.path.join(found["database"], "**", "d", "*"),
+                               recursive=True)
+        files = [path for path in data_files
+                 if size and os.path.getsize(path) == int(size.group(1))]
+        if files:
+            return message + f"; damaged (truncated) file: {', '.join(sorted(files))}"
+        return message + (f"; a data file under {found['database']}*/d/ is damaged or "
+                          "missing")
     return None
 
 

@@ -90,11 +90,14 @@ def _batch_problems(config: ml_collections.ConfigDict, batch_shards: int) -> lis
     elif (rows // accum) % batch_shards:
         need = batch_shards * accum
         nearest = sorted({max(rows // need, 1) * need, (rows // need + 1) * need})
+        examples = " or ".join(map(str, nearest))
         micro = f"its micro-batches of {rows // accum} rows" if accum > 1 else "it"
+        fewer = ", fewer config.train.grad_accum_steps" if accum > 1 else ""
         problems.append(
             f"{field}={rows}: {micro} cannot be split over the {batch_shards} devices "
             "of the mesh's data x fsdp axes (config.mesh.shape); use a multiple of "
-            f"{need} ({' or '.join(map(str, nearest))}), or change the mesh.")
+            f"{need} ({'e.g. ' if len(nearest) == 1 else ''}{examples}){fewer}, or change "
+            "the mesh.")
     return problems
 
 
