@@ -27,7 +27,7 @@ from jax.experimental import multihost_utils
 from bert_jax.errors import UserError
 from bert_jax.tasks import build_task
 from bert_jax.training import optimizer as optimizer_lib
-from bert_jax.training.auto_dtype import resolve_model_dtype
+from bert_jax.training.auto_dtype import AUTO, resolve_model_dtype
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, saved_steps, set_aside_steps_after)
 from bert_jax.training.evaluation import abstract_like, make_evaluator
@@ -90,9 +90,10 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
                 f"--workdir={workdir} holds a run of an incompatible config:\n  "
                 + "\n  ".join(changed)
                 + "\nUse a new --workdir, or the saved config (" + path + ").")
-    if jax.process_index() == 0:
-        with open(path, "w") as f:
+    if jax.process_index() == 0:  # atomically: other processes may be reading it
+        with open(path + ".tmp", "w") as f:
             json.dump(resolved, f, indent=2, sort_keys=True)
+        os.replace(path + ".tmp", path)
     return workdir
 
 
@@ -163,7 +164,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     Returns the last metrics logged (train and eval).
     """
     check_training_config(config)
-    config = resolve_model_dtype(config, saved_dtype=_saved_model_dtype(workdir))
+    if config.model.get("dtype") == AUTO:
+        config = resolve_model_dtype(config, saved_dtype=_saved_model_dtype(workdir))
     workdir = prepare_workdir(workdir, config)
     if restore_step is not None:
         _restore_point(workdir, restore_step)
