@@ -130,6 +130,7 @@ def test_the_resume_command_replaces_the_old_flag():
     ("bert_jax.analysis.sweeps.grammar", "SweepError"),
     ("bert_jax.training.aot", "DoesNotFit"),
     ("bert_jax.data.input_lines", "InputError"),
+    ("bert_jax.data.sources", "DatasetError"),
 ])
 def test_the_project_errors_are_user_errors(module, name):
     assert issubclass(getattr(importlib.import_module(module), name), UserError)

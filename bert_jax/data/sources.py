@@ -46,9 +46,14 @@ from absl import logging
 # Registers the project's builders with tfds so that they resolve by name.
 from bert_jax.data import (  # noqa: F401
     conllu, glue, parallel_text, squad_json, synthetic_reverse, synthetic_translation)
+from bert_jax.errors import UserError
 
 FILE_FORMAT = "array_record"
 PROGRESS_EVERY_SECONDS = 30.0
+
+
+class DatasetError(UserError, ValueError):
+    """A dataset or split that cannot be read; the message names it."""
 
 
 def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
@@ -70,7 +75,7 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
       A sequence: `len(source)`, and `source[i]` a dict of numpy arrays.
 
     Raises:
-      ValueError: the split does not exist or has no examples (the message
+      DatasetError: the split does not exist or has no examples (the message
         names the dataset and the split).
     """
     if isinstance(builder, str):
@@ -98,16 +103,16 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
         try:
             num_examples = splits[split].num_examples
         except (KeyError, ValueError) as e:
-            raise ValueError(
+            raise DatasetError(
                 f"dataset {name} has no split {split!r} (its splits: "
                 f"{sorted(splits.keys())}); data in {builder.data_dir}: {e}") from e
         if num_examples == 0:  # array_record would fail with an obscure error
-            raise ValueError(
+            raise DatasetError(
                 f"dataset {name} split {split!r} has no examples: check the split "
                 f"name or slice, and the data in {builder.data_dir}.")
     source = builder.as_data_source(split, file_format=FILE_FORMAT)
     if len(source) == 0:
-        raise ValueError(
+        raise DatasetError(
             f"dataset {name} split {split!r} has no examples: check the split "
             f"name or slice, and the data in {builder.data_dir}.")
     return source
