@@ -34,7 +34,7 @@ DEBUG = flags.DEFINE_bool("debug", False, "Show the Python traceback of user err
                           f"too (also: {DEBUG_ENV}=1 in the environment).")
 
 
-def run(main: Callable[[list[str]], None]) -> None:
+def run(main: Callable[[list[str]], int | None]) -> None:
     """`app.run(main)`, with user errors reported as `error: ...` (exit 2)."""
     app.run(functools.partial(_report_user_errors, main), flags_parser=parse_flags)
 
@@ -111,9 +111,10 @@ def unknown_config_field(error: Exception, argv: list[str]) -> str:
                       "lists every field).")
 
 
-def _report_user_errors(main: Callable[[list[str]], None], argv: list[str]) -> None:
+def _report_user_errors(main: Callable[[list[str]], int | None], argv: list[str]
+                        ) -> int | None:
     try:
-        main(argv)
+        return main(argv)  # absl exits with what main returns
     except (UserError, app.UsageError) as e:
         if debugging():
             raise

@@ -99,6 +99,7 @@ def test_user_errors_print_one_line_and_bugs_a_traceback(tmp_path):
     assert user.stderr.splitlines() == [
         "error: step 20 is damaged",
         f"  python {tmp_path / 'script.py'} --restore_step=10"]
+    assert _run_script(tmp_path, "return 3").returncode == 3  # main's exit status
     bug = _run_script(tmp_path, "raise KeyError('oops')")
     assert bug.returncode == 1 and "Traceback" in bug.stderr and "KeyError: 'oops'" in bug.stderr
     for debug in ({"env": {cli.DEBUG_ENV: "1"}}, {"args": ("--debug",)}):
