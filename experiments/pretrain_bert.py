@@ -68,11 +68,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         hidden_size=128, num_heads=2, mlp_dim=512, num_layers=2, max_len=128,
         vocab_size=1,              # replaced by the vocabulary's size
         norm_position="post", dropout_rate=0.1, attention_dropout_rate=0.1,
-        dtype="float32",
+        dtype="auto",
         # Run-time choices (any value restores the same checkpoints, except
         # scan_layers, which stacks them): attention kernel ('einsum', 'flash'
         # = the platform's, 'xla', 'cudnn', 'splash'), rematerialisation
-        # policy, layers as one nn.scan.
+        # policy, layers as one nn.scan; compute dtype ('auto': bfloat16 where
+        # the hardware computes it natively, else float32; see
+        # bert_jax/auto_dtype.py).
         attention_impl="einsum", remat="none", scan_layers=False))
 
     config.data = ml_collections.ConfigDict(dict(
@@ -93,7 +95,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         batch_size=32, num_steps=600, grad_accum_steps=1,
         log_every=50, eval_every=200, checkpoint_every=200,
         keep_last=2, keep_best=0, best_metric="eval/mlm_accuracy", best_mode="max",
-        async_saves=True, device_prefetch=2))
+        async_saves=True, device_prefetch=2,
+        profile_steps=()))  # (START, END): a jax.profiler trace into WORKDIR/profile
 
     config.optimizer = ml_collections.ConfigDict(dict(
         learning_rate=1e-3, schedule="linear", warmup_steps=60, weight_decay=0.01,
@@ -112,7 +115,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             synthetic_documents=0, vocab_size=8192, dupe_factor=3, eval_documents=500,
             eval_examples=2048))
         config.model.update(dict(hidden_size=256, num_heads=4, mlp_dim=1024,
-                                 num_layers=4, dtype="bfloat16"))
+                                 num_layers=4))
         config.train.update(dict(batch_size=64, num_steps=2000, log_every=100,
                                  eval_every=500, checkpoint_every=500))
         config.optimizer.update(dict(learning_rate=1e-3, warmup_steps=200))
@@ -131,7 +134,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                 eval_documents=1000, eval_examples=8192))
         hidden, layers, heads = (768, 12, 12) if variant == "base" else (1024, 24, 16)
         config.model.update(dict(hidden_size=hidden, num_layers=layers, num_heads=heads,
-                                 mlp_dim=4 * hidden, max_len=512, dtype="bfloat16"))
+                                 mlp_dim=4 * hidden, max_len=512))
         config.train.update(dict(batch_size=256, num_steps=1_000_000, log_every=1000,
                                  eval_every=10_000, checkpoint_every=10_000))
         config.optimizer.update(dict(learning_rate=1e-4, warmup_steps=10_000))

@@ -41,8 +41,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # Run-time choices (any value restores the same checkpoints, except
         # scan_layers, which stacks them): attention kernel ('einsum', 'flash'
         # = the platform's, 'xla', 'cudnn', 'splash'), rematerialisation
-        # policy, layers as one nn.scan.
-        attention_impl="einsum", remat="none", scan_layers=False, dtype="float32"))
+        # policy, layers as one nn.scan; compute dtype ('auto': bfloat16 where
+        # the hardware computes it natively, else float32; see
+        # bert_jax/auto_dtype.py).
+        attention_impl="einsum", remat="none", scan_layers=False, dtype="auto"))
 
     config.data = ml_collections.ConfigDict(dict(
         builder="synthetic_translation",
@@ -65,7 +67,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         batch_size=64, num_steps=1400, grad_accum_steps=1,
         log_every=100, eval_every=700, checkpoint_every=700,
         keep_last=2, keep_best=1, best_metric="eval/bleu", best_mode="max",
-        async_saves=True, device_prefetch=2))
+        async_saves=True, device_prefetch=2,
+        profile_steps=()))  # (START, END): a jax.profiler trace into WORKDIR/profile
 
     config.optimizer = ml_collections.ConfigDict(dict(
         learning_rate=2e-3, schedule="rsqrt", warmup_steps=400, weight_decay=0.0,
@@ -104,11 +107,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             hidden_size=1024 if big else 512, num_heads=16 if big else 8,
             mlp_dim=4096 if big else 2048, num_layers=6, max_len=256,
             dropout_rate=0.3 if big else 0.1, norm_position="post",
-            # bfloat16 compute (float32 parameters), as accelerators run it;
-            # the flash kernels: splash on TPU; on GPU, cuDNN cannot take
-            # packed rows: add --config.data.pack_length=0 or
+            # dtype 'auto' gives bfloat16 compute (float32 parameters) on
+            # accelerators; the flash kernels: splash on TPU; on GPU, cuDNN
+            # cannot take packed rows: add --config.data.pack_length=0 or
             # --config.model.attention_impl=xla.
-            dtype="bfloat16", attention_impl="flash"))
+            attention_impl="flash"))
         config.decode.update(dict(max_length=256, batch_size=256))
         config.train.update(dict(batch_size=128,  # evaluation rows
                                  num_steps=300000 if big else 100000,

@@ -87,4 +87,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main, argv=launch_flags.workdir_argv(sys.argv))
+    launch_flags.run(main, argv=launch_flags.workdir_argv(sys.argv))

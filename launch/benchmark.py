@@ -1,7 +1,7 @@
 r"""Steady-state train-step throughput of bert_jax, optionally against its peers.
 
   python launch/benchmark.py --models=bert-base:128 --batch=8 \
-      --dtypes=float32,bfloat16 --compare
+      --dtypes=float32,bfloat16 --compare [--profile_steps=5,7 --profile_dir=DIR]
 
 For every `MODEL:LENGTH` (models: bert-mini, bert-small, bert-base, bert-large,
 transformer-base, transformer-big) and every dtype it builds the project's own
@@ -44,11 +44,14 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+import cli
+
 from bert_jax.modeling import BertForPreTraining, Transformer, bert_preset, transformer_preset
 from bert_jax.modeling.flops import bert_train_flops, transformer_train_flops
 from bert_jax.modeling.losses import bert_pretraining_sums, cross_entropy_sums
 from bert_jax.training.metrics import peak_flops_per_device
 from bert_jax.training.optimizer import adamw
+from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.sharding import global_batch, make_mesh
 from bert_jax.training.train_step import create_train_state, jit_train_step, make_train_step
 
@@ -71,6 +74,12 @@ _SCAN = flags.DEFINE_bool("scan_layers", False, "nn.scan over layers.")
 _PEAK = flags.DEFINE_float("peak_flops", 0.0, "Per-device peak FLOP/s (0: table or "
                            "measured matmul).")
 _OUTPUT = flags.DEFINE_string("output", "", "Also write the results as JSON here.")
+_PROFILE_STEPS = flags.DEFINE_list(
+    "profile_steps", [], "START,END: a jax.profiler trace of bert_jax's timed steps "
+    "START..END (1-based) into --profile_dir/MODEL_LENGTH_DTYPE/ (TensorBoard's "
+    "profile plugin or Perfetto read it).")
+_PROFILE_DIR = flags.DEFINE_string("profile_dir", "profile", "Where --profile_steps "
+                                   "traces go.")
 
 MASK_RATE = 0.15
 
@@ -166,14 +175,23 @@ def workload(spec: str, batch: int, dtype: str) -> Workload:
     return builders[family](size, int(length), batch, overrides)
 
 
-def _median_step(step: Callable[[], Any], steps: int, warmup: int) -> float:
+def _median_step(step: Callable[[], Any], steps: int, warmup: int,
+                 profiler: StepProfiler | None = None) -> float:
+    """Median seconds of `steps` calls of `step` after `warmup` calls; the
+    profiler (if any) counts the timed steps from 1."""
     for _ in range(warmup):
         step()
     times = []
-    for _ in range(steps):
+    for index in range(1, steps + 1):
+        if profiler:
+            profiler.before(index)
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
+        if profiler:
+            profiler.after(index, None)
+    if profiler:
+        profiler.close()
     return statistics.median(times)
 
 
@@ -191,7 +209,8 @@ def _memory(compiled) -> dict[str, float]:
     return result
 
 
-def time_bert_jax(work: Workload, steps: int, warmup: int) -> dict[str, float]:
+def time_bert_jax(work: Workload, steps: int, warmup: int,
+                  profiler: StepProfiler | None = None) -> dict[str, float]:
     mesh = make_mesh((-1, 1, 1))
     state, shardings = create_train_state(work.init_fn, work.apply_fn, adamw(1e-4),
                                           mesh, jax.random.PRNGKey(0))
@@ -208,7 +227,7 @@ def time_bert_jax(work: Workload, steps: int, warmup: int) -> dict[str, float]:
             holder[0], metrics = compiled(holder[0], batch, rng)
             jax.block_until_ready(metrics)
 
-        seconds = _median_step(step, steps, warmup)
+        seconds = _median_step(step, steps, warmup, profiler)
     return {"step_seconds": seconds, "compile_seconds": compile_seconds, **_memory(compiled)}
 
 
@@ -296,12 +315,18 @@ def main(argv):
     print(f"devices: {len(devices)} x {devices[0].device_kind}; peak {peak / 1e12:.2f} "
           f"TFLOP/s per device ({'given' if _PEAK.value else 'table or measured matmul'}); "
           f"batch {_BATCH.value}; {_STEPS.value} timed steps after {_WARMUP.value} warm-up")
+    profile_steps = profile_range(_PROFILE_STEPS.value, "--profile_steps")
+    if profile_steps and profile_steps[1] > _STEPS.value:
+        raise app.UsageError(f"--profile_steps={profile_steps[0]},{profile_steps[1]}: "
+                             f"only {_STEPS.value} steps are timed (--steps).")
     results = []
     for spec in _MODELS.value:
         rows = {}
         for dtype in _DTYPES.value:
             work = workload(spec, _BATCH.value, dtype)
-            timing = time_bert_jax(work, _STEPS.value, _WARMUP.value)
+            trace_dir = os.path.join(_PROFILE_DIR.value, f"{spec.replace(':', '_')}_{dtype}")
+            profiler = StepProfiler(profile_steps, trace_dir) if profile_steps else None
+            timing = time_bert_jax(work, _STEPS.value, _WARMUP.value, profiler)
             timing.update(
                 sequences_per_second=_BATCH.value / timing["step_seconds"],
                 tokens_per_second=work.tokens / timing["step_seconds"],
@@ -351,4 +376,4 @@ def print_table(spec: str, rows: dict[str, dict]) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    app.run(main)
+    cli.run(main)

@@ -1,5 +1,5 @@
 """Flags shared by the launch entry points: the experiment config, the workdir
-and multi-host start-up."""
+and multi-host start-up; `run(main)` reports user errors (see cli.py)."""
 
 import logging as python_logging
 import os
@@ -8,6 +8,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from bert_jax.training import distributed, evaluation
+from cli import run  # noqa: F401  (launch scripts call launch_flags.run(main))
 
 CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file: experiments/NAME.py[:ARG]; override any "

@@ -27,6 +27,7 @@ for _name, _value in topologies.COMPILE_ONLY_ENVIRONMENT.items():
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+import cli  # noqa: E402
 from bert_jax.training import aot  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -84,4 +85,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

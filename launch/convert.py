@@ -8,6 +8,8 @@ Export (a bert_jax pretrained folder back to Hugging Face format):
 
 from absl import app, flags, logging
 
+import cli
+
 from bert_jax.convert import load_hf_bert, load_pretrained, save_hf_bert, save_pretrained
 from bert_jax.modeling.configs import BertConfig
 
@@ -39,4 +41,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -7,7 +7,9 @@ import time
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
+
+import cli
 
 from bert_jax.modeling import (
     BertForPreTraining, Transformer, bert_preset, transformer_preset)
@@ -61,4 +63,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

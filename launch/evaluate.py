@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
 import common_flags as launch_flags  # noqa: E402
 from bert_jax.training import evaluation  # noqa: E402
@@ -38,4 +38,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main, argv=launch_flags.workdir_argv(sys.argv))
+    launch_flags.run(main, argv=launch_flags.workdir_argv(sys.argv))

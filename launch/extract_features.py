@@ -35,6 +35,8 @@ import time
 
 from absl import app, flags, logging
 
+import cli
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -300,4 +302,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -136,4 +136,4 @@ def run(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    launch_flags.run(main)

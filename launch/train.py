@@ -3,7 +3,10 @@ r"""Trains an experiment: the one train loop over a config file.
   python launch/train.py --config=experiments/NAME.py[:ARG] --workdir=DIR \
       [--config.train.num_steps=1000 ...]
 
-Resumes from DIR's checkpoints if it holds a run of the same config.
+Resumes from DIR's checkpoints if it holds a run of the same config: from the
+latest, or from --restore_step=N (later checkpoints are moved, not deleted, to
+DIR/checkpoints_set_aside/). Profile steps START..END into DIR/profile/ with
+--config.train.profile_steps="(START, END)".
 Multi-process: add --coordinator_address=HOST:PORT --num_processes=N
 --process_id=I (TPU VMs and SLURM need none of these).
 """
@@ -13,18 +16,22 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 import common_flags as launch_flags  # noqa: E402
 from bert_jax.training import trainer  # noqa: E402
 
 flags.mark_flags_as_required(["config", "workdir"])
+_RESTORE_STEP = flags.DEFINE_integer(
+    "restore_step", None, "Resume from this checkpoint step instead of the latest (e.g. "
+    "when the latest is damaged); later checkpoints are moved aside, not deleted.")
 
 
 def main(argv):
     launch_flags.start(argv)
-    trainer.train_and_evaluate(launch_flags.CONFIG.value, launch_flags.WORKDIR.value)
+    trainer.train_and_evaluate(launch_flags.CONFIG.value, launch_flags.WORKDIR.value,
+                               restore_step=_RESTORE_STEP.value)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    launch_flags.run(main)

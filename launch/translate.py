@@ -6,6 +6,9 @@ r"""Translates sentences with a trained checkpoint.
 Reads one sentence per line from --input (default: stdin) and prints one
 translation per line, in order. Uses the workdir's vocabulary and config
 (`DIR/config.json`; decoding settings may be overridden, as in evaluate.py).
+Empty lines, unknown ids or pieces and lines longer than data.max_length are
+errors naming the line (--on_error=fail, the default), or warnings on stderr
+with the line skipped (an empty output line: skip) or translated as it is (warn).
 """
 
 import os
@@ -16,10 +19,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from absl import app, flags  # noqa: E402
 
 import common_flags as launch_flags  # noqa: E402
+from bert_jax.data.input_lines import ON_ERROR, screen_lines  # noqa: E402
 from bert_jax.training import evaluation  # noqa: E402
 
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _INPUT = flags.DEFINE_string("input", None, "File of source sentences (default: stdin).")
+_ON_ERROR = flags.DEFINE_enum("on_error", "fail", ON_ERROR, "A bad input line (empty, "
+                              "unknown ids or pieces, too long): fail, skip it (empty "
+                              "output line) or warn and translate it as it is.")
 
 
 def main(argv):
@@ -29,11 +36,14 @@ def main(argv):
     if not hasattr(task, "translate"):
         raise app.UsageError(f"config.task={config.task!r} does not translate.")
     stream = open(_INPUT.value) if _INPUT.value else sys.stdin
-    sentences = [line.rstrip("\n") for line in stream]
-    outputs = task.translate(params, task.encode_sources(sentences), mesh)
-    for ids in outputs:
-        print(task.detokenize(ids), flush=True)
+    lines = screen_lines(stream, task.source_problems, _ON_ERROR.value,
+                         _INPUT.value or "stdin")
+    sentences = [line for line in lines if line is not None]
+    outputs = iter(task.translate(params, task.encode_sources(sentences), mesh)
+                   if sentences else [])
+    for line in lines:
+        print("" if line is None else task.detokenize(next(outputs)), flush=True)
 
 
 if __name__ == "__main__":
-    app.run(main, argv=launch_flags.workdir_argv(sys.argv))
+    launch_flags.run(main, argv=launch_flags.workdir_argv(sys.argv))

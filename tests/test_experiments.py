@@ -8,6 +8,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bert_jax.modeling import BertConfig, TransformerConfig
+from bert_jax.auto_dtype import resolve_model_dtype
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 FINETUNE = ["sst2", "mrpc", "stsb", "cola", "rte", "qnli", "mnli", "upos", "ner", "squad"]
@@ -27,7 +28,7 @@ def load(name):
 
 @pytest.mark.parametrize("name, variant", [(n, v) for n, vs in VARIANTS.items() for v in vs])
 def test_config_is_consistent(name, variant):
-    config = load(name).get_config(variant)
+    config = resolve_model_dtype(load(name).get_config(variant))  # 'auto' -> a dtype
     if config.task == "translation":
         model = TransformerConfig(**config.model.to_dict())  # validates every field
         assert config.data.max_length <= model.max_len

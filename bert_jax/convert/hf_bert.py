@@ -25,6 +25,7 @@ import flax.linen as nn
 import numpy as np
 from flax import traverse_util
 
+from bert_jax.errors import UserError
 from bert_jax.modeling.configs import BertConfig
 
 CONFIG_FILE = "config.json"
@@ -38,7 +39,7 @@ _HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh",
 _TO_HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
 
 
-class WeightConversionError(ValueError):
+class WeightConversionError(UserError, ValueError):
     """Tensors are unknown, missing or mis-shaped; the message names each one."""
 
 

@@ -57,12 +57,13 @@ from bert_jax.data.builder_configs import ConfigRegistry, LocalFilesBuilder
 
 from bert_jax.data import pretraining_data
 from bert_jax.data.wordpiece import WordPiece
+from bert_jax.errors import UserError
 
 FORMATS = ("blank_lines", "wikitext")
 _EVAL_SEED_OFFSET = 1  # the validation instances use seed + 1
 
 
-class BertPretrainingError(ValueError):
+class BertPretrainingError(UserError, ValueError):
     """Parameters or a corpus that cannot be built (the message says why)."""
 
 

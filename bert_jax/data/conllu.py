@@ -65,6 +65,7 @@ from bert_jax.data.builder_configs import (
     ConfigRegistry, LocalFilesBuilder, check_split_names, check_unchanged, config_name,
     file_stats)
 from bert_jax.data.text_files import utf8_lines
+from bert_jax.errors import UserError
 
 # The 17 Universal POS tags (https://universaldependencies.org/u/pos/), in the
 # order of that page's alphabetical index (and of tfds's UPOS ClassLabel).
@@ -84,7 +85,7 @@ _EMPTY_NODE_ID = re.compile(r"[0-9]+\.[0-9]+")
 _SENT_ID = re.compile(r"#\s*sent_id\s*=(.*)")
 
 
-class ConlluFormatError(ValueError):
+class ConlluFormatError(UserError, ValueError):
     """A tagging file that cannot be read (the message says where and how)."""
 
 

@@ -55,11 +55,12 @@ from typing import Any
 import numpy as np
 
 from bert_jax.data.text_files import as_text, utf8_lines
+from bert_jax.errors import UserError
 
 Column = str | int
 
 
-class GlueFormatError(ValueError):
+class GlueFormatError(UserError, ValueError):
     """A TSV file that cannot be read as its task says (the message says where)."""
 
 

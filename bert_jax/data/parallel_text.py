@@ -73,6 +73,7 @@ from bert_jax.data.builder_configs import (
     ConfigRegistry, LocalFilesBuilder, check_split_names, check_unchanged, config_name,
     file_stats)
 from bert_jax.data.text_files import utf8_lines
+from bert_jax.errors import UserError
 
 # Conventional file stems and the standard tfds split names they get by default.
 STEM_ALIASES: dict[str, str] = {
@@ -83,7 +84,7 @@ _LANGUAGE_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 _MAX_REPORTED_LINES = 10
 
 
-class ParallelTextError(ValueError):
+class ParallelTextError(UserError, ValueError):
     """A corpus that cannot be built as it is (the message says where and how)."""
 
 

@@ -71,13 +71,14 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from bert_jax.data.text_files import utf8_lines
+from bert_jax.errors import UserError
 
 DOCUMENT_FORMATS = ("blank_lines", "wikitext")
 PAD_ID = 0  # padding id (always treated as special)
 MASKING_PURPOSE = 0x6D61736B  # "mask": separates masking streams from other uses of `seed`
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError, ValueError):
     """A corpus file that cannot be read; the message names the file and the 1-based line."""
 
 

@@ -19,6 +19,11 @@ per machine: for a `data_dir` shared between machines (NFS, GCS), prepare the
 dataset before starting the job, or let process 0 call `load_source` before
 the others (e.g. behind a barrier).
 
+Progress: while a dataset is prepared, a log line every
+PROGRESS_EVERY_SECONDS gives the time spent and the megabytes written so far,
+and one line at the end the examples per split; tfds's tqdm bars draw only
+when stderr is a terminal (in a log file they come out as garbled lines).
+
 Also works under `tfds.testing.mock_data` (catalog datasets, offline).
 """
 
@@ -28,7 +33,10 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import sys
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,8 +46,14 @@ from absl import logging
 # Registers the project's builders with tfds so that they resolve by name.
 from bert_jax.data import (  # noqa: F401
     conllu, parallel_text, synthetic_reverse, synthetic_translation)
+from bert_jax.errors import UserError
 
 FILE_FORMAT = "array_record"
+PROGRESS_EVERY_SECONDS = 30.0
+
+
+class DatasetError(UserError, ValueError):
+    """A dataset or split that cannot be read; the message names it."""
 
 
 def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
@@ -61,7 +75,7 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
       A sequence: `len(source)`, and `source[i]` a dict of numpy arrays.
 
     Raises:
-      ValueError: the split does not exist or has no examples (the message
+      DatasetError: the split does not exist or has no examples (the message
         names the dataset and the split).
     """
     if isinstance(builder, str):
@@ -89,16 +103,16 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
         try:
             num_examples = splits[split].num_examples
         except (KeyError, ValueError) as e:
-            raise ValueError(
+            raise DatasetError(
                 f"dataset {name} has no split {split!r} (its splits: "
                 f"{sorted(splits.keys())}); data in {builder.data_dir}: {e}") from e
         if num_examples == 0:  # array_record would fail with an obscure error
-            raise ValueError(
+            raise DatasetError(
                 f"dataset {name} split {split!r} has no examples: check the split "
                 f"name or slice, and the data in {builder.data_dir}.")
     source = builder.as_data_source(split, file_format=FILE_FORMAT)
     if len(source) == 0:
-        raise ValueError(
+        raise DatasetError(
             f"dataset {name} split {split!r} has no examples: check the split "
             f"name or slice, and the data in {builder.data_dir}.")
     return source
@@ -122,7 +136,44 @@ def prepare(builder: tfds.core.DatasetBuilder) -> None:
             return
         logging.info("load_source: preparing %s in %s", builder.info.full_name,
                      builder.data_dir)
-        builder.download_and_prepare(file_format=FILE_FORMAT)
+        with _progress_lines(builder):
+            builder.download_and_prepare(file_format=FILE_FORMAT)
+
+
+@contextlib.contextmanager
+def _progress_lines(builder: tfds.core.DatasetBuilder):
+    """Logs the progress of the preparation inside the block as plain lines."""
+    if not sys.stderr.isatty():
+        tfds.disable_progress_bar()
+    name = builder.info.full_name
+    folder = os.path.dirname(os.fspath(builder.data_dir))  # holds tfds's temp folder
+    start = time.perf_counter()
+    done = threading.Event()
+
+    def report():
+        while not done.wait(PROGRESS_EVERY_SECONDS):
+            logging.info("load_source: preparing %s: %.0f s, %.1f MB written", name,
+                         time.perf_counter() - start, _megabytes(folder))
+
+    thread = threading.Thread(target=report, name="dataset-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+    splits = ", ".join(f"{split} {info.num_examples:,}"
+                       for split, info in builder.info.splits.items())
+    logging.info("load_source: prepared %s in %.0f s (%.1f MB): %s examples", name,
+                 time.perf_counter() - start, _megabytes(folder), splits)
+
+
+def _megabytes(folder: str) -> float:
+    """Size of the files under `folder` (0 for a remote one)."""
+    if "://" in folder:
+        return 0.0
+    return sum(os.path.getsize(os.path.join(root, file))
+               for root, _, files in os.walk(folder) for file in files) / 1e6
 
 
 def _lock_path(builder: tfds.core.DatasetBuilder) -> str | None:

@@ -38,13 +38,14 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from bert_jax.errors import UserError
 from bert_jax.evaluation.squad import best_spans, load_dataset
 
 WINDOW_KEYS = ("input_ids", "token_type_ids", "start_position", "end_position",
                "example_index", "window_index", "context_offsets", "max_context")
 
 
-class SquadFormatError(ValueError):
+class SquadFormatError(UserError, ValueError):
     """A SQuAD file that does not have the v1.1 layout, or an answer that is
     not where its `answer_start` says it is."""
 

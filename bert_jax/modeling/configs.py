@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Mapping
 
 import jax.numpy as jnp
 
+from bert_jax.errors import UserError
 from bert_jax.modeling.fused_attention import IMPLS as ATTENTION_IMPLS
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
@@ -25,7 +26,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A hyperparameter has an invalid value; the message names the field."""
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from bert_jax.errors import UserError
 from bert_jax.modeling.masks import AttentionMask, Mask, dense_mask
 
 Array = jax.Array
@@ -35,7 +36,7 @@ FLASH_KERNELS = {"gpu": "cudnn", "cuda": "cudnn", "tpu": "splash", "cpu": "xla"}
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
-class AttentionKernelError(ValueError):
+class AttentionKernelError(UserError, ValueError):
     """The asked-for kernel cannot run here or cannot take this mask."""
 
 

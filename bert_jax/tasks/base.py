@@ -17,7 +17,8 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-from bert_jax.modeling.configs import StackConfig
+from bert_jax.modeling.configs import ConfigError, StackConfig
+from bert_jax.auto_dtype import resolve_model_dtype
 
 Batch = dict[str, Any]
 Sums = dict[str, jax.Array]
@@ -43,15 +44,16 @@ def build_task(config: ml_collections.ConfigDict, workdir: str | None,
     and writing nothing (`workdir` may be None): what ahead-of-time compilation
     (`bert_jax.training.aot`) needs. Vocabulary sizes then come from the config.
     """
+    config = resolve_model_dtype(config)  # 'auto' -> the local devices' dtype
     if config.task not in _REGISTRY:
-        raise ValueError(f"config.task={config.task!r}: unknown task; registered tasks "
+        raise ConfigError(f"config.task={config.task!r}: unknown task; registered tasks "
                          f"are {sorted(_REGISTRY)}.")
     cls = _REGISTRY[config.task]
     if not abstract:
         return cls(config, workdir)
     if not cls.supports_abstract:
         supported = sorted(name for name, c in _REGISTRY.items() if c.supports_abstract)
-        raise ValueError(f"config.task={config.task!r} cannot be built without its data "
+        raise ConfigError(f"config.task={config.task!r} cannot be built without its data "
                          f"(ahead-of-time compilation); tasks that can: {supported}.")
     return cls(config, workdir, abstract=True)
 

@@ -38,6 +38,7 @@ from bert_jax.data import wordpiece
 from bert_jax.modeling import BertConfig
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks.base import written_by_process_zero
+from bert_jax.auto_dtype import resolve_model_dtype
 
 RUNTIME_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "param_dtype",
                   "attention_impl", "remat", "scan_layers")
@@ -101,7 +102,7 @@ def resolve_backbone(config: ml_collections.ConfigDict, workdir: str,
     """The architecture and vocabulary of a BERT task (see module docstring).
 
     `texts()` gives the training texts, read only to train a vocabulary."""
-    data, model = config.data, config.model.to_dict()
+    data, model = config.data, resolve_model_dtype(config).model.to_dict()
     init_from = config.get("init_from", "")
     if not init_from:
         vocab = written_by_process_zero(

@@ -23,21 +23,37 @@ from __future__ import annotations
 
 
 import jax
+import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax.data import pipeline, sources, vocabulary
 from bert_jax.data.text_files import as_text
+from bert_jax.data.input_lines import InputError
 from bert_jax.evaluation.decoding import transformer_search
 from bert_jax.modeling import Transformer, TransformerConfig
 from bert_jax.modeling.configs import ConfigError
-from bert_jax.tasks.base import Batch, Task, cached_method, register, written_by_process_zero
 from bert_jax.modeling.flops import transformer_train_flops
 from bert_jax.modeling.losses import cross_entropy_sums
+from bert_jax.tasks.base import Batch, Task, cached_method, register, written_by_process_zero
 
 
 _PACKING_FEATURES = ("inputs_segmentation", "targets_segmentation",
                      "inputs_positions", "targets_positions")
+
+
+def training_rows(config: ml_collections.ConfigDict) -> int:
+    """Rows of a global training batch: `train.batch_size`, or
+    `data.batch_tokens // row length` (translation's token budget)."""
+    tokens = config.data.get("batch_tokens", 0)
+    if not tokens:
+        return config.train.batch_size
+    row_length = config.data.get("pack_length", 0) or config.data.max_length
+    if tokens % row_length:
+        raise ConfigError(
+            f"config.data.batch_tokens={tokens} is not a multiple of the row "
+            f"length {row_length} (data.pack_length or data.max_length); make it one.")
+    return tokens // row_length
 
 
 @register("translation")
@@ -60,20 +76,7 @@ class TranslationTask(Task):
         self.model_config.check_length(self.max_length, "config.data.max_length")
         self.pack_length = data.get("pack_length", 0)
         self.row_length = self.pack_length or self.max_length
-        self.batch_rows = self._batch_rows()
-
-    def _batch_rows(self) -> int:
-        """Rows of a global training batch: `train.batch_size`, or
-        `data.batch_tokens // row_length` when a token budget is set."""
-        tokens = self.config.data.get("batch_tokens", 0)
-        if not tokens:
-            return self.config.train.batch_size
-        if tokens % self.row_length:
-            raise ConfigError(
-                f"config.data.batch_tokens={tokens} is not a multiple of the row "
-                f"length {self.row_length} (data.pack_length or data.max_length); "
-                "make it one.")
-        return tokens // self.row_length
+        self.batch_rows = training_rows(config)
 
     # -- data ------------------------------------------------------------------
 
@@ -107,7 +110,11 @@ class TranslationTask(Task):
         """Text -> ids ending with EOS; id datasets are taken as they are."""
         if self.vocab is None:  # ids, or ids written as text ("5 3 7")
             if isinstance(value, (str, bytes)):
-                value = [int(token) for token in as_text(value).split()]
+                tokens = as_text(value).split()
+                if not all(token.isdigit() for token in tokens):
+                    raise InputError(f"{as_text(value)!r}: this model reads ids written as "
+                                     "numbers, e.g. '5 3 7'.")
+                value = [int(token) for token in tokens]
             return np.asarray(value, np.int32)
         return np.array(self.vocab.encode(as_text(value)) + [vocabulary.EOS_ID], np.int32)
 
@@ -127,6 +134,27 @@ class TranslationTask(Task):
                 ids = np.append(ids[:self.max_length - 1], ids[-1])
             inputs[i, :len(ids)] = ids
         return inputs
+
+    def source_problems(self, text: str) -> list[str]:
+        """What `encode_sources` would do silently to `text`: an empty line,
+        ids or pieces the model does not know, a sentence cut at data.max_length."""
+        if not text.strip():
+            return ["empty line"]
+        if self.vocab is None:  # ids written as text
+            size = self.model_config.vocab_size
+            unknown = [token for token in text.split()
+                       if not token.isdigit() or int(token) >= size]
+            if unknown:
+                return [f"unknown ids {' '.join(unknown[:5])} (ids are 0..{size - 1})"]
+        ids = self._encode(text)
+        problems = []
+        if self.vocab is not None and vocabulary.UNK_ID in ids:
+            problems.append(f"{int(np.sum(ids == vocabulary.UNK_ID))} piece(s) unknown to "
+                            "the vocabulary")
+        if len(ids) > self.max_length:
+            problems.append(f"{len(ids)} tokens, more than data.max_length="
+                            f"{self.max_length}: it would be cut")
+        return problems
 
     def dummy_batch(self) -> Batch:
         zeros = np.zeros((1, self.max_length), np.int32)

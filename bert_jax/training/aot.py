@@ -34,10 +34,12 @@ from typing import Any
 import jax
 import ml_collections
 
+from bert_jax.errors import UserError
 from bert_jax.tasks import build_task
+from bert_jax.auto_dtype import Hardware, resolve_model_dtype
 from bert_jax.training.evaluation import jit_predict
 from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_config
-from bert_jax.training.topologies import Target
+from bert_jax.training.topologies import GPUS, Target
 from bert_jax.training.train_step import (
     abstract_train_state, jit_train_step, make_train_step)
 
@@ -53,7 +55,7 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([A-Za-z_][\w\-]*?)(?:\.\d+)*\s*="
 GiB = float(1 << 30)
 
 
-class DoesNotFit(RuntimeError):
+class DoesNotFit(UserError, RuntimeError):
     """A step needs more memory per device than the chip has."""
 
 
@@ -225,11 +227,20 @@ def batch_devices(mesh) -> int:
     return math.prod(mesh.shape[axis] for axis in BATCH_AXES)
 
 
+def target_hardware(target: Target) -> Hardware:
+    """What model.dtype='auto' is resolved against: the target's chips, not the
+    CPU that compiles for them."""
+    capability = next((spec.compute_capability for spec in GPUS.values()
+                       if spec.description == target.chip), None)
+    return Hardware(target.platform, target.chip, capability)
+
+
 def compile_experiment(config: ml_collections.ConfigDict, target: Target,
                        eval_step: bool = True) -> CompileReport:
     """Compiles `config`'s train step (and evaluation step) for `target`."""
     from bert_jax.training.trainer import make_optimizer  # the trainer imports this module's peers
 
+    config = resolve_model_dtype(config, target_hardware(target))
     task = build_task(config, None, abstract=True)
     mesh = mesh_from_config(config.mesh, target.devices)
     num_devices = len(target.devices)

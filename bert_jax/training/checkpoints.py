@@ -13,8 +13,12 @@ last complete step.
 
 from __future__ import annotations
 
+import functools
+import glob
 import os
-from typing import Any
+import re
+import shutil
+from typing import Any, Iterator
 
 import grain
 import jax
@@ -23,11 +27,19 @@ import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint import checkpoint_managers
 
+from bert_jax.errors import UserError
+
 CHECKPOINT_DIR = "checkpoints"
+SET_ASIDE_DIR = "checkpoints_set_aside"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint cannot be read or does not fit; the message names it."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint's files cannot be read; `rerun_with` holds the flag that
+    resumes from the last earlier step (None: there is none)."""
 
 
 class Checkpointer:
@@ -79,12 +91,28 @@ class Checkpointer:
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # Orbax/TensorStore raise many types
-            raise CheckpointError(
-                f"cannot restore {self.directory}/{step}: {type(e).__name__}: {e}\n"
-                "The checkpoint is corrupted or was written by a different model "
-                "(compare config.json). Nothing was deleted: restore an earlier step "
-                f"(available: {self.all_steps()}) or start a new workdir.") from e
+            raise self._unrestorable(step, e) from e
         return restored["state"]
+
+    def _unrestorable(self, step: int, error: Exception) -> CheckpointError:
+        """The error for a step that cannot be restored: the damaged array and
+        file when TensorStore names them, and the earlier step to resume from."""
+        where = f"cannot restore {self.directory}/{step}: "
+        steps = self.all_steps()
+        earlier = max((s for s in steps if s < step), default=None)
+        damage = describe_damage(error)
+        if damage is None:
+            return CheckpointError(
+                where + f"{type(error).__name__}: {error}\nThe checkpoint is corrupted or "
+                "was written by a different model (compare config.json). Nothing was "
+                f"deleted: restore an earlier step (available: {steps}) or start a new "
+                "workdir.")
+        advice = ("start a new workdir (no earlier step to resume from)" if earlier is None
+                  else f"resume from step {earlier}, the last earlier checkpoint, with "
+                  f"--restore_step={earlier}")
+        return DamagedCheckpointError(
+            where + damage + f"\nNothing was deleted (available: {steps}): {advice}.",
+            rerun_with=None if earlier is None else {"restore_step": earlier})
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
@@ -100,6 +128,83 @@ def checkpoint_steps(directory: str) -> list[int]:
     if not os.path.isdir(directory):
         return []
     return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+
+
+_TENSORSTORE_READ = re.compile(
+    r'Error reading "(?P<array>[^"]+?)(?:/[\d.]+)?" in OCDBT database at local file '
+    r'"(?P<database>[^"]+)"(?::\s*(?P<reason>[^\n]*))?')
+_VALUE_SIZE = re.compile(r"for value of size (\d+)")
+
+
+def describe_damage(error: BaseException) -> str | None:
+    """'array NAME cannot be read (REASON)[; damaged (truncated) file: PATH]' from the
+    TensorStore read error in `error`'s chain, or None if there is none.
+
+    TensorStore names the array and the checkpoint, not the data file; a read
+    past the end of a truncated file reports the file's size, which finds it.
+    """
+    for cause in _chain(error):
+        found = _TENSORSTORE_READ.search(str(cause))
+        if not found:
+            continue
+        message = f"array {found['array']} cannot be read ({found['reason'] or cause})"
+        size = _VALUE_SIZE.search(found["reason"] or "")
+        data_files = glob.glob(os.path.join(found["database"], "**", "d", "*"),
+                               recursive=True)
+        files = [path for path in data_files
+                 if size and os.path.getsize(path) == int(size.group(1))]
+        if files:
+            return message + f"; damaged (truncated) file: {', '.join(sorted(files))}"
+        return message + (f"; a data file under {found['database']}*/d/ is damaged or "
+                          "missing")
+    return None
+
+
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
+    """`error` and its causes and contexts, outermost first."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def set_aside_steps_after(workdir: str, step: int) -> list[str]:
+    """Moves the checkpoints of steps after `step` to WORKDIR/checkpoints_set_aside/
+    (never deletes them), so that a run resumed from `step` saves its own.
+    Returns their new locations. Call on process 0 only, before a Checkpointer
+    exists."""
+    moved = []
+    for later_step in (s for s in checkpoint_steps(os.path.join(workdir, CHECKPOINT_DIR)) if s > step):
+        target = os.path.join(os.path.abspath(workdir), SET_ASIDE_DIR, str(later_step))
+        suffix = 1
+        while os.path.exists(target):
+            target = os.path.join(os.path.dirname(target), f"{later_step}.{suffix}")
+            suffix += 1
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.move(os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR, str(later_step)),
+                    target)
+        moved.append(target)
+    return moved
+
+
+def reports_damage(restore: Any) -> Any:
+    """Decorates a restore function: a TensorStore read error (a damaged or
+    missing data file) becomes a CheckpointError naming the array and file."""
+    @functools.wraps(restore)
+    def wrapped(path, *args, **kwargs):
+        try:
+            return restore(path, *args, **kwargs)
+        except CheckpointError:
+            raise
+        except Exception as e:
+            damage = describe_damage(e)
+            if damage is None:
+                raise
+            raise CheckpointError(f"cannot restore {path}: {damage}\nNothing was "
+                                  "deleted: restore another step (--step) or "
+                                  "retrain.") from e
+    return wrapped
 
 
 def _params_location(path: str) -> tuple[str, tuple[str, ...]]:
@@ -180,6 +285,7 @@ def _restore_huggingface(path: str, abstract_params: Any, strict: bool):
     return traverse_util.unflatten_dict(restored), restored_paths, missing
 
 
+@reports_damage
 def restore_params(path: str, abstract_params: Any, strict: bool = False
                    ) -> tuple[Any, list[str], list[str]]:
     """Restores the parameters of `abstract_params` that `path` holds.

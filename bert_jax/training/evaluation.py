@@ -39,8 +39,11 @@ EVALUATION_OVERRIDES = (
     "decode.",
     "train.batch_size",
     "mesh.",
-    "model.attention_impl", "model.remat",
+    "model.attention_impl", "model.remat", "model.dtype",
 )
+# Config keys of training alone: a value given for evaluation (e.g. by naming
+# the experiment file again) is ignored, the workdir's is kept.
+TRAINING_ONLY = ("train.", "optimizer.", "seed", "peak_flops")
 
 
 def abstract_like(tree: Any) -> Any:
@@ -140,9 +143,9 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): tree}
 
 
-def _may_override(key: str) -> bool:
-    return any(key == allowed or (allowed.endswith(".") and key.startswith(allowed))
-               or key.startswith(allowed + ".") for allowed in EVALUATION_OVERRIDES)
+def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) or key.startswith(p + ".")
+               for p in patterns)
 
 
 def saved_config(workdir: str) -> ml_collections.ConfigDict:
@@ -168,8 +171,9 @@ def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None 
     """The workdir's config with the overrides `requested` makes to it.
 
     `requested` is the saved config after command-line overrides (None: no
-    override). A changed key outside `EVALUATION_OVERRIDES` (the model, the
-    vocabulary, the task, training) is refused, naming it.
+    override). Changes to `EVALUATION_OVERRIDES` are taken; to `TRAINING_ONLY`
+    keys ignored; to anything else (the model, the vocabulary, the task)
+    refused, naming the key.
     """
     saved = saved_config(workdir)
     if requested is None:
@@ -177,15 +181,27 @@ def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None 
     old = _flatten(json.loads(saved.to_json_best_effort()))
     new = _flatten(json.loads(requested.to_json_best_effort()))
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    refused = [k for k in changed if not _may_override(k)]
+    refused = [k for k in changed if not _matches(k, EVALUATION_OVERRIDES)
+               and not _matches(k, TRAINING_ONLY)]
     if refused:
         raise ConfigError(
             "evaluation cannot change " + ", ".join(
                 f"config.{k} ({old.get(k)!r} in {workdir}/{CONFIG_FILE})" for k in refused)
-            + ": it defines the model, its data or its training. Evaluation may change "
+            + ": it defines the model, its data or its task. Evaluation may change "
             + ", ".join(f"config.{k.rstrip('.')}" for k in EVALUATION_OVERRIDES)
             + ". To evaluate another model, use its workdir.")
-    return requested
+    config = saved.copy_and_resolve_references()
+    config.unlock()
+    for key in (k for k in changed if _matches(k, EVALUATION_OVERRIDES)):
+        *sections, name = key.split(".")
+        source, target = requested, config
+        for section in sections:
+            source = source[section]
+            if section not in target:
+                target[section] = ml_collections.ConfigDict()
+            target = target[section]
+        target[name] = source[name]
+    return config
 
 
 def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,

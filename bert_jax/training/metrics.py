@@ -72,7 +72,10 @@ class MetricWriter:
             return
         self._drop_lines_after(resume_step)
         from tensorboardX import SummaryWriter
-        self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        # On resume, TensorBoard hides the events of earlier files from step
+        # resume_step + 1 on: the resumed run logs those steps again.
+        self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"),
+                                          purge_step=resume_step + 1 if resume_step else None)
 
     def _drop_lines_after(self, step: int) -> None:
         """On resume, forget metrics logged after the restored checkpoint: the

@@ -25,6 +25,8 @@ import math
 import os
 import re
 
+from bert_jax.errors import UserError
+
 GiB = 1 << 30
 
 # The environment in which a CPU machine compiles for accelerators that are not
@@ -42,7 +44,7 @@ COMPILE_ONLY_ENVIRONMENT = {
 }
 
 
-class TopologyError(ValueError):
+class TopologyError(UserError, ValueError):
     """An accelerator name that is not understood, or a compiler that is missing."""
 
 

@@ -22,27 +22,40 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 from flax import traverse_util
+from jax.experimental import multihost_utils
 
+from bert_jax.auto_dtype import AUTO, resolve_model_dtype
 from bert_jax.convert.pretrained import checkpoint_path
+from bert_jax.errors import UserError
 from bert_jax.tasks import build_task
 from bert_jax.training import optimizer as optimizer_lib
-from bert_jax.training.checkpoints import Checkpointer, restore_params
+from bert_jax.training.checkpoints import (
+    CHECKPOINT_DIR, CheckpointError, Checkpointer, checkpoint_steps, restore_params,
+    set_aside_steps_after)
 from bert_jax.training.evaluation import CONFIG_FILE, abstract_like, make_evaluator
 from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
 from bert_jax.training.preemption import PreemptionWatcher
 from bert_jax.training.prefetch import DevicePrefetch
+from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
     TrainState, create_train_state, jit_train_step, make_train_step)
+from bert_jax.training.validation import check_training_config
 
+PROFILE_DIR = "profile"  # jax.profiler traces of config.train.profile_steps
 # Config sections that define what a workdir's checkpoints are; the rest (step
 # counts, logging, mesh) may change when a run is resumed.
 IDENTITY_SECTIONS = ("task", "model", "data")
 
 
-class WorkdirError(RuntimeError):
+class WorkdirError(UserError, RuntimeError):
     """The workdir cannot be used; the message says why and what to do."""
+
+
+class TrainingDiverged(UserError, FloatingPointError):
+    """The loss or gradients became NaN/Inf; nothing after the last good step
+    was saved."""
 
 
 def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -78,10 +91,20 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
                 f"--workdir={workdir} holds a run of an incompatible config:\n  "
                 + "\n  ".join(changed)
                 + "\nUse a new --workdir, or the saved config (" + path + ").")
-    if jax.process_index() == 0:
-        with open(path, "w") as f:
+    if jax.process_index() == 0:  # atomically: other processes may be reading it
+        with open(path + ".tmp", "w") as f:
             json.dump(resolved, f, indent=2, sort_keys=True)
+        os.replace(path + ".tmp", path)
     return workdir
+
+
+def _saved_model_dtype(workdir: str) -> str | None:
+    """config.model.dtype of the run already in `workdir` (None: there is none)."""
+    path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("model", {}).get("dtype")
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -118,12 +141,38 @@ def initialise_from(state: TrainState, path: str, workdir: str) -> TrainState:
     return state.replace(params=traverse_util.unflatten_dict(flat))
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def _restore_point(workdir: str, step: int) -> None:
+    """Makes `step` the latest checkpoint: process 0 moves later ones aside
+    (keeping them); all processes wait for it."""
+    steps = checkpoint_steps(os.path.join(workdir, CHECKPOINT_DIR))
+    if step not in steps:
+        raise CheckpointError(
+            f"--restore_step={step}: {workdir} holds no checkpoint of that step "
+            f"(available: {steps}); pick one of those.")
+    if jax.process_index() == 0:
+        for path in set_aside_steps_after(workdir, step):
+            logging.warning("--restore_step=%d: moved the later checkpoint %s aside (kept; "
+                            "delete it when it is no longer needed).", step, path)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("set_aside_checkpoints")
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       restore_step: int | None = None) -> dict[str, float]:
     """Trains `config` in `workdir` (resuming if it holds checkpoints).
+
+    `restore_step`: resume from this checkpoint instead of the latest; the
+    checkpoints of later steps are moved to WORKDIR/checkpoints_set_aside/
+    (kept, not deleted), and metrics logged after it are dropped.
 
     Returns the last metrics logged (train and eval).
     """
+    check_training_config(config)
+    if config.model.get("dtype") == AUTO:
+        config = resolve_model_dtype(config, saved_dtype=_saved_model_dtype(workdir))
     workdir = prepare_workdir(workdir, config)
+    if restore_step is not None:
+        _restore_point(workdir, restore_step)
     task = build_task(config, workdir)
     train = config.train
     mesh = mesh_from_config(config.mesh)
@@ -153,12 +202,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                         tokens_per_step=task.tokens_per_step(),
                         peak_flops=peak_flops_per_device(config.get("peak_flops", 0.0)))
     preemption = PreemptionWatcher(first_step)
+    profiler = StepProfiler(profile_range(train.get("profile_steps"),
+                                          "config.train.profile_steps"),
+                            os.path.join(workdir, PROFILE_DIR))
     first_bad = jnp.array(-1, jnp.int32)
 
     def check_finite():
         bad = int(first_bad)
         if bad >= 0:
-            raise FloatingPointError(
+            raise TrainingDiverged(
                 f"loss or gradients became NaN/Inf at step {bad}; stopping. The last "
                 f"good checkpoint is step {checkpointer.latest_step()} in "
                 f"{checkpointer.directory}.")
@@ -168,7 +220,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         with jax.set_mesh(mesh):
             for step in range(first_step + 1, train.num_steps + 1):
                 batch = next(train_iter)
+                profiler.before(step)
                 state, metrics = step_fn(state, batch, step_rng)
+                profiler.after(step, metrics)
                 finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
                 first_bad = jnp.where((first_bad < 0) & ~finite, step, first_bad)
                 last = step == train.num_steps
@@ -197,6 +251,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                     step)
                     break
     finally:
+        profiler.close()
         preemption.close()
         train_iter.close()
         checkpointer.close()

@@ -35,11 +35,12 @@ import inspect
 import itertools
 import re
 from typing import Any, Iterable, Sequence
+from bert_jax.errors import UserError
 
 Point = dict[str, Any]
 
 
-class SweepError(ValueError):
+class SweepError(UserError, ValueError):
     """A bad sweep spec, point or key; the message names it and the fix."""
 
 

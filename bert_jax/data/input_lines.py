@@ -1,0 +1,51 @@
+"""Screening the lines a user feeds a command-line tool (e.g. launch/translate.py).
+
+    kept = screen_lines(lines, task.source_problems, on_error="warn", name="in.txt")
+
+`problems_of(line)` lists what is wrong with one line (empty: nothing). Per
+`on_error`:
+  fail  every problem is reported (line numbers, at most MAX_REPORTED) as one
+        `InputError` and nothing is processed;
+  skip  a warning per bad line on stderr; the line becomes None (the caller
+        prints an empty output line, so output line i still answers input line i);
+  warn  a warning per bad line on stderr; the line is processed as it is.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Iterable
+
+from bert_jax.errors import UserError
+
+ON_ERROR = ("fail", "skip", "warn")
+MAX_REPORTED = 10
+
+
+class InputError(UserError, ValueError):
+    """Lines of the user's input that cannot be processed faithfully."""
+
+
+def screen_lines(lines: Iterable[str], problems_of: Callable[[str], list[str]],
+                 on_error: str, name: str) -> list[str | None]:
+    """The lines (without newlines), bad ones handled per `on_error` (see module doc)."""
+    if on_error not in ON_ERROR:
+        raise InputError(f"on_error={on_error!r}: use one of {', '.join(ON_ERROR)}.")
+    kept, reports = [], []
+    for number, line in enumerate(lines, 1):
+        line = line.rstrip("\n")
+        problems = problems_of(line)
+        if problems:
+            reports.append(f"{name}:{number}: {'; '.join(problems)}")
+            if on_error != "fail":
+                action = "skipped" if on_error == "skip" else "processed as it is"
+                print(f"warning: {reports[-1]} ({action})", file=sys.stderr, flush=True)
+        kept.append(None if problems and on_error == "skip" else line)
+    if reports and on_error == "fail":
+        more = len(reports) - MAX_REPORTED
+        raise InputError(
+            f"{len(reports)} bad input line(s):\n  " + "\n  ".join(reports[:MAX_REPORTED])
+            + (f"\n  ... and {more} more" if more > 0 else "")
+            + "\nFix them, or pass --on_error=skip (an empty output line for each) or "
+            "--on_error=warn (process them as they are).")
+    return kept

@@ -1,0 +1,72 @@
+"""A `jax.profiler` trace of a few training steps.
+
+    profiler = StepProfiler((10, 12), os.path.join(workdir, "profile"))
+    for step in ...:
+        profiler.before(step)
+        state, metrics = step_fn(...)
+        profiler.after(step, metrics)
+    profiler.close()
+
+The trace covers steps START..END inclusive (1-based, as the train loop counts
+them) and lands in DIR/plugins/profile/<run>/ (`*.xplane.pb`, and
+`*.trace.json.gz` where the profiler writes one): open it with TensorBoard's
+profile plugin (`tensorboard --logdir DIR`, `pip install tensorboard-plugin-profile`)
+or xprof, or load the trace in Perfetto (https://ui.perfetto.dev). Skip the
+first steps: they include compilation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+from absl import logging
+
+from bert_jax.modeling.configs import ConfigError
+
+
+def profile_range(steps: Sequence[int | str] | None, field: str
+                  ) -> tuple[int, int] | None:
+    """`(start, end)` from a config or flag value (numbers or their text);
+    empty means no profiling."""
+    if not steps:
+        return None
+    try:
+        start, end = (int(step) for step in steps)
+    except ValueError:  # not two numbers
+        start, end = 0, 0
+    if not 1 <= start <= end:
+        raise ConfigError(f"{field}={tuple(steps)}: give (START, END) with "
+                          "1 <= START <= END, e.g. (10, 12).")
+    return start, end
+
+
+class StepProfiler:
+    """Starts a trace before step `start` and stops it after step `end`."""
+
+    def __init__(self, steps: tuple[int, int] | None, directory: str):
+        self.start, self.end = steps or (0, -1)
+        self.directory = directory
+        self.active = False
+
+    def before(self, step: int) -> None:
+        if step == self.start and jax.process_index() == 0:
+            jax.profiler.start_trace(self.directory)
+            self.active = True
+            logging.info("profiling steps %d..%d into %s", self.start, self.end,
+                         self.directory)
+
+    def after(self, step: int, outputs: Any) -> None:
+        """Ends the trace once step `end`'s `outputs` are computed."""
+        if step == self.end and self.active:
+            jax.block_until_ready(outputs)
+            self.close()
+            logging.info("profile of steps %d..%d written to %s (open it with "
+                         "TensorBoard's profile plugin or Perfetto)", self.start,
+                         self.end, self.directory)
+
+    def close(self) -> None:
+        """Stops a trace still running (e.g. the run ended before `end`)."""
+        if self.active:
+            jax.profiler.stop_trace()
+            self.active = False

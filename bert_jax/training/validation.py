@@ -1,0 +1,112 @@
+"""Checks of a training config that need no data, model or workdir.
+
+`check_training_config(config)` runs first in `train_and_evaluate`, before
+anything is written or built, so that a mistake costs a second rather than a
+dataset build and a compile. Each problem is one line naming the config
+field and the fix; all are reported together as one `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import jax
+import ml_collections
+
+from bert_jax.modeling.configs import ConfigError
+from bert_jax.tasks.translation import training_rows
+from bert_jax.training.profiling import profile_range
+from bert_jax.training.sharding import mesh_from_config
+
+# Config fields (anywhere under `config.data`) that name files or folders that
+# must exist; `init_from` is checked too. A `path:FORMAT` suffix is allowed.
+PATH_SUFFIXES = ("path", "_file", "_files")
+
+
+def check_training_config(config: ml_collections.ConfigDict) -> None:
+    """Raises `ConfigError` listing every problem found (none: returns)."""
+    problems = [*_step_problems(config.train, config.optimizer),
+                *_missing_files(config)]
+    try:
+        mesh = mesh_from_config(config.mesh)
+    except ValueError as e:
+        problems.append(f"config.mesh.shape={tuple(config.mesh.shape)}: {e}")
+    else:
+        problems += _batch_problems(config, mesh.shape["data"] * mesh.shape["fsdp"])
+    if problems:
+        raise ConfigError("the config cannot train:\n  " + "\n  ".join(problems))
+
+
+def _step_problems(train: ml_collections.ConfigDict,
+                   optimizer: ml_collections.ConfigDict) -> list[str]:
+    problems = [f"config.train.{name}={train[name]}: must be at least 1."
+                for name in ("num_steps", "log_every", "eval_every", "checkpoint_every",
+                             "grad_accum_steps") if train[name] < 1]
+    if not 0 <= optimizer.warmup_steps <= max(train.num_steps, 0):
+        problems.append(
+            f"config.optimizer.warmup_steps={optimizer.warmup_steps} is outside 0.."
+            f"config.train.num_steps={train.num_steps}: lower warmup_steps or raise "
+            "num_steps.")
+    try:
+        profile_range(train.get("profile_steps"), "config.train.profile_steps")
+    except ConfigError as e:
+        problems.append(str(e))
+    return problems
+
+
+def _batch_problems(config: ml_collections.ConfigDict, batch_shards: int) -> list[str]:
+    """Global batch and micro-batch against the devices that split the batch
+    (mesh axes data x fsdp) and the processes that load it."""
+    try:
+        rows = training_rows(config)
+    except ConfigError as e:
+        return [str(e)]
+    field = ("config.data.batch_tokens // row length" if config.data.get("batch_tokens")
+             else "config.train.batch_size")
+    accum = max(config.train.grad_accum_steps, 1)
+    processes = jax.process_count()
+    problems = []
+    if rows % processes:
+        problems.append(f"{field}={rows} is not divisible by the {processes} processes: "
+                        "each loads the same share; use a multiple of "
+                        f"{processes}.")
+    if rows % accum:
+        problems.append(f"{field}={rows} is not divisible by config.train.grad_accum_steps="
+                        f"{accum}; use a multiple of {accum}.")
+    elif (rows // accum) % batch_shards:
+        need = batch_shards * accum
+        nearest = sorted({max(rows // need, 1) * need, (rows // need + 1) * need})
+        examples = " or ".join(map(str, nearest))
+        micro = f"its micro-batches of {rows // accum} rows" if accum > 1 else "it"
+        fewer = ", fewer config.train.grad_accum_steps" if accum > 1 else ""
+        problems.append(
+            f"{field}={rows}: {micro} cannot be split over the {batch_shards} devices "
+            "of the mesh's data x fsdp axes (config.mesh.shape); use a multiple of "
+            f"{need} ({'e.g. ' if len(nearest) == 1 else ''}{examples}){fewer}, or change "
+            "the mesh.")
+    return problems
+
+
+def _missing_files(config: ml_collections.ConfigDict) -> list[str]:
+    named = [("config.init_from", config.get("init_from", ""))]
+    named += list(_path_fields(config.data, "config.data"))
+    return [f"{field}={value!r}: no such file or folder; fix the path."
+            for field, value in named
+            if value and "://" not in value and not _exists(value)]
+
+
+def _path_fields(section: ml_collections.ConfigDict, prefix: str
+                 ) -> Iterator[tuple[str, str]]:
+    for key, value in section.items():
+        field = f"{prefix}.{key}"
+        if isinstance(value, ml_collections.ConfigDict):
+            yield from _path_fields(value, field)
+        elif key.endswith(PATH_SUFFIXES):
+            for item in ((value,) if isinstance(value, str) else value or ()):
+                yield field, item
+
+
+def _exists(path: str) -> bool:
+    """Whether `path`, or `path` without a `:FORMAT` suffix, exists."""
+    return os.path.exists(path) or (":" in path and os.path.exists(path.rsplit(":", 1)[0]))

@@ -1,0 +1,401 @@
+"""What a user sees when something they gave is wrong, and the everyday tools:
+one-line errors from the launch scripts, early config validation, recovery
+from a damaged checkpoint, TensorBoard after a resume, profiler traces,
+translate.py's input checks, dataset-build progress lines, model.dtype='auto'."""
+
+import importlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from bert_jax.data import input_lines, sources
+from bert_jax.errors import UserError
+from bert_jax.tasks import build_task
+from bert_jax import auto_dtype
+from bert_jax.training import trainer
+from bert_jax.training.checkpoints import (
+    CheckpointError, DamagedCheckpointError, describe_damage)
+from bert_jax.training.evaluation import evaluate_checkpoint
+from bert_jax.training.metrics import read_metrics
+from bert_jax.training.validation import check_training_config
+from test_training import REPO, data_dir, finish, launch, tiny_config  # noqa: F401
+
+sys.path.insert(0, str(REPO / "launch"))
+import cli  # noqa: E402
+
+# ----------------------------------------------------------------------------
+# The launch scripts: `error: ...`, exit 2, no traceback; bugs keep theirs.
+
+
+def _config_flags(argv) -> flags.FlagValues:
+    """A --config flag as the launch scripts define it, reading `argv`."""
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values,
+                                    lock_config=True, sys_argv=argv)
+    return values
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--config.no_such=1",
+     "error: --config.no_such=1: the config has no field 'no_such'."),
+    ("--config.train.num_stepz=5",
+     "error: --config.train.num_stepz=5: the config has no field 'num_stepz'. Did you "
+     "mean \"num_steps\""),
+    ("--config.train.num_steps=many",
+     "error: flag --config.train.num_steps=many: invalid literal for int()"),
+    ("--config.train.batch_size=(1,",
+     "error: flag --config.train.batch_size=(1,: "),
+])
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_bad_config_flags_are_one_line(capsys, flag, message):
+    argv = ["train.py", f"--config={REPO / 'experiments' / 'tiny_translate.py'}", flag]
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_flags(argv, _config_flags(argv))
+    err = capsys.readouterr().err
+    assert exit_.value.code == cli.EXIT_USER_ERROR and err.startswith(message), err
+    assert "Traceback" not in err and len(err.splitlines()) <= 3, err
+
+
+def test_a_missing_config_file_is_named(capsys):
+    with pytest.raises(SystemExit):
+        argv = ["train.py", "--config=nope.py"]
+        cli.parse_flags(argv, _config_flags(argv))
+    assert capsys.readouterr().err.startswith(
+        "error: --config=nope.py: cannot load the config file: [Errno 2] No such file")
+
+
+def test_train_py_reports_a_bad_flag_in_one_line(tmp_path):
+    code, out = finish(launch("train.py", tmp_path / "run", {}, extra=["--config.no_such=1"]))
+    assert code == 2 and out.splitlines()[0] == (
+        "error: --config.no_such=1: the config has no field 'no_such'. Check the spelling "
+        "and the section (config.json in a workdir lists every field)."), out
+    assert "Traceback" not in out and not (tmp_path / "run").exists()
+
+
+def _run_script(tmp_path, body: str, *args, env=None):
+    """Runs a launch-style script whose main is `body` through cli.run."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO / 'launch')!r})\n"
+        "import cli\n"
+        "from bert_jax.errors import UserError\n"
+        f"def main(argv):\n    {body}\n"
+        "cli.run(main)\n")
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, cwd=tmp_path)
+
+
+def test_user_errors_print_one_line_and_bugs_a_traceback(tmp_path):
+    user = _run_script(tmp_path, "raise UserError('step 20 is damaged', "
+                       "rerun_with={'restore_step': 10})")
+    assert user.returncode == 2 and "Traceback" not in user.stderr
+    assert user.stderr.splitlines() == [
+        "error: step 20 is damaged",
+        f"  python {tmp_path / 'script.py'} --restore_step=10"]
+    assert _run_script(tmp_path, "return 3").returncode == 3  # main's exit status
+    bug = _run_script(tmp_path, "raise KeyError('oops')")
+    assert bug.returncode == 1 and "Traceback" in bug.stderr and "KeyError: 'oops'" in bug.stderr
+    for debug in ({"env": {cli.DEBUG_ENV: "1"}}, {"args": ("--debug",)}):
+        shown = _run_script(tmp_path, "raise UserError('step 20 is damaged')",
+                            *debug.get("args", ()), env=debug.get("env"))
+        assert shown.returncode == 1 and "Traceback" in shown.stderr, shown.stderr
+
+
+def test_the_resume_command_replaces_the_old_flag():
+    argv = ["launch/train.py", "--config=e.py", "--workdir=/tmp/a b", "--restore_step=20"]
+    assert cli.command_with({"restore_step": 10}, argv) == (
+        "python launch/train.py --config=e.py '--workdir=/tmp/a b' --restore_step=10")
+
+
+@pytest.mark.parametrize("module, name", [
+    ("bert_jax.training.checkpoints", "CheckpointError"),
+    ("bert_jax.training.trainer", "WorkdirError"),
+    ("bert_jax.training.trainer", "TrainingDiverged"),
+    ("bert_jax.modeling.configs", "ConfigError"),
+    ("bert_jax.data.pretraining_data", "CorpusError"),
+    ("bert_jax.data.glue", "GlueFormatError"),
+    ("bert_jax.data.parallel_text", "ParallelTextError"),
+    ("bert_jax.data.squad_windows", "SquadFormatError"),
+    ("bert_jax.data.conllu", "ConlluFormatError"),
+    ("bert_jax.data.bert_pretraining", "BertPretrainingError"),
+    ("bert_jax.modeling.fused_attention", "AttentionKernelError"),
+    ("bert_jax.training.topologies", "TopologyError"),
+    ("bert_jax.convert.hf_bert", "WeightConversionError"),
+    ("bert_jax.analysis.sweeps.points", "SweepError"),
+    ("bert_jax.training.aot", "DoesNotFit"),
+    ("bert_jax.data.input_lines", "InputError"),
+    ("bert_jax.data.sources", "DatasetError"),
+])
+def test_the_project_errors_are_user_errors(module, name):
+    assert issubclass(getattr(importlib.import_module(module), name), UserError)
+
+
+# ----------------------------------------------------------------------------
+# Early validation: before anything is written or built.
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"train.batch_size": 60},
+     "config.train.batch_size=60: it cannot be split over the 8 devices of the mesh's "
+     "data x fsdp axes (config.mesh.shape); use a multiple of 8 (56 or 64)"),
+    ({"train.batch_size": 64, "train.grad_accum_steps": 16},
+     "config.train.batch_size=64: its micro-batches of 4 rows cannot be split over the 8 "
+     "devices"),
+    ({"train.batch_size": 64, "train.grad_accum_steps": 3},
+     "config.train.batch_size=64 is not divisible by config.train.grad_accum_steps=3"),
+    ({"train.num_steps": 10, "optimizer.warmup_steps": 50},
+     "config.optimizer.warmup_steps=50 is outside 0..config.train.num_steps=10"),
+    ({"mesh.shape": (3, -1, 1)},
+     "config.mesh.shape=(3, -1, 1): mesh shape (3, -1, 1): 8 devices are not divisible by 3"),
+    ({"mesh.shape": (2, 2, 1)}, "uses 4 devices but 8 are available"),
+    ({"init_from": "/no/such/checkpoint"},
+     "config.init_from='/no/such/checkpoint': no such file or folder"),
+    ({"train.eval_every": 0}, "config.train.eval_every=0: must be at least 1."),
+    ({"train.profile_steps": (5, 2)}, "config.train.profile_steps=(5, 2): give (START, END)"),
+])
+def test_config_problems_are_named_before_anything_is_written(tmp_path, data_dir, overrides,
+                                                              message):
+    config = tiny_config(data_dir)
+    for key, value in overrides.items():
+        section, _, name = key.rpartition(".")
+        (config[section] if section else config)[name] = value
+    with pytest.raises(UserError, match="the config cannot train") as error:
+        trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    assert message in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_several_problems_are_reported_together(data_dir):
+    config = tiny_config(data_dir, **{"train.batch_size": 60, "train.num_steps": 10})
+    config.data.builder_kwargs.path = "/no/such/corpus.txt:wikitext"
+    with pytest.raises(UserError) as error:
+        check_training_config(config)
+    lines = str(error.value).splitlines()
+    assert len(lines) == 4, lines
+    assert any(line.startswith("  config.data.builder_kwargs.path=") for line in lines)
+
+
+# ----------------------------------------------------------------------------
+# A real tiny run: recovery, TensorBoard, profiles, translation input.
+
+RUN = {"train.num_steps": 20, "train.checkpoint_every": 10, "train.log_every": 5,
+       "train.eval_every": 20, "optimizer.warmup_steps": 5, "train.keep_best": 0,
+       "train.keep_last": 3, "train.profile_steps": (3, 4), "data.bleu_examples": 0,
+       "model.dtype": "auto"}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, data_dir):
+    """The tiny experiment, 20 steps on the 8 test devices (dtype auto), checkpoints
+    10 and 20, a profile of steps 3..4."""
+    workdir = tmp_path_factory.mktemp("run")
+    trainer.train_and_evaluate(tiny_config(data_dir, **RUN), str(workdir))
+    return workdir
+
+
+def test_profile_steps_write_a_trace(run):
+    traces = list((run / trainer.PROFILE_DIR / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+def _truncate_largest_data_file(step_dir: pathlib.Path) -> pathlib.Path:
+    data_files = [p for p in step_dir.rglob("d/*") if p.is_file()]
+    largest = max(data_files, key=lambda p: p.stat().st_size)
+    largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
+    return largest
+
+
+def _tensorboard_steps(workdir, tag: str) -> list[int]:
+    """The steps TensorBoard shows for `tag` (its own reader, purges included)."""
+    from tensorboard.backend.event_processing import event_accumulator
+    events = event_accumulator.EventAccumulator(str(workdir / "tensorboard"))
+    events.Reload()
+    return [event.step for event in events.Scalars(tag)]
+
+
+def test_a_damaged_checkpoint_names_the_file_and_the_step_to_resume_from(run, data_dir,
+                                                                         tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(run, workdir)
+    damaged = _truncate_largest_data_file(workdir / "checkpoints" / "20")
+    size = damaged.stat().st_size
+    longer = tiny_config(data_dir, **{**RUN, "train.num_steps": 30})
+    with pytest.raises(DamagedCheckpointError) as error:
+        trainer.train_and_evaluate(longer, str(workdir))
+    lines = str(error.value).splitlines()
+    assert lines[0].startswith(f"cannot restore {workdir}/checkpoints/20: array ")
+    assert lines[0].endswith(f"; damaged (truncated) file: {damaged}")
+    assert lines[1] == ("Nothing was deleted (available: [10, 20]): resume from step 10, "
+                        "the last earlier checkpoint, with --restore_step=10.")
+    assert error.value.rerun_with == {"restore_step": 10}  # launch/cli.py prints the command
+    assert damaged.stat().st_size == size  # untouched
+
+    trainer.train_and_evaluate(longer, str(workdir), restore_step=10)
+    set_aside = workdir / "checkpoints_set_aside" / "20"
+    assert (set_aside / damaged.relative_to(workdir / "checkpoints" / "20")).stat().st_size \
+        == size
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [10, 20, 30]
+    steps = [m["step"] for m in read_metrics(workdir) if "train/loss" in m]
+    assert steps == [5, 10, 15, 20, 25, 30]
+    # Two event files; TensorBoard shows each step once (purge_step on resume).
+    assert len(list((workdir / "tensorboard").iterdir())) == 2
+    assert _tensorboard_steps(workdir, "train/loss") == steps
+
+
+def test_evaluating_a_damaged_checkpoint_names_the_file(run, data_dir, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(run, workdir)
+    step_dir = workdir / "checkpoints" / "20"
+    for path in step_dir.glob("state/ocdbt.process_*/d/*"):  # the arrays' data files
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=(
+            rf"cannot restore .*: array params\S* cannot be read .*; damaged \(truncated\) "
+            rf"file: {step_dir}/state/\S+/d/[0-9a-f]+")):
+        evaluate_checkpoint(tiny_config(data_dir, **RUN), str(workdir), 20)
+
+
+def test_damage_is_named_from_tensorstore_errors_in_the_chain(tmp_path):
+    data = tmp_path / "state" / "ocdbt.process_0" / "d"
+    data.mkdir(parents=True)
+    (data / "aa").write_bytes(b"12345")
+    (data / "bb").write_bytes(b"1234567")
+    read = (f'Error reading "params.w/0.0" in OCDBT database at local file '
+            f'"{tmp_path}/state/": ')
+    truncated = Exception("Encountered error while reading array index")
+    truncated.__cause__ = ValueError("OUT_OF_RANGE: " + read + "Requested byte range "
+                                     "[3, 9) is not valid for value of size 5")
+    assert describe_damage(truncated) == (
+        "array params.w cannot be read (Requested byte range [3, 9) is not valid for "
+        f"value of size 5); damaged (truncated) file: {data / 'aa'}")
+    missing = ValueError("DATA_LOSS: " + read + "Truncated Zstd-compressed stream")
+    assert describe_damage(missing) == (
+        "array params.w cannot be read (Truncated Zstd-compressed stream); a data file "
+        f"under {tmp_path}/state/*/d/ is damaged or missing")
+    assert describe_damage(KeyError("params")) is None
+
+
+def test_restore_step_must_exist_and_moves_nothing(run, data_dir, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(run, workdir)
+    with pytest.raises(CheckpointError, match=r"--restore_step=15: .* \(available: "
+                                              r"\[10, 20\]\)"):
+        trainer.train_and_evaluate(tiny_config(data_dir, **RUN), str(workdir),
+                                   restore_step=15)
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["10", "20"]
+    assert not (workdir / "checkpoints_set_aside").exists()
+
+
+@pytest.fixture(scope="module")
+def sources_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("input") / "sources.txt"
+    path.write_text("5 6 7 8\n\n5 99 7\n" + " ".join(["9"] * 20) + "\n9 8 7 6\n")
+    return path
+
+
+def test_translate_refuses_bad_lines_naming_them(run, data_dir, sources_file):
+    task = build_task(tiny_config(data_dir, **RUN), str(run))
+    with pytest.raises(input_lines.InputError) as error:
+        input_lines.screen_lines(open(sources_file), task.source_problems, "fail",
+                                 str(sources_file))
+    assert str(error.value).splitlines()[:4] == [
+        "3 bad input line(s):",
+        f"  {sources_file}:2: empty line",
+        f"  {sources_file}:3: unknown ids 99 (ids are 0..31)",
+        f"  {sources_file}:4: 20 tokens, more than data.max_length=16: it would be cut"]
+
+
+def test_translate_skips_bad_lines_keeping_the_line_numbers(run, data_dir, sources_file):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "translate.py"),
+         "--config=" + str(REPO / "experiments" / "tiny_translate.py"), f"--workdir={run}",
+         f"--config.data.data_dir={data_dir}", f"--input={sources_file}",
+         "--on_error=skip"], cwd=REPO, capture_output=True, text=True,
+        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 5 and lines[1:4] == ["", "", ""], lines
+    assert (f"warning: {sources_file}:3: unknown ids 99 (ids are 0..31) (skipped)"
+            in result.stderr)
+
+
+def test_screen_lines_warns_and_keeps(capsys):
+    kept = input_lines.screen_lines(["a", "", "b"], lambda line: [] if line else ["empty"],
+                                    "warn", "in.txt")
+    assert kept == ["a", "", "b"]
+    assert capsys.readouterr().err == "warning: in.txt:2: empty (processed as it is)\n"
+    many = [""] * (input_lines.MAX_REPORTED + 2)
+    with pytest.raises(input_lines.InputError, match=r"(?s)12 bad input.*and 2 more"):
+        input_lines.screen_lines(many, lambda line: ["empty"], "fail", "in.txt")
+
+
+# ----------------------------------------------------------------------------
+# Dataset builds: plain progress lines, no tqdm bars in a log.
+
+
+def test_dataset_builds_log_progress_lines(tmp_path, monkeypatch, caplog):
+    from tensorflow_datasets.core.utils import tqdm_utils
+    monkeypatch.setattr(sources, "PROGRESS_EVERY_SECONDS", 0.01)
+    monkeypatch.setattr(tqdm_utils, "_active", True)
+    with caplog.at_level("INFO", logger="absl"):
+        sources.load_source("synthetic_reverse", "train", tmp_path, num_train=3000,
+                            num_validation=8)
+    messages = [r.getMessage() for r in caplog.records if "load_source" in r.getMessage()]
+    assert any(" s, " in m and "MB written" in m for m in messages), messages
+    assert any(m.startswith("load_source: prepared synthetic_reverse") and
+               m.endswith("train 3,000, validation 8 examples") for m in messages), messages
+    assert tqdm_utils._active is False  # pytest's stderr is not a terminal
+
+
+# ----------------------------------------------------------------------------
+# model.dtype='auto'.
+
+
+@pytest.mark.parametrize("hardware, dtype", [
+    (auto_dtype.Hardware("tpu", "TPU v5 lite"), "bfloat16"),
+    (auto_dtype.Hardware("gpu", "NVIDIA H100 80GB HBM3", (9, 0)), "bfloat16"),
+    (auto_dtype.Hardware("gpu", "NVIDIA A100-SXM4-80GB", (8, 0)), "bfloat16"),
+    (auto_dtype.Hardware("gpu", "Tesla V100-SXM2-16GB", (7, 0)), "float32"),
+    (auto_dtype.Hardware("cpu", "AMD EPYC 9B14", cpu_flags=frozenset({"avx512_bf16"})),
+     "bfloat16"),
+    (auto_dtype.Hardware("cpu", "Intel Xeon", cpu_flags=frozenset({"amx_bf16"})),
+     "bfloat16"),
+    (auto_dtype.Hardware("cpu", "AMD EPYC 7B13", cpu_flags=frozenset({"avx2", "fma"})),
+     "float32"),
+])
+def test_auto_dtype_follows_the_hardware(hardware, dtype):
+    chosen, reason = auto_dtype.choose_dtype(hardware)
+    assert chosen == dtype and hardware.name in reason
+
+
+def test_cpu_flags_come_from_cpuinfo(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 fma\n"
+                       "\nprocessor\t: 1\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu\n")
+    assert auto_dtype.cpu_model_and_flags(str(cpuinfo)) == (
+        "AMD EPYC 7B13", frozenset({"fpu", "avx2", "fma"}))
+
+
+def test_auto_is_resolved_once_and_recorded(run, data_dir):
+    dtype, _ = auto_dtype.choose_dtype(auto_dtype.local_hardware())
+    assert json.loads((run / "config.json").read_text())["model"]["dtype"] == dtype
+    config = tiny_config(data_dir, **{"model.dtype": "auto"})
+    kept = auto_dtype.resolve_model_dtype(config, saved_dtype="float32")
+    assert kept.model.dtype == "float32" and config.model.dtype == "auto"
+    fixed = tiny_config(data_dir, **{"model.dtype": "float32"})
+    assert auto_dtype.resolve_model_dtype(fixed) is fixed
+
+
+def test_compile_resolves_auto_for_the_target_not_this_cpu():
+    from bert_jax.training import aot, topologies
+    gpu = topologies.Target("h100-8", "gpu", (), topologies.GPUS["h100"].description, 0, 0)
+    tpu = topologies.Target("v5e-8", "tpu", (), "TPU v5e", 0, 0)
+    for target in (gpu, tpu):  # from this CPU, whatever its flags
+        assert auto_dtype.choose_dtype(aot.target_hardware(target))[0] == "bfloat16"
