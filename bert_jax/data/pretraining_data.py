@@ -14,9 +14,9 @@ every step, as RoBERTa):
                     special_ids=vocab.special_ids)
     features = masker(padded_tokens, masking_rng(seed, step, row))
 
-1. Reading (`read_documents`, `read_corpus`). The original's input format:
-   one sentence (or paragraph) a line, a blank line between documents. The
-   WikiText raw format is read as well: a ` = Title = ` line starts an
+1. Reading (`iter_documents`, `read_documents`, `read_corpus`). The
+   original's input format: one sentence (or paragraph) a line, a blank line
+   between documents. The WikiText raw format is read as well: a ` = Title = ` line starts an
    article, deeper ` = = Heading = = ` lines are dropped. Documents never
    span files. Bad UTF-8 is an error naming the file and the 1-based line.
 
@@ -66,11 +66,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from bert_jax.data.text_files import utf8_lines
+from bert_jax.data.text_files import utf8_lines_from
 
 DOCUMENT_FORMATS = ("blank_lines", "wikitext")
 PAD_ID = 0  # padding id (always treated as special)
@@ -103,13 +103,6 @@ class CorpusStats:
 # -- 1. reading -----------------------------------------------------------------
 
 
-def _decoded_lines(path: str) -> Iterable[tuple[int, str]]:
-    """(1-based line number, stripped text) of each line of `path`, blank lines
-    included; lines end at '\\n' only (as the original's `readline`)."""
-    for lineno, text in utf8_lines(path, CorpusError):
-        yield lineno, text.strip()
-
-
 def _is_wikitext_title(line: str) -> bool:
     """`= Title =` (the line stripped): exactly one '=' each side."""
     return (len(line) > 4 and line.startswith("= ") and line.endswith(" =")
@@ -121,32 +114,23 @@ def _is_wikitext_heading(line: str) -> bool:
     return line.startswith("= =") and line.endswith("= =")
 
 
-def _blank_line_documents(lines: Iterable[tuple[int, str]]) -> list[list[str]]:
-    documents: list[list[str]] = [[]]
-    for _, line in lines:
-        if not line:
-            if documents[-1]:
-                documents.append([])
-        else:
-            documents[-1].append(line)
-    return [d for d in documents if d]
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """A document of a corpus file.
+
+    Attributes:
+      lines: its non-empty text lines, stripped.
+      start: (byte offset, 1-based line number) of its first line: where
+        `iter_documents(path, format, start)` resumes reading.
+    """
+    lines: list[str]
+    start: tuple[int, int]
 
 
-def _wikitext_documents(lines: Iterable[tuple[int, str]]) -> list[list[str]]:
-    documents: list[list[str]] = [[]]
-    for _, line in lines:
-        if not line or _is_wikitext_heading(line):
-            continue
-        if _is_wikitext_title(line):
-            if documents[-1]:
-                documents.append([])
-        else:
-            documents[-1].append(line)
-    return [d for d in documents if d]
-
-
-def read_documents(path: str, document_format: str = "blank_lines") -> list[list[str]]:
-    """One file -> documents, each a list of its non-empty lines (stripped).
+def iter_documents(path: str, document_format: str = "blank_lines",
+                   start: tuple[int, int] = (0, 1)) -> Iterator[Document]:
+    """The documents of one file, read one at a time (streaming), from the
+    file's beginning or from the `start` of one of its documents.
 
     Formats:
       'blank_lines': one sentence or paragraph a line, a blank line between
@@ -157,7 +141,7 @@ def read_documents(path: str, document_format: str = "blank_lines") -> list[list
         blank lines are ignored.
 
     A byte-order mark at the start is dropped. An empty file (or one with
-    only blank lines) gives [] (the caller records it).
+    only blank lines) gives no document (the caller records it).
 
     Raises:
       CorpusError: invalid UTF-8; the message names the file and the line.
@@ -168,10 +152,27 @@ def read_documents(path: str, document_format: str = "blank_lines") -> list[list
         raise ValueError(f"document_format={document_format!r}: expected one of {DOCUMENT_FORMATS}")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"corpus file {path} does not exist")
-    lines = _decoded_lines(path)
-    if document_format == "wikitext":
-        return _wikitext_documents(lines)
-    return _blank_line_documents(lines)
+    wikitext = document_format == "wikitext"
+    lines: list[str] = []
+    first = start
+    for offset, lineno, text in utf8_lines_from(path, CorpusError, start=start):
+        line = text.strip()
+        if _is_wikitext_title(line) if wikitext else not line:  # a document boundary
+            if lines:
+                yield Document(lines, first)
+                lines = []
+        elif line and not (wikitext and _is_wikitext_heading(line)):
+            if not lines:
+                first = (offset, lineno)
+            lines.append(line)
+    if lines:
+        yield Document(lines, first)
+
+
+def read_documents(path: str, document_format: str = "blank_lines") -> list[list[str]]:
+    """One file -> documents, each a list of its non-empty lines (stripped);
+    see `iter_documents`."""
+    return [document.lines for document in iter_documents(path, document_format)]
 
 
 def read_corpus(paths: Sequence[str], document_format: str = "blank_lines"

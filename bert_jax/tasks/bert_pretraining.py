@@ -137,7 +137,8 @@ class BertPretrainingTask(Task):
             files=self.corpus_files, vocab_file=self.vocab.path, lowercase=data.lowercase,
             max_seq_length=data.max_seq_length, short_seq_prob=data.short_seq_prob,
             dupe_factor=data.dupe_factor, eval_documents=data.eval_documents,
-            seed=self.config.seed, data_dir=data.data_dir or None)
+            seed=self.config.seed, documents_per_shard=data.documents_per_shard,
+            beam_options=data.beam_options, data_dir=data.data_dir or None)
         return sources.load_source(builder, split)
 
     # -- examples ----------------------------------------------------------------
