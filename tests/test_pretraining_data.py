@@ -6,6 +6,7 @@ Statistical checks use binomial bounds of 5 standard deviations, on fixed seeds
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import zlib
@@ -20,6 +21,7 @@ from bert_jax.data.pretraining_data import (
     MaskingConfig,
     create_instances,
     create_instances_from_document,
+    iter_documents,
     masking_rng,
     read_corpus,
     read_documents,
@@ -68,6 +70,25 @@ def test_read_documents_wikitext(tmp_path):
         ["Beta follows alpha .", "Second line of beta ."]]
     # The same file as blank-line documents keeps every non-blank line.
     assert read_documents(path)[0] == ["= Alpha ="]
+
+
+def test_iter_documents_resumes_at_a_documents_start(tmp_path):
+    """A worker reads one shard from its first document's (byte offset, line):
+    the documents from there are those of the whole file from there on, and
+    errors still name the file's line."""
+    texts = {"blank_lines": "\ufeffone a\none b\n\n\nnaïve two\n\nthree\n\n\xff\n",
+             "wikitext": (" = A = \n a1 \n = = H = = \n a2 \n = B = \n\n b1 \n = C = \n c1 \n"
+                          " = D = \n\xff\n")}
+    for fmt, text in texts.items():
+        path = tmp_path / f"{fmt}.txt"
+        path.write_bytes(text.encode().replace(b"\xc3\xbf", b"\xff"))  # a bad last line
+        whole = list(itertools.islice(iter_documents(str(path), fmt), 3))
+        assert len(whole) == 3
+        for k, document in enumerate(whole):
+            resumed = itertools.islice(iter_documents(str(path), fmt, document.start), 3 - k)
+            assert list(resumed) == whole[k:]
+        with pytest.raises(CorpusError, match=rf"{fmt}.txt:{text.count(chr(10))}:1"):
+            list(iter_documents(str(path), fmt, whole[-1].start))
 
 
 def test_read_documents_bom_and_empty(tmp_path):
