@@ -21,9 +21,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 class _QuietLibraries(python_logging.Filter):
-    """Drops INFO records from Orbax and grain internals (kept: warnings, errors)."""
+    """Drops INFO records from Orbax, grain, tfds, JAX and Beam internals (kept:
+    warnings, errors)."""
 
-    NOISY = ("/orbax/", "/grain/", "/tensorflow_datasets/", "/jax/_src/")
+    NOISY = ("/orbax/", "/grain/", "/tensorflow_datasets/", "/jax/_src/", "/apache_beam/")
 
     def filter(self, record):
         return record.levelno >= python_logging.WARNING or not any(

@@ -1,7 +1,8 @@
 """`bert_pretraining`: a tfds builder of BERT pretraining examples from raw text.
 
 The examples of google-research/bert `create_pretraining_data.py`, built once
-per corpus and vocabulary (the algorithm is `bert_jax.data.pretraining_data`):
+per corpus and vocabulary by an Apache Beam pipeline (the algorithm is
+`bert_jax.data.pretraining_data`):
 
     builder = BertPretraining(files=["docs.txt", "wiki.valid.raw:wikitext"],
                               vocab_file="vocab.txt", lowercase=True,
@@ -12,16 +13,36 @@ per corpus and vocabulary (the algorithm is `bert_jax.data.pretraining_data`):
 Each example: `tokens` `[n]` int32 (`[CLS] A [SEP] B [SEP]`, `n <=
 max_seq_length`, unmasked), `segment_ids` `[n]` int32 (0 for `[CLS] A [SEP]`,
 1 for `B [SEP]`), `next_sentence_label` (1 when B is a random segment of
-another document, 0 when it is the actual continuation) and `index` (the
-example's position in its split, the key of static masking). Masking is not
-stored: the input pipeline applies it (`Masker`), from (seed, step) for
-dynamic masking, from (seed, index) for static masking.
+another document, 0 when it is the actual continuation) and `index` (a 63-bit
+hash of the instance's file, shard and place in it: unique in practice, the
+key of static masking). Masking is not stored: the input pipeline applies it
+(`Masker`), from (seed, step) for dynamic masking, from (seed, index) for
+static masking.
 
-Splits: `validation` holds every instance of `eval_documents` documents drawn
-at random (with `seed`) and held out (their random "B" segments come from
-held-out documents too, so nothing of them is seen in training); `train`
-holds `dupe_factor` passes over all other documents, each pass with new
-random segmentations, shuffled (as the original).
+The pipeline, as the original's per-shard runs: the unit of work is a shard,
+`documents_per_shard` consecutive documents of one file (a file's last shard
+takes a single leftover document). (1) Each file is read once, streaming, to
+find its shards' byte offsets and to count its documents. (2) Each shard is
+read from its offset, tokenized and cut into instances by its worker, which
+holds only that shard: the random "B" of a next-sentence pair comes from
+another document of the same shard, the random choices from a seed of (seed,
+file name, shard). A worker's memory is bounded by a shard, not the corpus.
+(3) tfds shuffles the instances by a hash of their keys and writes them.
+The same corpus, vocabulary and options give the same dataset whatever the
+runner and the number of workers.
+
+Splits: `validation` holds every instance of the `eval_documents` documents
+held out: those of the smallest SHA-256 of (seed, file name, position in the
+file), a rule that needs one pass and no corpus in memory. They are gathered
+into one list (they are few) and paired among themselves (seed + 1), so
+nothing of them is seen in training. `train` holds `dupe_factor` passes over
+all other documents, each pass with new random segmentations, shuffled.
+
+Runner: `beam_options` (e.g. `data.beam_options` of the experiment) are
+Beam's own command-line flags; with none, the local DirectRunner with one
+worker process per core (`local_beam_options`). Any `--runner` works
+(Dataflow, Flink, Spark: docs/PRETRAINING_DATA.md); the files, the
+vocabulary and `data_dir` must then be paths every worker can read.
 
 Files: `path` or `path:format`, format `blank_lines` (the original's: one
 sentence or paragraph a line, a blank line between documents) or `wikitext`
@@ -30,8 +51,11 @@ handled as the original handles them, or rejected before anything is written
 with a message naming the file and line (see `pretraining_data`):
 empty files are skipped and recorded; documents of one line are kept (they
 give random-next pairs); a line longer than the sequence is truncated by
-`truncate_seq_pair`; invalid UTF-8 is an error naming the file and the line.
-The statistics are in `builder.info.metadata["corpus"]`.
+`truncate_seq_pair`; invalid UTF-8 is an error naming the file and the line;
+a shard left with fewer than 2 documents (after holding some out) is skipped
+and its documents counted as `unpaired_documents`. The statistics are in
+`builder.info.metadata["corpus"]`: documents, lines, one-line documents,
+shards, instances and the share of random next sentences of each split.
 
 The config name is the first file's stem plus a 12-hex-digit SHA-256 of every
 parameter, the vocabulary file's contents and each corpus file's name, size
@@ -48,6 +72,7 @@ import json
 import os
 import re
 import shlex
+import uuid
 from collections.abc import Sequence
 
 import apache_beam as beam
@@ -300,6 +325,15 @@ def local_beam_options(flags: str = "") -> "beam.options.pipeline_options.Pipeli
     return beam.options.pipeline_options.PipelineOptions(defaults + shlex.split(flags))
 
 
+class _SharedMetadataDict(tfds.core.BeamMetadataDict):
+    """tfds's metadata of Beam values, written by the workers as temporary
+    files into `tempdir` (tfds's own choice is the driver's /tmp, which the
+    workers of a cluster cannot reach)."""
+
+    def write_into(self, tempdir: epath.Path) -> None:
+        self._tempdir = tempdir
+
+
 class BertPretraining(LocalFilesBuilder):
     """Pretraining examples of a text corpus (see module docstring)."""
 
@@ -327,7 +361,7 @@ class BertPretraining(LocalFilesBuilder):
                 "tokens": ids, "segment_ids": ids,
                 "next_sentence_label": tfds.features.Scalar(dtype=np.int64),
                 "index": tfds.features.Scalar(dtype=np.int64)}),
-            metadata=tfds.core.BeamMetadataDict())
+            metadata=_SharedMetadataDict())
 
     def download_and_prepare(self, *, download_config=None, **kwargs):
         """As tfds's, with `beam_options` (or the local default) unless
@@ -336,6 +370,7 @@ class BertPretraining(LocalFilesBuilder):
         if download_config.beam_runner is None and download_config.beam_options is None:
             download_config = dataclasses.replace(
                 download_config, beam_options=local_beam_options(self.beam_options))
+        self.info.metadata.write_into(self.data_path.parent / f".metadata-{uuid.uuid4().hex}")
         try:
             return super().download_and_prepare(download_config=download_config, **kwargs)
         except RuntimeError as e:  # a worker process's error comes back as its traceback

@@ -35,6 +35,9 @@ every step, as RoBERTa):
    from the front or the back at random (`truncate_seq_pair`). The whole is
    repeated `dupe_factor` times (the random choices differ each pass) and the
    instances are shuffled. Everything draws from one `random.Random(seed)`.
+   The `bert_pretraining` builder calls `create_instances` once per shard of
+   the corpus (as the original was run once per input shard), so a random B
+   comes from another document of the same shard.
 
 3. Masked LM (`Masker`, `create_masked_lm_predictions` of the original).
    Candidates are all non-special positions (with whole-word masking, a
