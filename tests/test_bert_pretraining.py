@@ -327,6 +327,29 @@ def test_builder_holds_out_whole_documents_by_hash_and_pairs_within_shards(tmp_p
     assert len(set(indices)) == len(indices) and min(indices) >= 0
 
 
+def test_statistics_of_files_empty_files_and_unpaired_shards(tmp_path):
+    """Documents never span files; an empty file is recorded; a shard left with
+    one document cannot pair it and is counted."""
+    texts = {"a.txt": "one two\nthree\n\nshort\n\nfour five\nsix\n",   # 3 documents
+             "empty.txt": "", "b.txt": "seven\neight\nnine\n"}          # 1 document
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text)
+    vocab_file = WordPiece.train(list(texts.values()), vocab_size=60).save(str(tmp_path / "v"))
+    builder = BertPretraining(files=[str(tmp_path / n) for n in texts], vocab_file=vocab_file,
+                              max_seq_length=16, dupe_factor=1, documents_per_shard=2,
+                              beam_options=IN_PROCESS, data_dir=str(tmp_path / "tfds"))
+    train = load_source(builder, "train")
+    metadata = builder.info.metadata["corpus"]
+    assert metadata["empty_files"] == [str(tmp_path / "empty.txt")]
+    assert (metadata["documents"], metadata["lines"], metadata["one_line_documents"]) == (4, 8, 1)
+    # a.txt: one shard of 3 (a last shard of 1 joins the one before); b.txt: 1, unpaired.
+    assert (metadata["shards"], metadata["unpaired_documents"]) == (2, 1)
+    assert metadata["instances"] == {"train": len(train)}
+    texts_seen = " ".join(WordPiece.from_vocab_file(vocab_file).decode(train[i]["tokens"])
+                          for i in range(len(train)))
+    assert "short" in texts_seen and "seven" not in texts_seen
+
+
 def examples_of(builder):
     return {split: [{k: np.asarray(v).tolist() for k, v in source[i].items()}
                     for i in range(len(source))]

@@ -23,7 +23,6 @@ from bert_jax.data.pretraining_data import (
     create_instances_from_document,
     iter_documents,
     masking_rng,
-    read_corpus,
     read_documents,
     tokenize_documents,
     truncate_seq_pair,
@@ -107,8 +106,6 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
         read_documents(path)
     message = str(info.value)
     assert path in message and f"{path}:4" in message and "line 4" in message
-    with pytest.raises(CorpusError, match="bad.txt:4"):
-        read_corpus([path])
 
 
 def test_read_documents_errors(tmp_path):
@@ -118,21 +115,6 @@ def test_read_documents_errors(tmp_path):
     missing = str(tmp_path / "missing.txt")
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         read_documents(missing)
-    with pytest.raises(FileNotFoundError, match="missing.txt"):
-        read_corpus([path, missing])
-
-
-def test_read_corpus_stats(tmp_path):
-    a = _write(tmp_path, "a.txt", "one\ntwo\n\nshort\n")      # 2 documents, 1 short
-    empty = _write(tmp_path, "empty.txt", "")
-    b = _write(tmp_path, "b.txt", "three\nfour\nfive\n")      # no trailing blank line:
-    documents, stats = read_corpus([a, empty, b])             # documents never span files
-    assert documents == [["one", "two"], ["short"], ["three", "four", "five"]]
-    assert (stats.files, stats.documents, stats.lines, stats.short_documents) == (3, 3, 6, 1)
-    assert stats.empty_files == [empty]
-    with pytest.raises(CorpusError) as info:
-        read_corpus([empty, _write(tmp_path, "blank.txt", "\n\n")])
-    assert "empty.txt" in str(info.value) and "blank.txt" in str(info.value)
 
 
 # -- sentence pairs --------------------------------------------------------------------
@@ -284,8 +266,8 @@ def test_text_corpus_end_to_end(tmp_path):
     text = ("\n".join(sentences[:8]) + "\n\n" + long_line + "\n" + "\n".join(sentences[8:14])
             + "\n\nlonely sentence here\n\n" + "\n".join(sentences[14:]) + "\n")
     path = _write(tmp_path, "corpus.txt", text)
-    documents, stats = read_corpus([path])
-    assert stats.documents == 4 and stats.short_documents == 1
+    documents = read_documents(path)
+    assert [len(d) for d in documents] == [8, 7, 1, 6]
     vocab = WordPiece.train([line for d in documents for line in d], vocab_size=200)
     ids = tokenize_documents(documents, vocab.encode)
     assert len(ids[1][0]) > 200                              # the long line

@@ -209,7 +209,8 @@ def scan_file(indexed_file: tuple[int, tuple[str, str]], cfg: BertPretrainingCon
         stats["one_line_documents"] += len(document.lines) < 2
     sizes = [min(per_shard, stats["documents"] - i * per_shard) for i in range(len(starts))]
     if len(sizes) > 1 and sizes[-1] < 2:  # a last shard of one document joins the one before
-        sizes[-2] += sizes.pop()
+        leftover = sizes.pop()
+        sizes[-1] += leftover
     for index, size in enumerate(sizes):
         yield beam.pvalue.TaggedOutput(
             "shards", Shard(file_index, index, starts[index], index * per_shard, size))

@@ -5,7 +5,7 @@ without TensorFlow and with the masking split off so that it can be applied
 statically (once per example, as the original) or dynamically (fresh masks
 every step, as RoBERTa):
 
-    documents, stats = read_corpus(["corpus.txt"])
+    documents = read_documents("corpus.txt")
     docs = tokenize_documents(documents, vocab.encode)     # lines -> id lists
     instances = create_instances(docs, max_seq_length=128, short_seq_prob=0.1,
                                  dupe_factor=5, seed=0, cls_id=vocab.cls_id,
@@ -14,7 +14,7 @@ every step, as RoBERTa):
                     special_ids=vocab.special_ids)
     features = masker(padded_tokens, masking_rng(seed, step, row))
 
-1. Reading (`iter_documents`, `read_documents`, `read_corpus`). The
+1. Reading (`iter_documents`, `read_documents`). The
    original's input format: one sentence (or paragraph) a line, a blank line
    between documents. The WikiText raw format is read as well: a ` = Title = ` line starts an
    article, deeper ` = = Heading = = ` lines are dropped. Documents never
@@ -82,25 +82,6 @@ MASKING_PURPOSE = 0x6D61736B  # "mask": separates masking streams from other use
 
 class CorpusError(ValueError):
     """A corpus file that cannot be read; the message names the file and the 1-based line."""
-
-
-@dataclasses.dataclass
-class CorpusStats:
-    """What `read_corpus` read.
-
-    Attributes:
-      files: number of input files.
-      documents: number of documents (all files).
-      lines: number of non-empty text lines kept in documents.
-      empty_files: paths of files with no text.
-      short_documents: documents with fewer than 2 lines (kept, as the original
-        does: they only ever give random-next pairs).
-    """
-    files: int
-    documents: int
-    lines: int
-    empty_files: list[str]
-    short_documents: int
 
 
 # -- 1. reading -----------------------------------------------------------------
@@ -176,34 +157,6 @@ def read_documents(path: str, document_format: str = "blank_lines") -> list[list
     """One file -> documents, each a list of its non-empty lines (stripped);
     see `iter_documents`."""
     return [document.lines for document in iter_documents(path, document_format)]
-
-
-def read_corpus(paths: Sequence[str], document_format: str = "blank_lines"
-                ) -> tuple[list[list[str]], CorpusStats]:
-    """All files' documents in order (documents never span files), and stats.
-
-    Raises:
-      FileNotFoundError: a missing file (named; checked before any is read).
-      CorpusError: no documents at all (the files are listed), or a bad file.
-    """
-    paths = [os.fspath(p) for p in paths]
-    for path in paths:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"corpus file {path} does not exist")
-    documents: list[list[str]] = []
-    empty_files: list[str] = []
-    for path in paths:
-        file_documents = read_documents(path, document_format)
-        if not file_documents:
-            empty_files.append(path)
-        documents.extend(file_documents)
-    if not documents:
-        listed = ", ".join(paths) if paths else "(no files given)"
-        raise CorpusError(f"no documents (no non-blank text line) in the corpus files: {listed}")
-    stats = CorpusStats(files=len(paths), documents=len(documents),
-                        lines=sum(len(d) for d in documents), empty_files=empty_files,
-                        short_documents=sum(1 for d in documents if len(d) < 2))
-    return documents, stats
 
 
 def tokenize_documents(documents: Sequence[Sequence[str]], encode: Callable[[str], list[int]]
