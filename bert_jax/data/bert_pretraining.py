@@ -40,7 +40,7 @@ all other documents, each pass with new random segmentations, shuffled.
 
 Runner: `beam_options` (e.g. `data.beam_options` of the experiment) are
 Beam's own command-line flags; with none, the local DirectRunner with one
-worker process per core (`local_beam_options`). Any `--runner` works
+worker process per core (`beam_pipeline_options`). Any `--runner` works
 (Dataflow, Flink, Spark: docs/PRETRAINING_DATA.md); the files, the
 vocabulary and `data_dir` must then be paths every worker can read.
 
@@ -317,7 +317,7 @@ def corpus_metadata(stats: dict, cfg: BertPretrainingConfig) -> dict:
             f"{s}_instances", 0)) for s in splits}}
 
 
-def local_beam_options(flags: str = "") -> "beam.options.pipeline_options.PipelineOptions":
+def beam_pipeline_options(flags: str = "") -> "beam.options.pipeline_options.PipelineOptions":
     """Beam pipeline options from command-line `flags` (e.g. `--runner=DataflowRunner
     --project=P --region=R --temp_location=gs://B/tmp`), on top of the embedded
     default: the local DirectRunner with one worker process per core."""
@@ -345,7 +345,7 @@ class BertPretraining(LocalFilesBuilder):
                  **options):
         """The corpus (`files`, `vocab_file`, the options of `pretraining_config`)
         or `config`, not both; `beam_options`: Beam flags of the build (see
-        `local_beam_options`), which never change its examples."""
+        `beam_pipeline_options`), which never change its examples."""
         if config is None:
             if files is None or vocab_file is None:
                 raise ValueError("bert_pretraining needs files= and vocab_file= (or config=).")
@@ -370,7 +370,7 @@ class BertPretraining(LocalFilesBuilder):
         download_config = download_config or tfds.download.DownloadConfig()
         if download_config.beam_runner is None and download_config.beam_options is None:
             download_config = dataclasses.replace(
-                download_config, beam_options=local_beam_options(self.beam_options))
+                download_config, beam_options=beam_pipeline_options(self.beam_options))
         self.info.metadata.write_into(self.data_path.parent / f".metadata-{uuid.uuid4().hex}")
         try:
             return super().download_and_prepare(download_config=download_config, **kwargs)
