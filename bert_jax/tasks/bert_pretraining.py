@@ -127,8 +127,8 @@ class BertPretrainingTask(Task):
     def _corpus_texts(self):
         for spec in self.corpus_files:
             path, fmt = parse_file_spec(spec)
-            for document in pretraining_data.read_documents(path, fmt):
-                yield from document
+            for document in pretraining_data.iter_documents(path, fmt):
+                yield from document.lines
 
     def dataset_builder(self) -> BertPretraining:
         """The tfds builder of the run's instances (built on first use, with
