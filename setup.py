@@ -15,6 +15,9 @@ setup(
         "optax>=0.2.4",
         "orbax-checkpoint>=0.11",
         "tensorflow-datasets>=4.9.8",
+        # Builds the BERT pretraining dataset (bert_jax/data/bert_pretraining.py)
+        # locally or on Dataflow/Flink/Spark; about 190 MB installed.
+        "apache-beam>=2.60",
         "grain>=0.2.10",
         "array-record>=0.7",
         "absl-py>=2.1",

@@ -82,6 +82,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                    # --config.data.corpus_files="('a.txt', 'b.raw:wikitext')"
         synthetic_documents=3000,  # > 0: use built-in documents instead
         data_dir="",
+        documents_per_shard=10_000,  # the Beam build's unit of work; random "B"s stay in a shard
+        beam_options="",           # Beam flags of the dataset build ('' = local, one worker a core)
         vocab_file="",             # '' = train a WordPiece vocabulary on the corpus
         vocab_size=1000, lowercase=True,
         max_seq_length=128, short_seq_prob=0.1, dupe_factor=5,

@@ -47,9 +47,10 @@ def workdir_experiment():
 
 
 class _QuietLibraries(python_logging.Filter):
-    """Drops INFO records from Orbax and grain internals (kept: warnings, errors)."""
+    """Drops INFO records from Orbax, grain, tfds, JAX and Beam internals (kept:
+    warnings, errors)."""
 
-    NOISY = ("/orbax/", "/grain/", "/tensorflow_datasets/", "/jax/_src/")
+    NOISY = ("/orbax/", "/grain/", "/tensorflow_datasets/", "/jax/_src/", "/apache_beam/")
 
     def filter(self, record):
         return record.levelno >= python_logging.WARNING or not any(

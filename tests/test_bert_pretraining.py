@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 
 from bert_jax.analysis.encoders import load_encoder
-from bert_jax.data import pretraining_data
-from bert_jax.data.bert_pretraining import (
-    BertPretraining, BertPretrainingError, split_documents)
+from bert_jax.data import bert_pretraining, pretraining_data
+from bert_jax.data.bert_pretraining import BertPretraining, BertPretrainingError
 from bert_jax.data.sources import load_source
 from bert_jax.data.wordpiece import WordPiece
 from bert_jax.modeling.bert import BertForPreTraining
@@ -28,6 +27,8 @@ from tiny_models import BERT, random_variables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "pretrain_bert.py"
+IN_PROCESS = "--direct_num_workers=1 --direct_running_mode=in_memory"  # fast Beam start
+TWO_WORKERS = "--direct_num_workers=2 --direct_running_mode=multi_processing"
 
 
 def experiment_config(data_dir, **data):
@@ -37,7 +38,7 @@ def experiment_config(data_dir, **data):
     config = module.get_config(None)
     config.data.update({**dict(synthetic_documents=80, eval_documents=12, vocab_size=120,
                                max_seq_length=48, max_predictions_per_seq=8, dupe_factor=2,
-                               data_dir=str(data_dir)), **data})
+                               beam_options=IN_PROCESS, data_dir=str(data_dir)), **data})
     config.model.update(dict(hidden_size=32, num_heads=2, mlp_dim=64, num_layers=1,
                              max_len=48))
     config.train.batch_size = 8
@@ -300,32 +301,100 @@ def test_nsp_metrics_are_per_real_sequence():
     assert float(means["mlm_nll"]) == pytest.approx(np.log(10), rel=1e-6)
 
 
-def test_builder_holds_out_whole_documents(tmp_path):
+def numbered_corpus(tmp_path, num_documents=30):
+    """A corpus whose every line names its document ("document 7 line 2 ..."),
+    and a vocabulary trained on it."""
     documents = [[f"document {d} line {i} " + " ".join(["word"] * (3 + i % 5))
-                  for i in range(6)] for d in range(30)]
+                  for i in range(6)] for d in range(num_documents)]
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join("\n".join(d) for d in documents) + "\n")
     vocab = WordPiece.train([line for d in documents for line in d], vocab_size=100)
-    vocab_file = vocab.save(str(tmp_path / "vocab"))
-    builder = BertPretraining(files=[str(corpus)], vocab_file=vocab_file, max_seq_length=32,
-                              eval_documents=5, dupe_factor=2, seed=1,
-                              data_dir=str(tmp_path / "tfds"))
+    return str(corpus), vocab, vocab.save(str(tmp_path / "vocab"))
+
+
+def numbered_builder(tmp_path, folder, beam_options=IN_PROCESS, **options):
+    corpus, vocab, vocab_file = numbered_corpus(tmp_path)
+    options = {"max_seq_length": 32, "eval_documents": 5, "dupe_factor": 2, "seed": 1,
+               "documents_per_shard": 8, **options}
+    return vocab, BertPretraining(files=[corpus], vocab_file=vocab_file,
+                                  beam_options=beam_options,
+                                  data_dir=str(tmp_path / folder), **options)
+
+
+def document_numbers(vocab, example):
+    """The numbers of the documents of A and B ("document N" in their text)."""
+    tokens, segments = example["tokens"], example["segment_ids"]
+    return [int(text.split("document ")[1].split()[0]) if "document " in text else None
+            for text in (vocab.decode(tokens[segments == s]) for s in (0, 1))]
+
+
+def test_builder_holds_out_whole_documents_by_hash_and_pairs_within_shards(tmp_path):
+    vocab, builder = numbered_builder(tmp_path, "tfds")
     train, validation = load_source(builder, "train"), load_source(builder, "validation")
     assert len(train) > len(validation) > 0
-    _, held_out = split_documents(30, 5, 1)
-
-    def documents_of(source):
-        found = set()
-        for i in range(len(source)):
-            text = vocab.decode(source[i]["tokens"])
-            found |= {int(w) for w in text.split("document ")[1:] for w in [w.split()[0]]}
-        return found
-
-    assert documents_of(validation) <= set(held_out)
-    assert not documents_of(train) & set(held_out)
-    assert all(int(train[i]["index"]) == i for i in range(len(train)))
+    # The rule: the eval_documents documents of smallest hash of (seed, file, position).
+    held_out = set(sorted(range(30), key=lambda p: bert_pretraining._derived_int(
+        1, "corpus.txt", p))[:5])
+    pairs = {split: [document_numbers(vocab, source[i]) for i in range(len(source))]
+             for split, source in (("train", train), ("validation", validation))}
+    seen = {split: {d for pair in p for d in pair if d is not None}
+            for split, p in pairs.items()}
+    assert seen["validation"] == held_out and not seen["train"] & held_out
+    # A random next "B" comes from another document of the same shard (8 documents).
+    for i, (a, b) in enumerate(pairs["train"]):
+        if a is not None and b is not None:
+            assert a // 8 == b // 8 and (a != b) == bool(train[i]["next_sentence_label"])
+    # Statistics of what was written.
     metadata = builder.info.metadata["corpus"]
-    assert metadata["eval_documents"] == 5 and metadata["documents"] == 30
+    assert metadata["documents"] == 30 and metadata["lines"] == 180
+    assert metadata["eval_documents"] == 5 and metadata["train_documents"] == 25
+    assert metadata["shards"] == 4 and metadata["unpaired_documents"] == 0
+    for split, source in (("train", train), ("validation", validation)):
+        assert metadata["instances"][split] == len(source)
+        labels = [int(source[i]["next_sentence_label"]) for i in range(len(source))]
+        assert metadata["random_next"][split] == pytest.approx(np.mean(labels))
+    indices = [int(train[i]["index"]) for i in range(len(train))]
+    assert len(set(indices)) == len(indices) and min(indices) >= 0
+
+
+def test_statistics_of_files_empty_files_and_unpaired_shards(tmp_path):
+    """Documents never span files; an empty file is recorded; a shard left with
+    one document cannot pair it and is counted."""
+    texts = {"a.txt": "one two\nthree\n\nshort\n\nfour five\nsix\n",   # 3 documents
+             "empty.txt": "", "b.txt": "seven\neight\nnine\n"}          # 1 document
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text)
+    vocab_file = WordPiece.train(list(texts.values()), vocab_size=60).save(str(tmp_path / "v"))
+    builder = BertPretraining(files=[str(tmp_path / n) for n in texts], vocab_file=vocab_file,
+                              max_seq_length=16, dupe_factor=1, documents_per_shard=2,
+                              beam_options=IN_PROCESS, data_dir=str(tmp_path / "tfds"))
+    train = load_source(builder, "train")
+    metadata = builder.info.metadata["corpus"]
+    assert metadata["empty_files"] == [str(tmp_path / "empty.txt")]
+    assert (metadata["documents"], metadata["lines"], metadata["one_line_documents"]) == (4, 8, 1)
+    # a.txt: one shard of 3 (a last shard of 1 joins the one before); b.txt: 1, unpaired.
+    assert (metadata["shards"], metadata["unpaired_documents"]) == (2, 1)
+    assert metadata["instances"] == {"train": len(train)}
+    texts_seen = " ".join(WordPiece.from_vocab_file(vocab_file).decode(train[i]["tokens"])
+                          for i in range(len(train)))
+    assert "short" in texts_seen and "seven" not in texts_seen
+
+
+def examples_of(builder):
+    return {split: [{k: np.asarray(v).tolist() for k, v in source[i].items()}
+                    for i in range(len(source))]
+            for split in ("train", "validation") for source in [load_source(builder, split)]}
+
+
+def test_one_and_two_workers_build_the_same_dataset(tmp_path):
+    _, one = numbered_builder(tmp_path, "one")
+    _, two = numbered_builder(tmp_path, "two", beam_options=TWO_WORKERS)
+    assert examples_of(one) == examples_of(two)
+    assert one.info.metadata["corpus"] == two.info.metadata["corpus"]
+    # The held-out documents do not depend on the shards.
+    _, other_shards = numbered_builder(tmp_path, "other", documents_per_shard=12)
+    validation = examples_of(other_shards)["validation"]
+    assert validation == examples_of(one)["validation"]
 
 
 def test_builder_rejects_bad_parameters(tmp_path):
@@ -338,17 +407,22 @@ def test_builder_rejects_bad_parameters(tmp_path):
         BertPretraining(files=[f"{corpus}:markdown"], vocab_file=vocab_file)
     with pytest.raises(BertPretrainingError, match="max_seq_length=4"):
         BertPretraining(files=[str(corpus)], vocab_file=vocab_file, max_seq_length=4)
-    with pytest.raises(BertPretrainingError, match="eval_documents=2 leaves 0"):
-        split_documents(2, 2, 0)
+    with pytest.raises(BertPretrainingError, match="eval_documents=1 cannot"):
+        BertPretraining(files=[str(corpus)], vocab_file=vocab_file, eval_documents=1)
+    builder = BertPretraining(files=[str(corpus)], vocab_file=vocab_file, eval_documents=2,
+                              beam_options=IN_PROCESS, data_dir=str(tmp_path / "tfds"))
+    with pytest.raises(BertPretrainingError, match="eval_documents=2 leaves 0 of 2"):
+        load_source(builder, "train")
 
 
-def test_invalid_utf8_is_reported_before_anything_is_written(tmp_path):
+@pytest.mark.parametrize("beam_options", [IN_PROCESS, TWO_WORKERS])
+def test_invalid_utf8_is_reported_before_anything_is_written(tmp_path, beam_options):
     corpus = tmp_path / "bad.txt"
     corpus.write_bytes(b"fine line\nanother\n\nbad \xff byte\n")
     vocab_file = WordPiece.train(["fine line another bad byte"], vocab_size=60).save(
         str(tmp_path / "v"))
     builder = BertPretraining(files=[str(corpus)], vocab_file=vocab_file,
-                              data_dir=str(tmp_path / "tfds"))
-    with pytest.raises(pretraining_data.CorpusError, match=r"bad.txt.*line 4"):
+                              beam_options=beam_options, data_dir=str(tmp_path / "tfds"))
+    with pytest.raises(pretraining_data.CorpusError, match=r"bad.txt:4:5: invalid UTF-8"):
         load_source(builder, "train")
     assert not list((tmp_path / "tfds").rglob("dataset_info.json"))

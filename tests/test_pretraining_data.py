@@ -6,6 +6,7 @@ Statistical checks use binomial bounds of 5 standard deviations, on fixed seeds
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import zlib
@@ -20,8 +21,8 @@ from bert_jax.data.pretraining_data import (
     MaskingConfig,
     create_instances,
     create_instances_from_document,
+    iter_documents,
     masking_rng,
-    read_corpus,
     read_documents,
     tokenize_documents,
     truncate_seq_pair,
@@ -70,6 +71,25 @@ def test_read_documents_wikitext(tmp_path):
     assert read_documents(path)[0] == ["= Alpha ="]
 
 
+def test_iter_documents_resumes_at_a_documents_start(tmp_path):
+    """A worker reads one shard from its first document's (byte offset, line):
+    the documents from there are those of the whole file from there on, and
+    errors still name the file's line."""
+    texts = {"blank_lines": "\ufeffone a\none b\n\n\nnaïve two\n\nthree\n\n\xff\n",
+             "wikitext": (" = A = \n a1 \n = = H = = \n a2 \n = B = \n\n b1 \n = C = \n c1 \n"
+                          " = D = \n\xff\n")}
+    for fmt, text in texts.items():
+        path = tmp_path / f"{fmt}.txt"
+        path.write_bytes(text.encode().replace(b"\xc3\xbf", b"\xff"))  # a bad last line
+        whole = list(itertools.islice(iter_documents(str(path), fmt), 3))
+        assert len(whole) == 3
+        for k, document in enumerate(whole):
+            resumed = itertools.islice(iter_documents(str(path), fmt, document.start), 3 - k)
+            assert list(resumed) == whole[k:]
+        with pytest.raises(CorpusError, match=rf"{fmt}.txt:{text.count(chr(10))}:1"):
+            list(iter_documents(str(path), fmt, whole[-1].start))
+
+
 def test_read_documents_bom_and_empty(tmp_path):
     bom = b"\xef\xbb\xbf"
     path = _write(tmp_path, "bom.txt", bom + "héllo\nworld\n\nnext\n".encode())
@@ -86,8 +106,6 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
         read_documents(path)
     message = str(info.value)
     assert path in message and f"{path}:4" in message and "line 4" in message
-    with pytest.raises(CorpusError, match="bad.txt:4"):
-        read_corpus([path])
 
 
 def test_read_documents_errors(tmp_path):
@@ -97,21 +115,6 @@ def test_read_documents_errors(tmp_path):
     missing = str(tmp_path / "missing.txt")
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         read_documents(missing)
-    with pytest.raises(FileNotFoundError, match="missing.txt"):
-        read_corpus([path, missing])
-
-
-def test_read_corpus_stats(tmp_path):
-    a = _write(tmp_path, "a.txt", "one\ntwo\n\nshort\n")      # 2 documents, 1 short
-    empty = _write(tmp_path, "empty.txt", "")
-    b = _write(tmp_path, "b.txt", "three\nfour\nfive\n")      # no trailing blank line:
-    documents, stats = read_corpus([a, empty, b])             # documents never span files
-    assert documents == [["one", "two"], ["short"], ["three", "four", "five"]]
-    assert (stats.files, stats.documents, stats.lines, stats.short_documents) == (3, 3, 6, 1)
-    assert stats.empty_files == [empty]
-    with pytest.raises(CorpusError) as info:
-        read_corpus([empty, _write(tmp_path, "blank.txt", "\n\n")])
-    assert "empty.txt" in str(info.value) and "blank.txt" in str(info.value)
 
 
 # -- sentence pairs --------------------------------------------------------------------
@@ -263,8 +266,8 @@ def test_text_corpus_end_to_end(tmp_path):
     text = ("\n".join(sentences[:8]) + "\n\n" + long_line + "\n" + "\n".join(sentences[8:14])
             + "\n\nlonely sentence here\n\n" + "\n".join(sentences[14:]) + "\n")
     path = _write(tmp_path, "corpus.txt", text)
-    documents, stats = read_corpus([path])
-    assert stats.documents == 4 and stats.short_documents == 1
+    documents = read_documents(path)
+    assert [len(d) for d in documents] == [8, 7, 1, 6]
     vocab = WordPiece.train([line for d in documents for line in d], vocab_size=200)
     ids = tokenize_documents(documents, vocab.encode)
     assert len(ids[1][0]) > 200                              # the long line

@@ -262,6 +262,25 @@ def test_training_gives_specials_first_and_is_deterministic():
     assert big.size < 1000 and "quick" in big.tokenize("quick")
 
 
+def test_training_streams_the_texts_of_a_callable():
+    """A corpus too big for one list: `texts` a callable, called once per
+    pass, each time a fresh generator that the trainer consumes line by line."""
+    calls = []
+
+    def texts():
+        calls.append(len(calls))
+        for line in CORPUS:
+            yield line
+
+    streamed = WordPiece.train(texts, vocab_size=80)
+    listed = WordPiece.train(CORPUS, vocab_size=80)
+    assert calls == [0, 1]
+    assert streamed.convert_ids_to_tokens(range(streamed.size)) == listed.convert_ids_to_tokens(
+        range(listed.size))
+    # A one-shot generator is read once into a list, then trained on as well.
+    assert WordPiece.train(iter(CORPUS), vocab_size=80).size == listed.size
+
+
 def test_training_rejects_a_size_below_the_alphabet():
     with pytest.raises(ValueError, match=r"vocab_size=20 .* ask for at least \d+"):
         WordPiece.train(CORPUS, vocab_size=20)

@@ -1,7 +1,8 @@
 """`bert_pretraining`: a tfds builder of BERT pretraining examples from raw text.
 
 The examples of google-research/bert `create_pretraining_data.py`, built once
-per corpus and vocabulary (the algorithm is `bert_jax.data.pretraining_data`):
+per corpus and vocabulary by an Apache Beam pipeline (the algorithm is
+`bert_jax.data.pretraining_data`):
 
     builder = BertPretraining(files=["docs.txt", "wiki.valid.raw:wikitext"],
                               vocab_file="vocab.txt", lowercase=True,
@@ -12,16 +13,36 @@ per corpus and vocabulary (the algorithm is `bert_jax.data.pretraining_data`):
 Each example: `tokens` `[n]` int32 (`[CLS] A [SEP] B [SEP]`, `n <=
 max_seq_length`, unmasked), `segment_ids` `[n]` int32 (0 for `[CLS] A [SEP]`,
 1 for `B [SEP]`), `next_sentence_label` (1 when B is a random segment of
-another document, 0 when it is the actual continuation) and `index` (the
-example's position in its split, the key of static masking). Masking is not
-stored: the input pipeline applies it (`Masker`), from (seed, step) for
-dynamic masking, from (seed, index) for static masking.
+another document, 0 when it is the actual continuation) and `index` (a 63-bit
+hash of the instance's file, shard and place in it: unique in practice, the
+key of static masking). Masking is not stored: the input pipeline applies it
+(`Masker`), from (seed, step) for dynamic masking, from (seed, index) for
+static masking.
 
-Splits: `validation` holds every instance of `eval_documents` documents drawn
-at random (with `seed`) and held out (their random "B" segments come from
-held-out documents too, so nothing of them is seen in training); `train`
-holds `dupe_factor` passes over all other documents, each pass with new
-random segmentations, shuffled (as the original).
+The pipeline, as the original's per-shard runs: the unit of work is a shard,
+`documents_per_shard` consecutive documents of one file (a file's last shard
+takes a single leftover document). (1) Each file is read once, streaming, to
+find its shards' byte offsets and to count its documents. (2) Each shard is
+read from its offset, tokenized and cut into instances by its worker, which
+holds only that shard: the random "B" of a next-sentence pair comes from
+another document of the same shard, the random choices from a seed of (seed,
+file name, shard). A worker's memory is bounded by a shard, not the corpus.
+(3) tfds shuffles the instances by a hash of their keys and writes them.
+The same corpus, vocabulary and options give the same dataset whatever the
+runner and the number of workers.
+
+Splits: `validation` holds every instance of the `eval_documents` documents
+held out: those of the smallest SHA-256 of (seed, file name, position in the
+file), a rule that needs one pass and no corpus in memory. They are gathered
+into one list (they are few) and paired among themselves (seed + 1), so
+nothing of them is seen in training. `train` holds `dupe_factor` passes over
+all other documents, each pass with new random segmentations, shuffled.
+
+Runner: `beam_options` (e.g. `data.beam_options` of the experiment) are
+Beam's own command-line flags; with none, the local DirectRunner with one
+worker process per core (`beam_pipeline_options`). Any `--runner` works
+(Dataflow, Flink, Spark: docs/PRETRAINING_DATA.md); the files, the
+vocabulary and `data_dir` must then be paths every worker can read.
 
 Files: `path` or `path:format`, format `blank_lines` (the original's: one
 sentence or paragraph a line, a blank line between documents) or `wikitext`
@@ -30,8 +51,11 @@ handled as the original handles them, or rejected before anything is written
 with a message naming the file and line (see `pretraining_data`):
 empty files are skipped and recorded; documents of one line are kept (they
 give random-next pairs); a line longer than the sequence is truncated by
-`truncate_seq_pair`; invalid UTF-8 is an error naming the file and the line.
-The statistics are in `builder.info.metadata["corpus"]`.
+`truncate_seq_pair`; invalid UTF-8 is an error naming the file and the line;
+a shard left with fewer than 2 documents (after holding some out) is skipped
+and its documents counted as `unpaired_documents`. The statistics are in
+`builder.info.metadata["corpus"]`: documents, lines, one-line documents,
+shards, instances and the share of random next sentences of each split.
 
 The config name is the first file's stem plus a 12-hex-digit SHA-256 of every
 parameter, the vocabulary file's contents and each corpus file's name, size
@@ -41,17 +65,25 @@ and modification time, so a changed corpus or vocabulary is built afresh.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import itertools
 import json
 import os
-import random
 import re
+import shlex
+import uuid
 from collections.abc import Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
+
+from bert_jax.data.quiet_imports import without_root_warnings
+
+with without_root_warnings("apitools not found"):   # Beam's GCP extras, unused here
+    import apache_beam as beam
 
 from bert_jax.data.builder_configs import ConfigRegistry, LocalFilesBuilder
 
@@ -79,6 +111,7 @@ class BertPretrainingConfig(tfds.core.BuilderConfig):
     dupe_factor: int = 5
     eval_documents: int = 0
     seed: int = 12345
+    documents_per_shard: int = 10_000
 
 
 _CONFIGS: ConfigRegistry[BertPretrainingConfig] = ConfigRegistry()
@@ -101,7 +134,8 @@ def parse_file_spec(spec: str) -> tuple[str, str]:
 def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool = True,
                        max_seq_length: int = 128, short_seq_prob: float = 0.1,
                        dupe_factor: int = 5, eval_documents: int = 0,
-                       seed: int = 12345) -> BertPretrainingConfig:
+                       seed: int = 12345, documents_per_shard: int = 10_000
+                       ) -> BertPretrainingConfig:
     """The validated, fingerprinted, interned config (see module docstring)."""
     if isinstance(files, str) or not files:
         raise BertPretrainingError("bert_pretraining: files must be a non-empty list of "
@@ -115,9 +149,14 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
     if not 0.0 <= short_seq_prob <= 1.0:
         raise BertPretrainingError(f"bert_pretraining: short_seq_prob={short_seq_prob} "
                                    "is not a probability.")
-    if dupe_factor < 1 or eval_documents < 0:
-        raise BertPretrainingError("bert_pretraining: need dupe_factor >= 1 and "
-                                   f"eval_documents >= 0, got {dupe_factor}, {eval_documents}.")
+    if dupe_factor < 1 or eval_documents < 0 or documents_per_shard < 2:
+        raise BertPretrainingError(
+            "bert_pretraining: need dupe_factor >= 1, eval_documents >= 0 and "
+            f"documents_per_shard >= 2, got {dupe_factor}, {eval_documents}, "
+            f"{documents_per_shard}.")
+    if eval_documents == 1:
+        raise BertPretrainingError("bert_pretraining: eval_documents=1 cannot give "
+                                   "random-next pairs; use 0 or at least 2.")
     fingerprint = {
         "files": [(os.path.basename(p), fmt, os.stat(p).st_size, os.stat(p).st_mtime_ns)
                   for p, fmt in parsed],
@@ -126,6 +165,7 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
         "lowercase": bool(lowercase), "max_seq_length": max_seq_length,
         "short_seq_prob": short_seq_prob, "dupe_factor": dupe_factor,
         "eval_documents": eval_documents, "seed": seed,
+        "documents_per_shard": documents_per_shard,
         "version": str(BertPretraining.VERSION)}
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     stem = re.sub(r"[^A-Za-z0-9]+", "_", os.path.basename(parsed[0][0]).split(".")[0])
@@ -135,36 +175,169 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
         files=parsed, vocab_file=os.path.realpath(vocab_file),
         lowercase=bool(lowercase), max_seq_length=max_seq_length,
         short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
-        eval_documents=eval_documents, seed=seed))
+        eval_documents=eval_documents, seed=seed, documents_per_shard=documents_per_shard))
 
 
-def split_documents(num_documents: int, eval_documents: int, seed: int
-                    ) -> tuple[list[int], list[int]]:
-    """(train, held-out) document indices: `eval_documents` drawn with `seed`."""
-    if eval_documents and num_documents - eval_documents < 2:
+def _derived_int(*parts) -> int:
+    """A non-negative 63-bit integer of `parts` (SHA-256 of their repr): the
+    same in every process, on every machine."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "big") >> 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """The unit of parallelism: `num_documents` consecutive documents of the
+    corpus file `file_index`, the first at position `first_document` of the
+    file, starting at `start` (byte offset, line) so a worker reads just them."""
+    file_index: int
+    index: int
+    start: tuple[int, int]
+    first_document: int
+    num_documents: int
+
+
+def scan_file(indexed_file: tuple[int, tuple[str, str]], cfg: BertPretrainingConfig):
+    """Pass 1 over one file, streaming: its `Shard`s (tagged "shards"), the
+    held-out key `(hash, file_index, position)` of each document (tagged
+    "candidates") and its statistics (the main output)."""
+    file_index, (path, fmt) = indexed_file
+    name, per_shard = os.path.basename(path), cfg.documents_per_shard
+    starts, stats = [], {"documents": 0, "lines": 0, "one_line_documents": 0}
+    for position, document in enumerate(pretraining_data.iter_documents(path, fmt)):
+        if position % per_shard == 0:
+            starts.append(document.start)
+        if cfg.eval_documents:
+            yield beam.pvalue.TaggedOutput(
+                "candidates", (_derived_int(cfg.seed, name, position), file_index, position))
+        stats["documents"] += 1
+        stats["lines"] += len(document.lines)
+        stats["one_line_documents"] += len(document.lines) < 2
+    sizes = [min(per_shard, stats["documents"] - i * per_shard) for i in range(len(starts))]
+    if len(sizes) > 1 and sizes[-1] < 2:  # a last shard of one document joins the one before
+        leftover = sizes.pop()
+        sizes[-1] += leftover
+    for index, size in enumerate(sizes):
+        yield beam.pvalue.TaggedOutput(
+            "shards", Shard(file_index, index, starts[index], index * per_shard, size))
+    if not starts:
+        logging.warning("bert_pretraining: %s has no text; skipped.", path)
+    yield {**stats, "empty_files": [] if starts else [path]}
+
+
+def held_out_documents(smallest: list[tuple[int, int, int]], documents: int,
+                       cfg: BertPretrainingConfig) -> list[tuple[int, int]]:
+    """(file_index, position) of the `eval_documents` documents of smallest
+    hash; raises when too few documents are left for training."""
+    if documents - len(smallest) < 2:
         raise BertPretrainingError(
-            f"bert_pretraining: eval_documents={eval_documents} leaves "
-            f"{num_documents - eval_documents} of {num_documents} documents for "
-            "training; next-sentence pairs need at least 2.")
-    if eval_documents == 1:
-        raise BertPretrainingError("bert_pretraining: eval_documents=1 cannot give "
-                                   "random-next pairs; use 0 or at least 2.")
-    held_out = set(random.Random(seed).sample(range(num_documents), eval_documents))
-    train = [i for i in range(num_documents) if i not in held_out]
-    return train, sorted(held_out)
+            f"bert_pretraining: eval_documents={cfg.eval_documents} leaves "
+            f"{documents - len(smallest)} of {documents} documents for training; "
+            "next-sentence pairs need at least 2.")
+    return [(file_index, position) for _, file_index, position in smallest]
 
 
-def tokenize_documents(documents: Sequence[Sequence[str]], vocab: WordPiece
-                       ) -> list[list[list[int]]]:
-    """Documents of lines -> documents of segments (token ids); lines that
-    tokenize to nothing are dropped."""
-    lines = [line for document in documents for line in document]
-    ids = iter(vocab.encode_batch(lines))
-    out = []
-    for document in documents:
-        segments = [next(ids) for _ in document]
-        out.append([s for s in segments if s])
-    return out
+@functools.lru_cache(maxsize=4)
+def _vocabulary(vocab_file: str, lowercase: bool) -> WordPiece:
+    return WordPiece.from_vocab_file(vocab_file, lowercase=lowercase)
+
+
+def _create_instances(documents, cfg: BertPretrainingConfig, *, dupe_factor: int, seed: int):
+    vocab = _vocabulary(cfg.vocab_file, cfg.lowercase)
+    return pretraining_data.create_instances(
+        documents, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
+        dupe_factor=dupe_factor, seed=seed, cls_id=vocab.cls_id, sep_id=vocab.sep_id)
+
+
+def _examples(split: str, key_prefix: str, instances):
+    """(key, example) of each instance, and the split's statistics (tagged "stats")."""
+    yield beam.pvalue.TaggedOutput("stats", {
+        f"{split}_instances": len(instances),
+        f"{split}_random_next": sum(x.is_random_next for x in instances)})
+    for i, instance in enumerate(instances):
+        key = f"{key_prefix}/{i}"
+        yield key, {"tokens": np.asarray(instance.tokens, np.int32),
+                    "segment_ids": np.asarray(instance.segment_ids, np.int32),
+                    "next_sentence_label": int(instance.is_random_next),
+                    "index": _derived_int(key)}
+
+
+def build_shard(shard: Shard, cfg: BertPretrainingConfig, held_out: list[tuple[int, int]]):
+    """Pass 2 over one shard: its documents tokenized; the held-out ones out
+    (tagged "held_out", as ((file_index, position), segments)); the training
+    instances of the others (the main output), B of a random next from
+    another document of this shard, with a seed of (seed, file name, shard)."""
+    path, fmt = cfg.files[shard.file_index]
+    documents = [d.lines for d in itertools.islice(
+        pretraining_data.iter_documents(path, fmt, shard.start), shard.num_documents)]
+    ids = iter(_vocabulary(cfg.vocab_file, cfg.lowercase).encode_batch(
+        [line for lines in documents for line in lines]))
+    held_out, kept = set(held_out), []
+    for position, lines in enumerate(documents, start=shard.first_document):
+        segments = [s for s in (next(ids) for _ in lines) if s]
+        if (shard.file_index, position) in held_out:
+            yield beam.pvalue.TaggedOutput("held_out", ((shard.file_index, position), segments))
+        else:
+            kept.append(segments)
+    paired = sum(bool(segments) for segments in kept) >= 2
+    yield beam.pvalue.TaggedOutput("stats", {
+        "train_documents": len(kept), "shards": 1,
+        "unpaired_documents": 0 if paired else len(kept)})
+    if not paired:
+        logging.warning("bert_pretraining: shard %d of %s has fewer than 2 documents left for "
+                        "training; skipped.", shard.index, path)
+        return
+    seed = _derived_int(cfg.seed, os.path.basename(path), shard.index)
+    yield from _examples("train", f"{shard.file_index}/{shard.index}", _create_instances(
+        kept, cfg, dupe_factor=cfg.dupe_factor, seed=seed))
+
+
+def build_validation(held_out: list[tuple[tuple[int, int], list]], cfg: BertPretrainingConfig):
+    """The validation instances: every held-out document in one list (they are
+    `eval_documents`, few), in corpus order, one pass, seed + 1."""
+    documents = [segments for _, segments in sorted(held_out)]
+    yield from _examples("validation", "held_out", _create_instances(
+        documents, cfg, dupe_factor=1, seed=cfg.seed + _EVAL_SEED_OFFSET))
+
+
+def sum_statistics(parts) -> dict:
+    """Statistics added up key by key (numbers summed, lists joined)."""
+    total: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            total[key] = total[key] + value if key in total else value
+    return total
+
+
+def corpus_metadata(stats: dict, cfg: BertPretrainingConfig) -> dict:
+    """The `builder.info.metadata["corpus"]` record of the summed statistics."""
+    splits = ["train", "validation"] if cfg.eval_documents else ["train"]
+    return {
+        "files": [p for p, _ in cfg.files], "empty_files": sorted(stats["empty_files"]),
+        **{key: stats.get(key, 0) for key in (
+            "documents", "one_line_documents", "lines", "train_documents",
+            "shards", "unpaired_documents")},
+        "eval_documents": cfg.eval_documents, "documents_per_shard": cfg.documents_per_shard,
+        "instances": {s: stats.get(f"{s}_instances", 0) for s in splits},
+        "random_next": {s: stats.get(f"{s}_random_next", 0) / max(1, stats.get(
+            f"{s}_instances", 0)) for s in splits}}
+
+
+def beam_pipeline_options(flags: str = "") -> "beam.options.pipeline_options.PipelineOptions":
+    """Beam pipeline options from command-line `flags` (e.g. `--runner=DataflowRunner
+    --project=P --region=R --temp_location=gs://B/tmp`), on top of the embedded
+    default: the local DirectRunner with one worker process per core."""
+    defaults = ["--runner=DirectRunner", f"--direct_num_workers={os.cpu_count() or 1}",
+                "--direct_running_mode=multi_processing"]
+    return beam.options.pipeline_options.PipelineOptions(defaults + shlex.split(flags))
+
+
+class _SharedMetadataDict(tfds.core.BeamMetadataDict):
+    """tfds's metadata of Beam values, written by the workers as temporary
+    files into `tempdir` (tfds's own choice is the driver's /tmp, which the
+    workers of a cluster cannot reach)."""
+
+    def write_into(self, tempdir: epath.Path) -> None:
+        self._tempdir = tempdir
 
 
 class BertPretraining(LocalFilesBuilder):
@@ -173,20 +346,19 @@ class BertPretraining(LocalFilesBuilder):
     CONFIGS = _CONFIGS
 
     def __init__(self, *, files: Sequence[str] | None = None, vocab_file: str | None = None,
-                 config=None, lowercase: bool = True, max_seq_length: int = 128,
-                 short_seq_prob: float = 0.1, dupe_factor: int = 5,
-                 eval_documents: int = 0, seed: int = 12345, **kwargs):
-        """The corpus (`files`, `vocab_file`, options) or `config`, not both."""
+                 config=None, beam_options: str = "", data_dir: str | None = None,
+                 **options):
+        """The corpus (`files`, `vocab_file`, the options of `pretraining_config`)
+        or `config`, not both; `beam_options`: Beam flags of the build (see
+        `beam_pipeline_options`), which never change its examples."""
         if config is None:
             if files is None or vocab_file is None:
                 raise ValueError("bert_pretraining needs files= and vocab_file= (or config=).")
-            config = pretraining_config(
-                files, vocab_file, lowercase=lowercase, max_seq_length=max_seq_length,
-                short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
-                eval_documents=eval_documents, seed=seed)
-        elif files is not None or vocab_file is not None:
+            config = pretraining_config(files, vocab_file, **options)
+        elif files is not None or vocab_file is not None or options:
             raise ValueError("bert_pretraining: pass either config= or files=/vocab_file=.")
-        super().__init__(config=config, **kwargs)
+        self.beam_options = beam_options
+        super().__init__(config=config, data_dir=data_dir)
 
     def _info(self) -> tfds.core.DatasetInfo:
         ids = tfds.features.Tensor(shape=(None,), dtype=np.int32)
@@ -195,52 +367,55 @@ class BertPretraining(LocalFilesBuilder):
                 "tokens": ids, "segment_ids": ids,
                 "next_sentence_label": tfds.features.Scalar(dtype=np.int64),
                 "index": tfds.features.Scalar(dtype=np.int64)}),
-            metadata=tfds.core.MetadataDict(),
-            disable_shuffling=True,   # source[i] is instance i (index == i)
-        )
+            metadata=_SharedMetadataDict())
 
-    def _split_generators(self, dl_manager):
+    def download_and_prepare(self, *, download_config=None, **kwargs):
+        """As tfds's, with `beam_options` (or the local default) unless
+        `download_config` names a runner or options of its own."""
+        download_config = download_config or tfds.download.DownloadConfig()
+        if download_config.beam_runner is None and download_config.beam_options is None:
+            download_config = dataclasses.replace(
+                download_config, beam_options=beam_pipeline_options(self.beam_options))
+        self.info.metadata.write_into(self.data_path.parent / f".metadata-{uuid.uuid4().hex}")
+        try:
+            return super().download_and_prepare(download_config=download_config, **kwargs)
+        except RuntimeError as e:  # a worker process's error comes back as its traceback
+            found = re.findall(r"^bert_jax\.data\.\w+\.(CorpusError|BertPretrainingError): (.*)$",
+                               str(e), re.MULTILINE)
+            if not found:
+                raise
+            error = {"CorpusError": pretraining_data.CorpusError,
+                     "BertPretrainingError": BertPretrainingError}[found[-1][0]]
+            raise error(found[-1][1]) from None
+
+    def _split_generators(self, dl_manager, pipeline):
         del dl_manager  # nothing to download
         cfg: BertPretrainingConfig = self.builder_config
-        documents, empty_files = [], []
-        for path, fmt in cfg.files:
-            docs = pretraining_data.read_documents(path, fmt)
-            if not docs:
-                empty_files.append(path)
-                logging.warning("bert_pretraining: %s has no text; skipped.", path)
-            documents += docs
-        if len(documents) < 2:
-            raise BertPretrainingError(
-                f"bert_pretraining: the corpus {[p for p, _ in cfg.files]} has "
-                f"{len(documents)} document(s); next-sentence pairs need at least 2.")
-        vocab = WordPiece.from_vocab_file(cfg.vocab_file, lowercase=cfg.lowercase)
-        segments = tokenize_documents(documents, vocab)
-        train_ids, eval_ids = split_documents(len(segments), cfg.eval_documents, cfg.seed)
-        options = dict(max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
-                       cls_id=vocab.cls_id, sep_id=vocab.sep_id)
-        splits = {"train": pretraining_data.create_instances(
-            [segments[i] for i in train_ids], dupe_factor=cfg.dupe_factor, seed=cfg.seed,
-            **options)}
-        if eval_ids:
-            splits["validation"] = pretraining_data.create_instances(
-                [segments[i] for i in eval_ids], dupe_factor=1,
-                seed=cfg.seed + _EVAL_SEED_OFFSET, **options)
-        self.info.metadata["corpus"] = {
-            "files": [p for p, _ in cfg.files], "empty_files": empty_files,
-            "documents": len(documents),
-            "one_line_documents": sum(len(d) < 2 for d in documents),
-            "lines": sum(len(d) for d in documents),
-            "train_documents": len(train_ids), "eval_documents": len(eval_ids),
-            "instances": {k: len(v) for k, v in splits.items()},
-            "random_next": {k: float(np.mean([x.is_random_next for x in v]))
-                            for k, v in splits.items()}}
-        logging.info("bert_pretraining %s: %s", cfg.name, self.info.metadata["corpus"])
-        return {split: self._generate_examples(instances)
-                for split, instances in splits.items()}
+        files = pipeline | "Files" >> beam.Create(list(enumerate(cfg.files)))
+        scanned = files | "Scan" >> beam.FlatMap(scan_file, cfg).with_outputs(
+            "shards", "candidates", main="stats")
+        file_stats = scanned.stats | "SumFileStats" >> beam.CombineGlobally(sum_statistics)
+        held_out = (scanned.candidates
+                    | "Smallest" >> beam.combiners.Top.Smallest(cfg.eval_documents)
+                    | "HeldOut" >> beam.Map(held_out_documents, beam.pvalue.AsSingleton(
+                        file_stats | beam.Map(lambda s: s.get("documents", 0))), cfg))
+        built = (scanned.shards
+                 | "Spread" >> beam.Reshuffle()
+                 | "Build" >> beam.FlatMap(build_shard, cfg, beam.pvalue.AsSingleton(held_out))
+                 .with_outputs("held_out", "stats", main="train"))
+        splits, stats = {"train": built.train}, [scanned.stats, built.stats]
+        if cfg.eval_documents:
+            validation = (built.held_out
+                          | "CollectHeldOut" >> beam.combiners.ToList()
+                          | "Validation" >> beam.FlatMap(build_validation, cfg)
+                          .with_outputs("stats", main="examples"))
+            splits["validation"] = validation.examples
+            stats.append(validation.stats)
+        self.info.metadata["corpus"] = (
+            stats | "AllStats" >> beam.Flatten()
+            | "SumStats" >> beam.CombineGlobally(sum_statistics)
+            | "Metadata" >> beam.Map(corpus_metadata, cfg))
+        return splits
 
-    def _generate_examples(self, instances):
-        for index, instance in enumerate(instances):
-            yield index, {"tokens": np.asarray(instance.tokens, np.int32),
-                          "segment_ids": np.asarray(instance.segment_ids, np.int32),
-                          "next_sentence_label": int(instance.is_random_next),
-                          "index": index}
+    def _generate_examples(self):
+        raise NotImplementedError("_split_generators returns the splits' Beam PCollections")

@@ -5,7 +5,7 @@ without TensorFlow and with the masking split off so that it can be applied
 statically (once per example, as the original) or dynamically (fresh masks
 every step, as RoBERTa):
 
-    documents, stats = read_corpus(["corpus.txt"])
+    documents = read_documents("corpus.txt")
     docs = tokenize_documents(documents, vocab.encode)     # lines -> id lists
     instances = create_instances(docs, max_seq_length=128, short_seq_prob=0.1,
                                  dupe_factor=5, seed=0, cls_id=vocab.cls_id,
@@ -14,9 +14,9 @@ every step, as RoBERTa):
                     special_ids=vocab.special_ids)
     features = masker(padded_tokens, masking_rng(seed, step, row))
 
-1. Reading (`read_documents`, `read_corpus`). The original's input format:
-   one sentence (or paragraph) a line, a blank line between documents. The
-   WikiText raw format is read as well: a ` = Title = ` line starts an
+1. Reading (`iter_documents`, `read_documents`). The
+   original's input format: one sentence (or paragraph) a line, a blank line
+   between documents. The WikiText raw format is read as well: a ` = Title = ` line starts an
    article, deeper ` = = Heading = = ` lines are dropped. Documents never
    span files. Bad UTF-8 is an error naming the file and the 1-based line.
 
@@ -35,6 +35,9 @@ every step, as RoBERTa):
    from the front or the back at random (`truncate_seq_pair`). The whole is
    repeated `dupe_factor` times (the random choices differ each pass) and the
    instances are shuffled. Everything draws from one `random.Random(seed)`.
+   The `bert_pretraining` builder calls `create_instances` once per shard of
+   the corpus (as the original was run once per input shard), so a random B
+   comes from another document of the same shard.
 
 3. Masked LM (`Masker`, `create_masked_lm_predictions` of the original).
    Candidates are all non-special positions (with whole-word masking, a
@@ -66,11 +69,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from bert_jax.data.text_files import utf8_lines
+from bert_jax.data.text_files import utf8_lines_from
 from bert_jax.errors import UserError
 
 DOCUMENT_FORMATS = ("blank_lines", "wikitext")
@@ -82,33 +85,7 @@ class CorpusError(UserError, ValueError):
     """A corpus file that cannot be read; the message names the file and the 1-based line."""
 
 
-@dataclasses.dataclass
-class CorpusStats:
-    """What `read_corpus` read.
-
-    Attributes:
-      files: number of input files.
-      documents: number of documents (all files).
-      lines: number of non-empty text lines kept in documents.
-      empty_files: paths of files with no text.
-      short_documents: documents with fewer than 2 lines (kept, as the original
-        does: they only ever give random-next pairs).
-    """
-    files: int
-    documents: int
-    lines: int
-    empty_files: list[str]
-    short_documents: int
-
-
 # -- 1. reading -----------------------------------------------------------------
-
-
-def _decoded_lines(path: str) -> Iterable[tuple[int, str]]:
-    """(1-based line number, stripped text) of each line of `path`, blank lines
-    included; lines end at '\\n' only (as the original's `readline`)."""
-    for lineno, text in utf8_lines(path, CorpusError):
-        yield lineno, text.strip()
 
 
 def _is_wikitext_title(line: str) -> bool:
@@ -122,32 +99,23 @@ def _is_wikitext_heading(line: str) -> bool:
     return line.startswith("= =") and line.endswith("= =")
 
 
-def _blank_line_documents(lines: Iterable[tuple[int, str]]) -> list[list[str]]:
-    documents: list[list[str]] = [[]]
-    for _, line in lines:
-        if not line:
-            if documents[-1]:
-                documents.append([])
-        else:
-            documents[-1].append(line)
-    return [d for d in documents if d]
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """A document of a corpus file.
+
+    Attributes:
+      lines: its non-empty text lines, stripped.
+      start: (byte offset, 1-based line number) of its first line: where
+        `iter_documents(path, format, start)` resumes reading.
+    """
+    lines: list[str]
+    start: tuple[int, int]
 
 
-def _wikitext_documents(lines: Iterable[tuple[int, str]]) -> list[list[str]]:
-    documents: list[list[str]] = [[]]
-    for _, line in lines:
-        if not line or _is_wikitext_heading(line):
-            continue
-        if _is_wikitext_title(line):
-            if documents[-1]:
-                documents.append([])
-        else:
-            documents[-1].append(line)
-    return [d for d in documents if d]
-
-
-def read_documents(path: str, document_format: str = "blank_lines") -> list[list[str]]:
-    """One file -> documents, each a list of its non-empty lines (stripped).
+def iter_documents(path: str, document_format: str = "blank_lines",
+                   start: tuple[int, int] = (0, 1)) -> Iterator[Document]:
+    """The documents of one file, read one at a time (streaming), from the
+    file's beginning or from the `start` of one of its documents.
 
     Formats:
       'blank_lines': one sentence or paragraph a line, a blank line between
@@ -158,7 +126,7 @@ def read_documents(path: str, document_format: str = "blank_lines") -> list[list
         blank lines are ignored.
 
     A byte-order mark at the start is dropped. An empty file (or one with
-    only blank lines) gives [] (the caller records it).
+    only blank lines) gives no document (the caller records it).
 
     Raises:
       CorpusError: invalid UTF-8; the message names the file and the line.
@@ -169,38 +137,27 @@ def read_documents(path: str, document_format: str = "blank_lines") -> list[list
         raise ValueError(f"document_format={document_format!r}: expected one of {DOCUMENT_FORMATS}")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"corpus file {path} does not exist")
-    lines = _decoded_lines(path)
-    if document_format == "wikitext":
-        return _wikitext_documents(lines)
-    return _blank_line_documents(lines)
+    wikitext = document_format == "wikitext"
+    lines: list[str] = []
+    first = start
+    for offset, lineno, text in utf8_lines_from(path, CorpusError, start=start):
+        line = text.strip()
+        if _is_wikitext_title(line) if wikitext else not line:  # a document boundary
+            if lines:
+                yield Document(lines, first)
+                lines = []
+        elif line and not (wikitext and _is_wikitext_heading(line)):
+            if not lines:
+                first = (offset, lineno)
+            lines.append(line)
+    if lines:
+        yield Document(lines, first)
 
 
-def read_corpus(paths: Sequence[str], document_format: str = "blank_lines"
-                ) -> tuple[list[list[str]], CorpusStats]:
-    """All files' documents in order (documents never span files), and stats.
-
-    Raises:
-      FileNotFoundError: a missing file (named; checked before any is read).
-      CorpusError: no documents at all (the files are listed), or a bad file.
-    """
-    paths = [os.fspath(p) for p in paths]
-    for path in paths:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"corpus file {path} does not exist")
-    documents: list[list[str]] = []
-    empty_files: list[str] = []
-    for path in paths:
-        file_documents = read_documents(path, document_format)
-        if not file_documents:
-            empty_files.append(path)
-        documents.extend(file_documents)
-    if not documents:
-        listed = ", ".join(paths) if paths else "(no files given)"
-        raise CorpusError(f"no documents (no non-blank text line) in the corpus files: {listed}")
-    stats = CorpusStats(files=len(paths), documents=len(documents),
-                        lines=sum(len(d) for d in documents), empty_files=empty_files,
-                        short_documents=sum(1 for d in documents if len(d) < 2))
-    return documents, stats
+def read_documents(path: str, document_format: str = "blank_lines") -> list[list[str]]:
+    """One file -> documents, each a list of its non-empty lines (stripped);
+    see `iter_documents`."""
+    return [document.lines for document in iter_documents(path, document_format)]
 
 
 def tokenize_documents(documents: Sequence[Sequence[str]], encode: Callable[[str], list[int]]

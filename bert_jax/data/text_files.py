@@ -17,8 +17,19 @@ def utf8_lines(path: str, error: type[Exception], prefix: str = ""
     `{prefix}{path}:{line}:{column}: invalid UTF-8 ...`, saying how to convert
     the file.
     """
+    for _, lineno, text in utf8_lines_from(path, error, prefix):
+        yield lineno, text
+
+
+def utf8_lines_from(path: str, error: type[Exception], prefix: str = "",
+                    start: tuple[int, int] = (0, 1)) -> Iterator[tuple[int, int, str]]:
+    """(byte offset, 1-based line number, text) of each line of `path` from
+    `start`, the (byte offset, line number) of a line's beginning; as
+    `utf8_lines` otherwise."""
+    offset, first_line = start
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        f.seek(offset)
+        for lineno, raw in enumerate(f, start=first_line):
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -26,7 +37,8 @@ def utf8_lines(path: str, error: type[Exception], prefix: str = ""
                     f"{prefix}{path}:{lineno}:{e.start + 1}: invalid UTF-8 ({e.reason} at "
                     f"byte {e.start + 1} of line {lineno}); convert the file to UTF-8 "
                     f"(e.g. `iconv -f latin1 -t utf-8`) or fix that line.") from None
-            yield lineno, text.removeprefix("\ufeff") if lineno == 1 else text
+            yield offset, lineno, text.removeprefix("\ufeff") if offset == 0 else text
+            offset += len(raw)
 
 
 def as_text(value) -> str:

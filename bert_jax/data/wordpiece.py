@@ -69,7 +69,7 @@ import json
 import os
 import tempfile
 from collections import defaultdict
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from tokenizers import Encoding, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
@@ -204,8 +204,8 @@ class WordPiece:
         return cls(_read_vocab_file(path), lowercase=lowercase, path=path)
 
     @classmethod
-    def train(cls, texts: Iterable[str], *, vocab_size: int, lowercase: bool = True,
-              min_frequency: int = 2) -> WordPiece:
+    def train(cls, texts: Iterable[str] | Callable[[], Iterable[str]], *, vocab_size: int,
+              lowercase: bool = True, min_frequency: int = 2) -> WordPiece:
         """Trains a vocabulary of at most `vocab_size` tokens on `texts`.
 
         Ids 0-4 are `[PAD] [UNK] [CLS] [SEP] [MASK]`, then every character of
@@ -213,12 +213,15 @@ class WordPiece:
         merged pieces in the order they were learned; merging stops at
         `vocab_size` or when no pair occurs `min_frequency` times, so a small
         corpus gives fewer tokens. Deterministic: the same texts give the same
-        file. `texts` is read into memory (it is read twice).
+        file. The trainer reads `texts` twice: a callable is called once per
+        pass and streamed (a corpus of any size: the trainer keeps only word
+        counts); a one-shot iterator is read into a list first.
 
         Raises ValueError when `vocab_size` cannot hold the special tokens and
         the corpus's characters (the trainer never drops a character).
         """
-        texts = list(texts)
+        if not callable(texts):
+            texts = (lambda listed: lambda: listed)(list(texts))
         # Pass 1, no merges: the alphabet and the continuation characters.
         base = _train_pass(texts, 0, lowercase, min_frequency, SPECIAL_TOKENS)
         continuations = sorted(t for t in base if t.startswith(CONTINUATION)
@@ -361,19 +364,20 @@ def _check_id(i: int, size: int) -> int:
     return i
 
 
-def _train_pass(texts: Sequence[str], vocab_size: int, lowercase: bool, min_frequency: int,
-                special_tokens: Sequence[str]) -> list[str]:
-    """One run of the library's WordPiece trainer: the tokens in id order."""
+def _train_pass(texts: Callable[[], Iterable[str]], vocab_size: int, lowercase: bool,
+                min_frequency: int, special_tokens: Sequence[str]) -> list[str]:
+    """One run of the library's WordPiece trainer over `texts()`: the tokens in id order."""
     tokenizer = _pipeline(models.WordPiece(unk_token=UNK), lowercase)
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
         special_tokens=list(special_tokens), continuing_subword_prefix=CONTINUATION)
-    tokenizer.train_from_iterator(texts, trainer, length=len(texts))
+    tokenizer.train_from_iterator(texts(), trainer)
     vocab = tokenizer.get_vocab(with_added_tokens=False)
     return sorted(vocab, key=vocab.__getitem__)
 
 
-def load_or_train(workdir: str, texts: Iterable[str], vocab_size: int, *, lowercase: bool,
+def load_or_train(workdir: str, texts: Iterable[str] | Callable[[], Iterable[str]],
+                  vocab_size: int, *, lowercase: bool,
                   vocab_file: str = "", min_frequency: int = 2,
                   is_writer: bool = True) -> WordPiece:
     """The vocabulary of a run.
@@ -384,9 +388,10 @@ def load_or_train(workdir: str, texts: Iterable[str], vocab_size: int, *, lowerc
       error.
     - else `workdir/vocab/vocab.txt` if it exists; its saved options must match
       `lowercase` and `vocab_size`.
-    - else trained on `texts` (read only in this case) and saved there. Only
-      the writer (process 0) trains; other processes must wait for the files
-      (behind a barrier) and raise FileNotFoundError if they are missing.
+    - else trained on `texts` (read only in this case; see `WordPiece.train`)
+      and saved there. Only the writer (process 0) trains; other processes
+      must wait for the files (behind a barrier) and raise FileNotFoundError
+      if they are missing.
     """
     if vocab_file:
         _check_declared_casing(vocab_file, lowercase)

@@ -101,13 +101,14 @@ def resolve_backbone(config: ml_collections.ConfigDict, workdir: str,
                      texts: Callable[[], Iterable[str]]) -> Backbone:
     """The architecture and vocabulary of a BERT task (see module docstring).
 
-    `texts()` gives the training texts, read only to train a vocabulary."""
+    `texts()` gives the training texts, read (streamed, twice) only to train a
+    vocabulary."""
     data, model = config.data, resolve_model_dtype(config).model.to_dict()
     init_from = config.get("init_from", "")
     if not init_from:
         vocab = written_by_process_zero(
             lambda is_writer: wordpiece.load_or_train(
-                workdir, texts(), data.get("vocab_size", 30522), lowercase=data.lowercase,
+                workdir, texts, data.get("vocab_size", 30522), lowercase=data.lowercase,
                 vocab_file=data.get("vocab_file", ""), is_writer=is_writer),
             "vocabulary")
         return Backbone(BertConfig(**{**model, "vocab_size": vocab.size}), vocab, "scratch")

@@ -127,18 +127,23 @@ class BertPretrainingTask(Task):
     def _corpus_texts(self):
         for spec in self.corpus_files:
             path, fmt = parse_file_spec(spec)
-            for document in pretraining_data.read_documents(path, fmt):
-                yield from document
+            for document in pretraining_data.iter_documents(path, fmt):
+                yield from document.lines
 
-    @cached_method
-    def _source(self, split: str):
+    def dataset_builder(self) -> BertPretraining:
+        """The tfds builder of the run's instances (built on first use, with
+        `data.beam_options`; `launch/build_pretraining_data.py` builds it alone)."""
         data = self.config.data
-        builder = BertPretraining(
+        return BertPretraining(
             files=self.corpus_files, vocab_file=self.vocab.path, lowercase=data.lowercase,
             max_seq_length=data.max_seq_length, short_seq_prob=data.short_seq_prob,
             dupe_factor=data.dupe_factor, eval_documents=data.eval_documents,
-            seed=self.config.seed, data_dir=data.data_dir or None)
-        return sources.load_source(builder, split)
+            seed=self.config.seed, documents_per_shard=data.documents_per_shard,
+            beam_options=data.beam_options, data_dir=data.data_dir or None)
+
+    @cached_method
+    def _source(self, split: str):
+        return sources.load_source(self.dataset_builder(), split)
 
     # -- examples ----------------------------------------------------------------
 
