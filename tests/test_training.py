@@ -342,17 +342,13 @@ def test_incompatible_config_in_workdir(trained):
 
 
 @pytest.mark.slow
-def test_checkpoint_of_another_model_shape(trained):
+def test_checkpoint_of_another_model_is_refused_naming_the_arrays(trained):
     workdir, config, _, _ = trained
     changed = tiny_config(config.data.data_dir, **{"model.mlp_dim": 96})
     with pytest.raises(CheckpointError, match=r"(?s)mis-shaped.*mlp/intermediate/kernel: "
                        r"checkpoint \(64, 128\) vs model \(64, 96\)"):
         evaluate_checkpoint(changed, workdir, 300)
-
-
-@pytest.mark.slow
-def test_checkpoint_of_another_model_is_refused_naming_the_arrays(trained):
-    workdir, config, _, _ = trained
+    # Missing and unexpected arrays are refused too (inference restores strictly).
     fewer_layers = tiny_config(config.data.data_dir, **{"model.num_layers": 1})
     with pytest.raises(CheckpointError, match=r"(?s)parameters the model does not have "
                        r"\(42\): decoder/layer_1/"):
