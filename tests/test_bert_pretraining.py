@@ -355,6 +355,14 @@ def test_builder_holds_out_whole_documents_by_hash_and_pairs_within_shards(tmp_p
         assert metadata["random_next"][split] == pytest.approx(np.mean(labels))
     indices = [int(train[i]["index"]) for i in range(len(train))]
     assert len(set(indices)) == len(indices) and min(indices) >= 0
+    # Each shard of the corpus was written by its worker as one tfds shard of
+    # train, in the corpus's order (nothing holds more than one shard).
+    lengths = builder.info.splits["train"].shard_lengths
+    assert len(lengths) == 4 and sum(lengths) == len(train)
+    for k, end in enumerate(np.cumsum(lengths)):
+        documents = {d for pair in pairs["train"][end - lengths[k]:end] for d in pair
+                     if d is not None}
+        assert documents and {d // 8 for d in documents} == {k}
 
 
 def test_statistics_of_files_empty_files_and_unpaired_shards(tmp_path):

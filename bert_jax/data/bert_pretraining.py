@@ -27,9 +27,14 @@ read from its offset, tokenized and cut into instances by its worker, which
 holds only that shard: the random "B" of a next-sentence pair comes from
 another document of the same shard, the random choices from a seed of (seed,
 file name, shard). A worker's memory is bounded by a shard, not the corpus.
-(3) tfds shuffles the instances by a hash of their keys and writes them.
-The same corpus, vocabulary and options give the same dataset whatever the
-runner and the number of workers.
+(3) The worker writes the shard's instances (shuffled within the shard)
+into an `array_record` file of its own; only counts and statistics leave it,
+so no stage of the pipeline, the runner's included, holds the instances of
+more than one shard. At the end the files become the tfds shards of their
+split, in the order of the corpus's shards. Nothing shuffles across shards
+on disk: the input pipeline reads by random access and shuffles the whole
+split (`pipeline.train_iterator`). The same corpus, vocabulary and options
+give the same dataset whatever the runner and the number of workers.
 
 Splits: `validation` holds every instance of the `eval_documents` documents
 held out: those of the smallest SHA-256 of (seed, file name, position in the
@@ -72,7 +77,6 @@ import json
 import os
 import re
 import shlex
-import uuid
 from collections.abc import Sequence
 
 import numpy as np
@@ -93,6 +97,7 @@ from bert_jax.errors import UserError
 
 FORMATS = ("blank_lines", "wikitext")
 _EVAL_SEED_OFFSET = 1  # the validation instances use seed + 1
+SUMMARY = "summary.json"  # the build's summed statistics, beside its parts
 
 
 class BertPretrainingError(UserError, ValueError):
@@ -248,24 +253,48 @@ def _create_instances(documents, cfg: BertPretrainingConfig, *, dupe_factor: int
         dupe_factor=dupe_factor, seed=seed, cls_id=vocab.cls_id, sep_id=vocab.sep_id)
 
 
-def _examples(split: str, key_prefix: str, instances):
-    """(key, example) of each instance, and the split's statistics (tagged "stats")."""
-    yield beam.pvalue.TaggedOutput("stats", {
-        f"{split}_instances": len(instances),
-        f"{split}_random_next": sum(x.is_random_next for x in instances)})
-    for i, instance in enumerate(instances):
-        key = f"{key_prefix}/{i}"
-        yield key, {"tokens": np.asarray(instance.tokens, np.int32),
-                    "segment_ids": np.asarray(instance.segment_ids, np.int32),
-                    "next_sentence_label": int(instance.is_random_next),
-                    "index": _derived_int(key)}
+def _features() -> tfds.features.FeaturesDict:
+    ids = tfds.features.Tensor(shape=(None,), dtype=np.int32)
+    return tfds.features.FeaturesDict({
+        "tokens": ids, "segment_ids": ids,
+        "next_sentence_label": tfds.features.Scalar(dtype=np.int64),
+        "index": tfds.features.Scalar(dtype=np.int64)})
 
 
-def build_shard(shard: Shard, cfg: BertPretrainingConfig, held_out: list[tuple[int, int]]):
+def _part_file(split: str, name: str) -> str:
+    """`train-000000-000003.array_record` for part `0/3` of `train`."""
+    return "-".join([split, *(f"{int(x):06d}" if x.isdigit() else x
+                              for x in name.split("/"))]) + ".array_record"
+
+
+def write_part(parts_dir: str, split: str, name: str, instances) -> dict:
+    """Writes `instances` as the examples of one part of `split`
+    (`PARTS/{split}-{name}.array_record`, serialized as tfds reads them) and
+    returns its statistics; an empty part writes no file. The key of instance
+    `i`, `{name}/{i}`, gives its `index`."""
+    if not instances:
+        return {}
+    features = _features()
+    serializer = tfds.core.ExampleSerializer(features.get_serialized_info())
+    examples = ((f"{name}/{i}", serializer.serialize_example(features.encode_example({
+        "tokens": np.asarray(x.tokens, np.int32),
+        "segment_ids": np.asarray(x.segment_ids, np.int32),
+        "next_sentence_label": int(x.is_random_next),
+        "index": _derived_int(f"{name}/{i}")}))) for i, x in enumerate(instances))
+    path = os.path.join(parts_dir, _part_file(split, name))
+    tfds.core.ExampleWriter(tfds.core.FileFormat.ARRAY_RECORD).write(path, examples)
+    return {f"{split}_instances": len(instances),
+            f"{split}_random_next": sum(x.is_random_next for x in instances),
+            "parts": [(split, name, len(instances), os.path.getsize(path))]}
+
+
+def build_shard(shard: Shard, cfg: BertPretrainingConfig, held_out: list[tuple[int, int]],
+                parts_dir: str):
     """Pass 2 over one shard: its documents tokenized; the held-out ones out
     (tagged "held_out", as ((file_index, position), segments)); the training
-    instances of the others (the main output), B of a random next from
-    another document of this shard, with a seed of (seed, file name, shard)."""
+    instances of the others written as a part of `train` (B of a random next
+    from another document of this shard, a seed of (seed, file name, shard));
+    the shard's statistics (the main output)."""
     path, fmt = cfg.files[shard.file_index]
     documents = [d.lines for d in itertools.islice(
         pretraining_data.iter_documents(path, fmt, shard.start), shard.num_documents)]
@@ -279,23 +308,25 @@ def build_shard(shard: Shard, cfg: BertPretrainingConfig, held_out: list[tuple[i
         else:
             kept.append(segments)
     paired = sum(bool(segments) for segments in kept) >= 2
-    yield beam.pvalue.TaggedOutput("stats", {
-        "train_documents": len(kept), "shards": 1,
-        "unpaired_documents": 0 if paired else len(kept)})
+    stats = {"train_documents": len(kept), "shards": 1,
+             "unpaired_documents": 0 if paired else len(kept)}
     if not paired:
         logging.warning("bert_pretraining: shard %d of %s has fewer than 2 documents left for "
                         "training; skipped.", shard.index, path)
+        yield stats
         return
     seed = _derived_int(cfg.seed, os.path.basename(path), shard.index)
-    yield from _examples("train", f"{shard.file_index}/{shard.index}", _create_instances(
-        kept, cfg, dupe_factor=cfg.dupe_factor, seed=seed))
+    instances = _create_instances(kept, cfg, dupe_factor=cfg.dupe_factor, seed=seed)
+    yield {**stats, **write_part(parts_dir, "train", f"{shard.file_index}/{shard.index}",
+                                 instances)}
 
 
-def build_validation(held_out: list[tuple[tuple[int, int], list]], cfg: BertPretrainingConfig):
-    """The validation instances: every held-out document in one list (they are
+def build_validation(held_out: list[tuple[tuple[int, int], list]], cfg: BertPretrainingConfig,
+                     parts_dir: str) -> dict:
+    """The validation part: every held-out document in one list (they are
     `eval_documents`, few), in corpus order, one pass, seed + 1."""
     documents = [segments for _, segments in sorted(held_out)]
-    yield from _examples("validation", "held_out", _create_instances(
+    return write_part(parts_dir, "validation", "held_out", _create_instances(
         documents, cfg, dupe_factor=1, seed=cfg.seed + _EVAL_SEED_OFFSET))
 
 
@@ -331,13 +362,31 @@ def beam_pipeline_options(flags: str = "") -> "beam.options.pipeline_options.Pip
     return beam.options.pipeline_options.PipelineOptions(defaults + shlex.split(flags))
 
 
-class _SharedMetadataDict(tfds.core.BeamMetadataDict):
-    """tfds's metadata of Beam values, written by the workers as temporary
-    files into `tempdir` (tfds's own choice is the driver's /tmp, which the
-    workers of a cluster cannot reach)."""
-
-    def write_into(self, tempdir: epath.Path) -> None:
-        self._tempdir = tempdir
+def build_parts(pipeline: beam.Pipeline, cfg: BertPretrainingConfig, parts_dir: str) -> None:
+    """The Beam pipeline: scans the files, builds and writes the parts of each
+    split into `parts_dir`, and writes there the summed statistics
+    (`SUMMARY`)."""
+    files = pipeline | "Files" >> beam.Create(list(enumerate(cfg.files)))
+    scanned = files | "Scan" >> beam.FlatMap(scan_file, cfg).with_outputs(
+        "shards", "candidates", main="stats")
+    file_stats = scanned.stats | "SumFileStats" >> beam.CombineGlobally(sum_statistics)
+    held_out = (scanned.candidates
+                | "Smallest" >> beam.combiners.Top.Smallest(cfg.eval_documents)
+                | "HeldOut" >> beam.Map(held_out_documents, beam.pvalue.AsSingleton(
+                    file_stats | beam.Map(lambda s: s.get("documents", 0))), cfg))
+    built = (scanned.shards
+             | "Spread" >> beam.Reshuffle()
+             | "Build" >> beam.FlatMap(build_shard, cfg, beam.pvalue.AsSingleton(held_out),
+                                       parts_dir).with_outputs("held_out", main="stats"))
+    stats = [scanned.stats, built.stats]
+    if cfg.eval_documents:
+        stats.append(built.held_out
+                     | "CollectHeldOut" >> beam.combiners.ToList()
+                     | "Validation" >> beam.Map(build_validation, cfg, parts_dir))
+    _ = (stats | "AllStats" >> beam.Flatten()
+         | "SumStats" >> beam.CombineGlobally(sum_statistics)
+         | "Summary" >> beam.Map(lambda s: epath.Path(parts_dir, SUMMARY).write_text(
+             json.dumps(s))))
 
 
 class BertPretraining(LocalFilesBuilder):
@@ -361,25 +410,16 @@ class BertPretraining(LocalFilesBuilder):
         super().__init__(config=config, data_dir=data_dir)
 
     def _info(self) -> tfds.core.DatasetInfo:
-        ids = tfds.features.Tensor(shape=(None,), dtype=np.int32)
-        return self.dataset_info_from_configs(
-            features=tfds.features.FeaturesDict({
-                "tokens": ids, "segment_ids": ids,
-                "next_sentence_label": tfds.features.Scalar(dtype=np.int64),
-                "index": tfds.features.Scalar(dtype=np.int64)}),
-            metadata=_SharedMetadataDict())
+        return self.dataset_info_from_configs(features=_features(),
+                                              metadata=tfds.core.MetadataDict())
 
-    def download_and_prepare(self, *, download_config=None, **kwargs):
-        """As tfds's, with `beam_options` (or the local default) unless
-        `download_config` names a runner or options of its own."""
-        download_config = download_config or tfds.download.DownloadConfig()
-        if download_config.beam_runner is None and download_config.beam_options is None:
-            download_config = dataclasses.replace(
-                download_config, beam_options=beam_pipeline_options(self.beam_options))
-        self.info.metadata.write_into(self.data_path.parent / f".metadata-{uuid.uuid4().hex}")
+    def download_and_prepare(self, *args, **kwargs):
+        """As tfds's; an error of the corpus or the parameters raised in a Beam
+        worker process is raised again as itself (Beam reports it as a
+        `RuntimeError` holding the worker's traceback)."""
         try:
-            return super().download_and_prepare(download_config=download_config, **kwargs)
-        except RuntimeError as e:  # a worker process's error comes back as its traceback
+            return super().download_and_prepare(*args, **kwargs)
+        except RuntimeError as e:
             found = re.findall(r"^bert_jax\.data\.\w+\.(CorpusError|BertPretrainingError): (.*)$",
                                str(e), re.MULTILINE)
             if not found:
@@ -388,34 +428,43 @@ class BertPretraining(LocalFilesBuilder):
                      "BertPretrainingError": BertPretrainingError}[found[-1][0]]
             raise error(found[-1][1]) from None
 
-    def _split_generators(self, dl_manager, pipeline):
+    def _download_and_prepare(self, dl_manager, download_config) -> None:
+        """Runs `build_parts` (on `download_config`'s Beam runner and options
+        if it names any, else on `beam_options` or the local default), then
+        makes the parts of each split its tfds shards, in the corpus's order."""
         del dl_manager  # nothing to download
         cfg: BertPretrainingConfig = self.builder_config
-        files = pipeline | "Files" >> beam.Create(list(enumerate(cfg.files)))
-        scanned = files | "Scan" >> beam.FlatMap(scan_file, cfg).with_outputs(
-            "shards", "candidates", main="stats")
-        file_stats = scanned.stats | "SumFileStats" >> beam.CombineGlobally(sum_statistics)
-        held_out = (scanned.candidates
-                    | "Smallest" >> beam.combiners.Top.Smallest(cfg.eval_documents)
-                    | "HeldOut" >> beam.Map(held_out_documents, beam.pvalue.AsSingleton(
-                        file_stats | beam.Map(lambda s: s.get("documents", 0))), cfg))
-        built = (scanned.shards
-                 | "Spread" >> beam.Reshuffle()
-                 | "Build" >> beam.FlatMap(build_shard, cfg, beam.pvalue.AsSingleton(held_out))
-                 .with_outputs("held_out", "stats", main="train"))
-        splits, stats = {"train": built.train}, [scanned.stats, built.stats]
-        if cfg.eval_documents:
-            validation = (built.held_out
-                          | "CollectHeldOut" >> beam.combiners.ToList()
-                          | "Validation" >> beam.FlatMap(build_validation, cfg)
-                          .with_outputs("stats", main="examples"))
-            splits["validation"] = validation.examples
-            stats.append(validation.stats)
-        self.info.metadata["corpus"] = (
-            stats | "AllStats" >> beam.Flatten()
-            | "SumStats" >> beam.CombineGlobally(sum_statistics)
-            | "Metadata" >> beam.Map(corpus_metadata, cfg))
-        return splits
+        parts = self.data_path / "parts"   # in tfds's temporary folder until complete
+        parts.mkdir()
+        options = download_config.beam_options
+        if options is None and download_config.beam_runner is None:
+            options = beam_pipeline_options(self.beam_options)
+        with beam.Pipeline(runner=download_config.beam_runner, options=options) as pipeline:
+            build_parts(pipeline, cfg, os.fspath(parts))
+        summary = json.loads((parts / SUMMARY).read_text())
+        splits = []
+        for split in ["train", "validation"] if cfg.eval_documents else ["train"]:
+            written = sorted(((name, count, size) for s, name, count, size in
+                              summary.get("parts", []) if s == split),
+                             key=lambda part: _part_file(split, part[0]))
+            if not written:
+                raise BertPretrainingError(
+                    f"bert_pretraining: the corpus gives no {split} instances (every shard "
+                    f"has fewer than 2 documents with text): add documents, or raise "
+                    f"documents_per_shard (now {cfg.documents_per_shard}).")
+            template = self._get_filename_template(split_name=split)
+            for index, (name, _, _) in enumerate(written):
+                (parts / _part_file(split, name)).rename(
+                    template.sharded_filepath(shard_index=index, num_shards=len(written)))
+            splits.append(tfds.core.SplitInfo(
+                name=split, shard_lengths=[count for _, count, _ in written],
+                num_bytes=sum(size for _, _, size in written), filename_template=template))
+        self.info.set_splits(tfds.core.SplitDict(splits))
+        self.info.metadata["corpus"] = corpus_metadata(summary, cfg)
+        parts.rmtree()
+
+    def _split_generators(self, dl_manager):
+        raise NotImplementedError("the splits are written by _download_and_prepare")
 
     def _generate_examples(self):
-        raise NotImplementedError("_split_generators returns the splits' Beam PCollections")
+        raise NotImplementedError("the splits are written by _download_and_prepare")
