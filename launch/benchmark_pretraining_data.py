@@ -14,7 +14,7 @@ uncased WordPiece vocabulary on the shared files. Then builds the dataset
 and the peak resident memory (sampled every 0.2 s from /proc) of the whole
 process tree, of this process and of its largest child (a Beam worker).
 
-`--workers=N` runs Beam's DirectRunner with N worker processes; `--workers=0`
+`--workers=N` runs Beam's local runner with N worker processes; `--workers=0`
 passes no Beam options (the builder's default; run with PYTHONPATH at a
 revision before the Beam builder to time the single-process builder).
 """
@@ -43,7 +43,7 @@ MEGABYTES = flags.DEFINE_integer("megabytes", 100, "Size of the generated corpus
 FILE_MEGABYTES = flags.DEFINE_integer("file_megabytes", 64, "Size of each corpus file (MB).")
 CORPUS_DIR = flags.DEFINE_string("corpus_dir", None, "Where the corpus is (or is written).")
 DATA_DIR = flags.DEFINE_string("data_dir", None, "tfds data_dir of the build (emptied first).")
-WORKERS = flags.DEFINE_integer("workers", 2, "Beam DirectRunner worker processes (0: the "
+WORKERS = flags.DEFINE_integer("workers", 2, "Beam local-runner worker processes (0: the "
                                "builder's default options).")
 DUPE_FACTOR = flags.DEFINE_integer("dupe_factor", 1, "Passes over the corpus.")
 SHARED_DIR = flags.DEFINE_string("shared_dir", SHARED, "The shared pretraining files.")

@@ -9,7 +9,7 @@ r"""Builds the BERT pretraining dataset of an experiment, without training.
 
 The vocabulary is the run's: `data.vocab_file`, or one trained on the corpus
 (streamed) into DIR/vocab/ the first time. The instances are written to
-`data.data_dir` by Apache Beam: on the local DirectRunner with one worker a
+`data.data_dir` by Apache Beam: on the local FnApiRunner with one worker a
 core when `data.beam_options` is empty, otherwise on the runner those flags
 name (Beam's own pipeline flags; docs/PRETRAINING_DATA.md has the Dataflow,
 Flink and Spark lines). Training with the same config and `data_dir` then

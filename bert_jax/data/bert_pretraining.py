@@ -44,7 +44,7 @@ nothing of them is seen in training. `train` holds `dupe_factor` passes over
 all other documents, each pass with new random segmentations, shuffled.
 
 Runner: `beam_options` (e.g. `data.beam_options` of the experiment) are
-Beam's own command-line flags; with none, the local DirectRunner with one
+Beam's own command-line flags; with none, Beam's local runner with one
 worker process per core (`beam_pipeline_options`). Any `--runner` works
 (Dataflow, Flink, Spark: docs/PRETRAINING_DATA.md); the files, the
 vocabulary and `data_dir` must then be paths every worker can read.
@@ -356,8 +356,11 @@ def corpus_metadata(stats: dict, cfg: BertPretrainingConfig) -> dict:
 def beam_pipeline_options(flags: str = "") -> "beam.options.pipeline_options.PipelineOptions":
     """Beam pipeline options from command-line `flags` (e.g. `--runner=DataflowRunner
     --project=P --region=R --temp_location=gs://B/tmp`), on top of the embedded
-    default: the local DirectRunner with one worker process per core."""
-    defaults = ["--runner=DirectRunner", f"--direct_num_workers={os.cpu_count() or 1}",
+    default: Beam's local Python runner with one worker process per core. It is
+    named (`FnApiRunner`) rather than `DirectRunner`, which on a machine online
+    first downloads and tries Beam's Go runner (Prism), whose memory and
+    parallelism are not those measured here."""
+    defaults = ["--runner=FnApiRunner", f"--direct_num_workers={os.cpu_count() or 1}",
                 "--direct_running_mode=multi_processing"]
     return beam.options.pipeline_options.PipelineOptions(defaults + shlex.split(flags))
 
