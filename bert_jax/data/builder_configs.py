@@ -52,7 +52,9 @@ class LocalFilesBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True)
     def __init_subclass__(cls, **kwargs):
         cls.BUILDER_CONFIGS = []
         # tfds 4.9.10 computes the default `code_path` through
-        # `importlib_resources` (missing here) and fails; see synthetic_reverse.
+        # `importlib_resources` (a backport that it declares only for Python
+        # < 3.9, so it is missing here) and fails with ModuleNotFoundError;
+        # the path is plain to give.
         cls.code_path = epath.Path(inspect.getfile(cls))
         super().__init_subclass__(**kwargs)
 
