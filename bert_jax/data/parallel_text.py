@@ -70,8 +70,8 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from bert_jax.data.builder_configs import (
-    ConfigRegistry, LocalFilesBuilder, check_split_names, check_unchanged, config_name,
-    file_stats)
+    ConfigRegistry, LocalFilesBuilder, check_unchanged, config_name, file_stats)
+from bert_jax.data.splits import check_split_names
 from bert_jax.data.text_files import utf8_lines
 from bert_jax.errors import UserError
 

@@ -47,10 +47,8 @@ from typing import Any
 import tensorflow_datasets as tfds
 from absl import logging
 
-# conllu and parallel_text register their builders with tfds, so that they
-# resolve by name.
-from bert_jax.data import (  # noqa: F401
-    conllu, parallel_text, synthetic_reverse, synthetic_translation)
+# parallel_text registers its builder with tfds, so that it resolves by name.
+from bert_jax.data import parallel_text, synthetic_reverse, synthetic_translation  # noqa: F401
 from bert_jax.data.splits import DatasetError, select
 
 FILE_FORMAT = "array_record"

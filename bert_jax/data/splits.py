@@ -1,5 +1,5 @@
-"""A dataset's splits by name: picking one split of a dataset held in memory
-(the built-in generated corpora).
+"""A dataset's splits by name: the checks on split names, and picking one split
+of a dataset held in memory (the built-in generated corpora, local tagging files).
 
     examples = select("synthetic_reverse", {"train": [...], "validation": [...]},
                       "validation[:100]")   # a sequence: len(), examples[i]
@@ -21,6 +21,19 @@ _SPLIT = re.compile(r"([\w\-]+)(?:\[(-?\d*):(-?\d*)\])?")
 
 class DatasetError(UserError, ValueError):
     """A dataset or split that cannot be read; the message names it."""
+
+
+def check_split_names(what: str, splits: object, values: str,
+                      error: type[Exception] = ValueError) -> None:
+    """Raises `error` unless `splits` is a non-empty mapping whose keys are
+    valid tfds split names (`values` says what its values are, for the message)."""
+    if not isinstance(splits, Mapping) or not splits:
+        raise error(f"{what}: splits must be a non-empty mapping of tfds split name -> "
+                    f"{values}; got {splits!r}")
+    for split in splits:
+        if not isinstance(split, str) or not re.fullmatch(r"[\w\-]+", split):
+            raise error(f"{what}: split name {split!r} must use only letters, digits, "
+                        f"'_' and '-'")
 
 
 def check_counts(dataset: str, **params: object) -> None:
