@@ -39,7 +39,6 @@ heads pruned).
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
@@ -47,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.file_io import jsonable
 from bert_jax.modeling.configs import TransformerConfig
 
 Masks = dict[str, Any]
@@ -424,23 +424,6 @@ _TITLES = {
 _DIVERGING = {"single_head_ablation", "layer_ablation"}
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, PruningStep):
-        return {"fraction": value.fraction, "heads_remaining": value.heads_remaining,
-                "metric": value.metric}
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.ndarray, jax.Array)):
-        return np.asarray(value).tolist()
-    if isinstance(value, (np.floating, np.integer, np.bool_)):
-        return value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
-
-
 def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
@@ -532,7 +515,7 @@ def write_report(results: Mapping[str, Any], directory: str, *,
 
     path = os.path.join(directory, "results.json")
     with open(path, "w") as f:
-        json.dump({"metric_name": metric_name, **_jsonable(dict(results))}, f, indent=2)
+        json.dump({"metric_name": metric_name, **jsonable(dict(results))}, f, indent=2)
     written["results.json"] = path
 
     lines = [f"# Head ablation report ({metric_name})", ""]

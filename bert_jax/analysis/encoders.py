@@ -25,7 +25,7 @@ from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
 from bert_jax.data.wordpiece import WordPiece
 from bert_jax.modeling.configs import BertConfig, ConfigError
 from bert_jax.training import evaluation
-from bert_jax.training.checkpoints import CHECKPOINT_DIR
+from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE
 
 
 @dataclasses.dataclass
@@ -40,7 +40,7 @@ class Encoder:
 
 
 def is_workdir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, evaluation.CONFIG_FILE)) and os.path.isdir(
+    return os.path.isfile(os.path.join(path, CONFIG_FILE)) and os.path.isdir(
         os.path.join(path, CHECKPOINT_DIR))
 
 
