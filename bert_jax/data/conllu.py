@@ -51,7 +51,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bert_jax.data.splits import check_split_names
-from bert_jax.data.text_files import utf8_lines
+from bert_jax.data.text_files import char_column, utf8_lines
 from bert_jax.errors import UserError
 
 # The 17 Universal POS tags (https://universaldependencies.org/u/pos/), in the
@@ -98,11 +98,6 @@ def _column_index(column: str | int | None, format: str, word_column: int = 0) -
                              "word (word_column); pick a tag column (e.g. -1, the last)")
         return column
     raise TypeError(f"conllu: column must be a name, an int or None, got {column!r}")
-
-
-def _char_column(fields: list[str], index: int) -> int:
-    """1-based character column where field `index` of a tab-split line starts."""
-    return 1 + sum(len(field) + 1 for field in fields[:index])
 
 
 def read_conllu(path: str | os.PathLike, column: str | int | None = None,
@@ -207,11 +202,11 @@ def read_conllu(path: str | os.PathLike, column: str | int | None = None,
                 f"line that ends the previous sentence?")
         if not fields[1]:
             raise ConlluFormatError(
-                f"conllu: {path}:{lineno}:{_char_column(fields, 1)}: empty FORM; "
+                f"conllu: {path}:{lineno}:{char_column(fields, 1)}: empty FORM; "
                 f"every word needs its form (`_` for an underscore).")
         if not fields[index]:
             raise ConlluFormatError(
-                f"conllu: {path}:{lineno}:{_char_column(fields, index)}: empty "
+                f"conllu: {path}:{lineno}:{char_column(fields, index)}: empty "
                 f"{column_name} field; write `_` for an unspecified value.")
         words.append(fields[1])
         tags.append(fields[index])

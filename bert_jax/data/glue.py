@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.data.text_files import as_text, utf8_lines
+from bert_jax.data.text_files import as_text, char_column, utf8_lines
 from bert_jax.errors import UserError
 
 Column = str | int
@@ -244,11 +244,6 @@ def _decoded_lines(path: str, where: list[int], prefix: str) -> Iterator[str]:
         yield text
 
 
-def _char_column(row: list[str], index: int) -> int:
-    """1-based character column where field `index` of a tab-split row starts."""
-    return 1 + sum(len(field) + 1 for field in row[:index])
-
-
 def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
              labels_required: bool = True) -> list[dict[str, Any]]:
     """The examples of one TSV file of a task, in file order.
@@ -349,13 +344,13 @@ def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
             text = row[i].strip()
             if not text:
                 raise GlueFormatError(
-                    f"{prefix}{path}:{lineno}:{_char_column(row, i)}: empty {key} "
+                    f"{prefix}{path}:{lineno}:{char_column(row, i)}: empty {key} "
                     f"(column {wanted[key]!r}); every example needs its text: fix or "
                     f"remove line {lineno}.")
             example[key] = text
         value = (row[label_index].strip()
                  if label_index is not None and label_index < len(row) else "")
-        column = (_char_column(row, label_index)
+        column = (char_column(row, label_index)
                   if label_index is not None and label_index < len(row) else 0)
         if not value and not labels_required:
             example["label"] = math.nan if spec.is_regression else -1

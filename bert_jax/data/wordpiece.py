@@ -407,16 +407,24 @@ def load_or_train(workdir: str, texts: Iterable[str] | Callable[[], Iterable[str
     return vocab
 
 
-def _check_declared_casing(vocab_file: str, lowercase: bool) -> None:
-    """Raises if a settings file beside `vocab_file` declares the other casing
-    (`wordpiece.json` "lowercase" or `tokenizer_config.json` "do_lower_case")."""
-    directory = os.path.dirname(vocab_file)
+def declared_casings(folder: str) -> list[tuple[str, str, bool]]:
+    """`(file, key, lowercase)` of each casing a settings file in `folder`
+    declares: bert_jax's `wordpiece.json` ("lowercase"), then Hugging Face's
+    `tokenizer_config.json` ("do_lower_case")."""
+    found = []
     for name, key in ((SETTINGS_FILE, "lowercase"), ("tokenizer_config.json", "do_lower_case")):
-        settings_path = os.path.join(directory, name)
-        if not os.path.isfile(settings_path):
-            continue
-        declared = read_json(settings_path).get(key)
-        if declared is not None and bool(declared) != bool(lowercase):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            declared = read_json(path).get(key)
+            if declared is not None:
+                found.append((path, key, bool(declared)))
+    return found
+
+
+def _check_declared_casing(vocab_file: str, lowercase: bool) -> None:
+    """Raises if a settings file beside `vocab_file` declares the other casing."""
+    for settings_path, key, declared in declared_casings(os.path.dirname(vocab_file)):
+        if declared != bool(lowercase):
             raise ValueError(f"{settings_path} says {key}={declared} but lowercase={lowercase} "
                              f"was asked for {vocab_file}: use lowercase={bool(declared)} "
                              "(an uncased checkpoint needs lower-cased input, a cased one "

@@ -73,9 +73,7 @@ def _checkpoint_model(path: str, kind: str) -> tuple[BertConfig, str, bool | Non
     """(architecture, its vocab.txt ('' if none), its declared casing or None)."""
     if kind == "huggingface":
         config = config_from_hf(read_json(os.path.join(path, "config.json")))
-        tokenizer = os.path.join(path, "tokenizer_config.json")
-        lowercase = (read_json(tokenizer).get("do_lower_case")
-                     if os.path.isfile(tokenizer) else None)
+        lowercase = next((d for *_, d in wordpiece.declared_casings(path)), None)
         vocab = os.path.join(path, "vocab.txt")
         return config, vocab if os.path.isfile(vocab) else "", lowercase
     if kind == "pretrained":
