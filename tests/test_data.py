@@ -170,6 +170,19 @@ def _corpus(folder, train_lines: int, validation_lines: int) -> str:
     return str(folder)
 
 
+def test_tfds_split_errors_name_the_dataset(tmp_path):
+    corpus = dict(path=_corpus(tmp_path / "corpus", 8, 2), source_language="src",
+                  target_language="tgt")
+    data_dir = tmp_path / "tfds"
+    assert len(load_source("parallel_text", "train[:3]", data_dir, **corpus)) == 3
+    with pytest.raises(DatasetError, match=r"dataset parallel_text/corpus_src-tgt_\w+/1.0.0 "
+                                           r"split 'train\[:0\]' has no examples"):
+        load_source("parallel_text", "train[:0]", data_dir, **corpus)
+    with pytest.raises(DatasetError, match=r"has no split 'test' \(its splits: \['train', "
+                                           r"'validation'\]\)"):
+        load_source("parallel_text", "test", data_dir, **corpus)
+
+
 @pytest.mark.slow
 def test_concurrent_prepare_builds_once(tmp_path):
     # Processes start building at the same instant; the build takes ~0.3 s.

@@ -102,21 +102,16 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
         # Another process built it while we waited: this builder's info came
         # from code (no splits), so read the dataset through its files.
         builder = tfds.builder_from_directory(builder.data_dir)
-    name = builder.info.full_name
-    splits = builder.info.splits
-    if splits:  # unknown only under `tfds.testing.mock_data`
-        try:
-            num_examples = splits[split].num_examples
-        except (KeyError, ValueError) as e:
-            raise DatasetError(
-                f"dataset {name} has no split {split!r} (its splits: "
-                f"{sorted(splits.keys())}); data in {builder.data_dir}: {e}") from e
-        if num_examples == 0:  # array_record would fail with an obscure error
-            raise DatasetError(
-                f"dataset {name} split {split!r} has no examples: check the split "
-                f"name or slice, and the data in {builder.data_dir}.")
-    source = builder.as_data_source(split, file_format=FILE_FORMAT)
-    if len(source) == 0:
+    name, splits = builder.info.full_name, builder.info.splits
+    try:  # splits are unknown only under `tfds.testing.mock_data`
+        empty = bool(splits) and splits[split].num_examples == 0
+    except (KeyError, ValueError) as e:
+        raise DatasetError(
+            f"dataset {name} has no split {split!r} (its splits: "
+            f"{sorted(splits.keys())}); data in {builder.data_dir}: {e}") from e
+    # (array_record would fail on an empty split with an obscure error)
+    source = None if empty else builder.as_data_source(split, file_format=FILE_FORMAT)
+    if source is None or len(source) == 0:
         raise DatasetError(
             f"dataset {name} split {split!r} has no examples: check the split "
             f"name or slice, and the data in {builder.data_dir}.")
