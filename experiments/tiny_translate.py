@@ -37,10 +37,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         attention_impl="einsum", remat="none", scan_layers=False, dtype="float32"))
 
     config.data = ml_collections.ConfigDict(dict(
-        builder="synthetic_reverse",   # a tfds builder name (bert_jax/data)
+        builder="synthetic_reverse",   # built in, or a tfds name (bert_jax/data/sources.py)
         builder_kwargs=dict(vocab_size=32, min_length=4, max_length=12,
                             num_train=4096, num_validation=256),
-        data_dir="",                    # '' = the tfds default
+        data_dir="",                    # tfds datasets only; '' = the tfds default
         source_key="inputs", target_key="targets",
         vocab_size=0,                   # 0: examples are token ids already
         vocab_type="unigram", vocab_sample=1_000_000,

@@ -120,15 +120,6 @@ def _extractor():
         max_length=_MAX_LENGTH.value or None)
 
 
-def _split_file(directory, part):
-    import glob
-    names = sorted(glob.glob(os.path.join(glob.escape(directory), f"*-ud-{part}.conllu")))
-    if len(names) != 1:
-        raise app.UsageError(f"{directory} needs exactly one *-ud-{part}.conllu file, found "
-                             f"{[os.path.basename(n) for n in names]}.")
-    return names[0]
-
-
 def _sentences(path, limit):
     """(words, tags) of the first `limit` sentences of a tagging file (0: all)."""
     from bert_jax.data.conllu import read_conllu
@@ -211,11 +202,16 @@ def _probe():
         if (train_path or eval_path) or _FORMAT.value != "conllu":
             raise app.UsageError("give both --train_file and --eval_file (CoNLL-2003 "
                                  "files have no standard names).")
+        from bert_jax.data.conllu import UD_SPLITS, split_files
+
         conllu_dir = _CONLLU_DIR.value
         if not os.path.isdir(conllu_dir):
             raise app.UsageError(f"--conllu_dir={conllu_dir} is not a folder.")
-        train_path = _split_file(conllu_dir, "train")
-        eval_path = _split_file(conllu_dir, _EVAL_SPLIT.value)
+        files = split_files(conllu_dir)
+        for part in ("train", _EVAL_SPLIT.value):
+            if UD_SPLITS[part] not in files:
+                raise app.UsageError(f"{conllu_dir} has no *-ud-{part}.conllu file.")
+        train_path, eval_path = files["train"], files[UD_SPLITS[_EVAL_SPLIT.value]]
     train_words, train_tags = _sentences(train_path, _TRAIN_SENTENCES.value)
     eval_words, eval_tags = _sentences(eval_path, _EVAL_SENTENCES.value)
     tags = _tag_set(train_tags)

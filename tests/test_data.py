@@ -1,4 +1,4 @@
-"""Data: the synthetic_reverse tfds builder, load_source and the grain pipelines."""
+"""Data: the synthetic_reverse corpus, load_source and the grain pipelines."""
 
 import collections
 import json
@@ -12,12 +12,11 @@ import time
 import grain
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
 from bert_jax.data import (
-    SyntheticReverse, eval_batches, load_source, num_filtered, reverse_config,
-    train_iterator)
+    eval_batches, load_source, num_filtered, synthetic_reverse, train_iterator)
 from bert_jax.data.pipeline import shuffle_seed
+from bert_jax.data.splits import DatasetError
 from bert_jax.data.synthetic_reverse import EOS_ID, FIRST_TOKEN_ID
 from tiny_models import translation_preprocess
 
@@ -26,23 +25,13 @@ SMALL = dict(num_train=64, num_validation=20)  # max_length 12 -> targets <= 13
 
 
 @pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("tfds"))
+def train_source():
+    return load_source("synthetic_reverse", "train", **SMALL)
 
 
 @pytest.fixture(scope="session")
-def builder(data_dir):
-    return SyntheticReverse(data_dir=data_dir, **SMALL)
-
-
-@pytest.fixture(scope="session")
-def train_source(builder):
-    return load_source(builder, "train")
-
-
-@pytest.fixture(scope="session")
-def val_source(builder):
-    return load_source(builder, "validation")
+def val_source():
+    return load_source("synthetic_reverse", "validation", **SMALL)
 
 
 def _key(inputs) -> bytes:
@@ -75,16 +64,15 @@ def _run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-# ----------------------------------------------------------------- builder --
+# ---------------------------------------------------------- synthetic_reverse --
 
 @pytest.mark.slow
-def test_build_and_read_without_tensorflow(tmp_path):
-    result = _run_python(f"""
+def test_generate_and_read_without_tensorflow():
+    result = _run_python("""
         import sys
         from bert_jax.data import eval_batches, load_source, train_iterator
-        d = {str(tmp_path)!r}
-        train = load_source("synthetic_reverse", "train", d, num_train=16, num_validation=4)
-        val = load_source("synthetic_reverse", "validation", d, num_train=16, num_validation=4)
+        train = load_source("synthetic_reverse", "train", num_train=16, num_validation=4)
+        val = load_source("synthetic_reverse", "validation", num_train=16, num_validation=4)
         assert (len(train), len(val)) == (16, 4)
         it = train_iterator(train, global_batch_size=4, seed=0, process_index=0,
                             process_count=1, preprocess=dict, max_length=13)
@@ -103,15 +91,14 @@ def test_build_and_read_without_tensorflow(tmp_path):
 
 
 def test_targets_are_reversed_inputs_plus_eos(train_source, val_source):
-    cfg = reverse_config(**SMALL)
     assert (len(train_source), len(val_source)) == (64, 20)
     for source in (train_source, val_source):
         for i in range(len(source)):
             ex = source[i]
             inputs, targets = ex["inputs"], ex["targets"]
             assert inputs.dtype == targets.dtype == np.int32
-            assert cfg.min_length <= len(inputs) <= cfg.max_length
-            assert inputs.min() >= FIRST_TOKEN_ID and inputs.max() < cfg.vocab_size
+            assert 4 <= len(inputs) <= 12   # the default min_length, max_length
+            assert inputs.min() >= FIRST_TOKEN_ID and inputs.max() < 32   # vocab_size
             np.testing.assert_array_equal(targets, np.append(inputs[::-1], EOS_ID))
 
 
@@ -121,23 +108,24 @@ def test_train_and_validation_are_disjoint(train_source, val_source):
     assert not train & val
 
 
-def test_builder_parameters_do_not_collide(builder, data_dir, train_source):
-    other = SyntheticReverse(data_dir=data_dir, seed=1, **SMALL)
-    assert other.data_dir != builder.data_dir
-    assert "seed1" in other.data_dir and "seed0" in builder.data_dir
-    other_source = load_source(other, "train")
-    assert ({_key(other_source[i]["inputs"]) for i in range(64)}
+def test_the_examples_and_their_order_are_those_of_the_former_tfds_builder():
+    """The first examples the tfds builder (commit 8f5ff60) stored for these
+    parameters: generation order shuffled by tfds's hash of the keys."""
+    splits = synthetic_reverse.generate(num_train=64, num_validation=16, seed=3)
+    assert [x["inputs"].tolist() for x in splits["train"][:2]] == [
+        [9, 15, 5, 28, 13], [17, 24, 10, 16, 7, 21, 14, 22, 31, 13]]
+    assert [x["inputs"].tolist() for x in splits["validation"][:2]] == [
+        [21, 30, 21, 3, 19, 10, 19], [11, 9, 8, 23, 8]]
+
+
+def test_parameters_give_their_own_data_deterministically(train_source):
+    assert synthetic_reverse.generate(**SMALL)["train"] is train_source   # cached
+    other = load_source("synthetic_reverse", "train", seed=1, **SMALL)
+    assert ({_key(other[i]["inputs"]) for i in range(64)}
             != {_key(train_source[i]["inputs"]) for i in range(64)})
-    # The first dataset is untouched, and a config name resolves to its params.
-    assert _key(load_source(builder, "train")[0]["inputs"]) == _key(train_source[0]["inputs"])
-    by_name = tfds.builder(f"synthetic_reverse/{builder.builder_config.name}",
-                           data_dir=data_dir)
-    assert by_name.data_dir == builder.data_dir
-    assert SyntheticReverse.get_builder_config(other.builder_config.name) is other.builder_config
-
-
-def test_build_is_deterministic(tmp_path, train_source):
-    again = load_source("synthetic_reverse", "train", tmp_path, **SMALL)
+    synthetic_reverse.generate.cache_clear()
+    again = load_source("synthetic_reverse", "train", "/data/dir/is/ignored", **SMALL)
+    assert again is not train_source
     for i in range(len(train_source)):
         np.testing.assert_array_equal(again[i]["inputs"], train_source[i]["inputs"])
 
@@ -146,31 +134,53 @@ def test_build_is_deterministic(tmp_path, train_source):
     (dict(vocab_size=3), "vocab_size"),
     (dict(min_length=5, max_length=4), "min_length"),
     (dict(num_train=-1), "num_train"),
+    (dict(seed=1.5), "seed"),
+    (dict(vocab_size=4, min_length=1, max_length=1, num_train=1, num_validation=1),
+     "disjoint"),
 ])
-def test_config_validation(params, match):
-    with pytest.raises(ValueError, match=match):
-        reverse_config(**params)
+def test_parameters_are_validated(params, match):
+    with pytest.raises(DatasetError, match=match):
+        synthetic_reverse.generate(**params)
 
 
-def test_load_source_by_name_matches_builder(data_dir, train_source):
-    source = load_source("synthetic_reverse", "train", data_dir, **SMALL)
-    assert len(source) == len(train_source)
-    np.testing.assert_array_equal(source[5]["targets"], train_source[5]["targets"])
+def test_splits_slices_and_their_errors(train_source):
+    first = load_source("synthetic_reverse", "train[:5]", **SMALL)
+    assert [_key(x["inputs"]) for x in first] == [_key(train_source[i]["inputs"])
+                                                  for i in range(5)]
+    assert len(load_source("synthetic_reverse", "train[-4:]", **SMALL)) == 4
+    with pytest.raises(DatasetError, match=r"dataset synthetic_reverse split 'train\[:0\]' "
+                                           r"has no examples"):
+        load_source("synthetic_reverse", "train[:0]", **SMALL)
+    with pytest.raises(DatasetError, match=r"synthetic_reverse split 'validation' has no ex"):
+        load_source("synthetic_reverse", "validation", num_train=8, num_validation=0)
+    with pytest.raises(DatasetError, match=r"no split 'test' \(its splits: \['train', "
+                                           r"'validation'\]"):
+        load_source("synthetic_reverse", "test", **SMALL)
+    assert len(load_source("synthetic_reverse", "train", num_train=8, num_validation=0)) == 8
 
 
-def test_empty_or_missing_split_is_a_clear_error(builder, tmp_path):
-    with pytest.raises(ValueError, match=r"dataset synthetic_reverse/.* split 'train\[:0\]' has no examples"):
-        load_source(builder, "train[:0]")
-    no_val = SyntheticReverse(data_dir=str(tmp_path), num_train=8, num_validation=0)
-    with pytest.raises(ValueError, match=r"dataset synthetic_reverse/v32.*val0.* has no split 'validation'"):
-        load_source(no_val, "validation")
-    assert len(load_source(no_val, "train")) == 8
+# ------------------------------------------------------------ tfds datasets --
+
+def _corpus(folder, train_lines: int, validation_lines: int) -> str:
+    """A parallel_text corpus of `src`/`tgt` files (line i: i, and i reversed)."""
+    folder.mkdir()
+    for stem, n in (("train", train_lines), ("val", validation_lines)):
+        (folder / f"{stem}.src").write_text("".join(f"{i}\n" for i in range(n)))
+        (folder / f"{stem}.tgt").write_text("".join(f"{str(i)[::-1]}\n" for i in range(n)))
+    return str(folder)
 
 
-def test_load_source_under_tfds_mock_data(tmp_path):
-    with tfds.testing.mock_data(num_examples=5):
-        source = load_source("synthetic_reverse", "validation", tmp_path)
-        assert len(source) == 5 and set(source[0]) == {"inputs", "targets"}
+def test_tfds_split_errors_name_the_dataset(tmp_path):
+    corpus = dict(path=_corpus(tmp_path / "corpus", 8, 2), source_language="src",
+                  target_language="tgt")
+    data_dir = tmp_path / "tfds"
+    assert len(load_source("parallel_text", "train[:3]", data_dir, **corpus)) == 3
+    with pytest.raises(DatasetError, match=r"dataset parallel_text/corpus_src-tgt_\w+/1.0.0 "
+                                           r"split 'train\[:0\]' has no examples"):
+        load_source("parallel_text", "train[:0]", data_dir, **corpus)
+    with pytest.raises(DatasetError, match=r"has no split 'test' \(its splits: \['train', "
+                                           r"'validation'\]\)"):
+        load_source("parallel_text", "test", data_dir, **corpus)
 
 
 @pytest.mark.slow
@@ -178,14 +188,15 @@ def test_concurrent_prepare_builds_once(tmp_path):
     # Processes start building at the same instant; the build takes ~0.3 s.
     # Without the lock all but one fail (tfds cannot rename onto the folder
     # the first one renamed into place).
+    corpus = _corpus(tmp_path / "corpus", 3000, 30)
     start_at = time.time() + 2.0
     code = f"""
         import time
         from bert_jax.data import load_source
         time.sleep(max(0.0, {start_at} - time.time()))
-        s = load_source("synthetic_reverse", "train", {str(tmp_path)!r},
-                        num_train=3000, num_validation=30)
-        print("FIRST", s[0]["inputs"].tolist(), len(s))
+        s = load_source("parallel_text", "train", {str(tmp_path / "tfds")!r},
+                        path={corpus!r}, source_language="src", target_language="tgt")
+        print("FIRST", s[1]["source"], len(s))
     """
     env = dict(os.environ, PYTHONPATH=REPO)
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
@@ -195,9 +206,9 @@ def test_concurrent_prepare_builds_once(tmp_path):
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     firsts = {line for out, _ in outs for line in out.splitlines() if line.startswith("FIRST")}
-    assert len(firsts) == 1, firsts
-    # One version folder, no leftover incomplete folders.
-    config_dir = tmp_path / "synthetic_reverse" / "v32_len4-12_train3000_val30_seed0"
+    assert firsts == {"FIRST b'1' 3000"}, firsts
+    # One config, one version folder, no leftover incomplete folders.
+    (config_dir,) = (tmp_path / "tfds" / "parallel_text").iterdir()
     assert sorted(p.name for p in config_dir.iterdir()) == ["1.0.0"]
 
 

@@ -175,8 +175,8 @@ def test_ner_reads_conll2003_files_named_by_the_config(tmp_path):
     config = experiment("ner", data, tmp_path, vocab_size=60, tag_column="0", word_column=2,
                         splits=dict(train="a.txt", validation="b.txt", test="c.txt"))
     task = build_task(config, str(tmp_path / "t"))
-    assert task.examples("validation")[:2] == [
-        {"words": [w for _, w in s], "tags": [t for t, _ in s]} for s in sentences]
+    assert [(e["words"], e["tags"]) for e in task.examples("validation")[:2]] == [
+        ([w for _, w in s], [t for t, _ in s]) for s in sentences]
     assert task.tags == ("B-ORG", "B-PER", "I-PER", "O")
     rows = task.rows("validation")
     perfect = {i: np.maximum(r["labels"] - 1, 0) for i, r in enumerate(rows)}

@@ -1,7 +1,7 @@
 """Fine-tuning data: GLUE-style TSV tasks (`bert_jax.data.glue`) and CoNLL-U /
-CoNLL-2003 token tagging (`bert_jax.data.conllu`): parsing, errors, the tfds
-builders read back through `load_source`, the tfds catalog under mock_data,
-and the real files of ../shared/data when present."""
+CoNLL-2003 token tagging (`bert_jax.data.conllu`): parsing, errors, the
+splits of a directory, the tfds catalog under mock_data, and the real files
+of ../shared/data when present."""
 
 from __future__ import annotations
 
@@ -13,21 +13,12 @@ import pytest
 import tensorflow_datasets as tfds
 
 from bert_jax.data.conllu import (
-    UPOS_TAGS, Conllu, ConlluFormatError, conllu_config, read_conllu, tag_vocabulary)
+    UPOS_TAGS, ConlluFormatError, read_conllu, read_splits, split_files, tag_vocabulary)
 from bert_jax.data.glue import (
     GLUE_TASKS, GlueFormatError, GlueTaskSpec, from_catalog, read_split, read_tsv)
 from bert_jax.data.sources import load_source
+from bert_jax.data.splits import DatasetError, select
 from bert_jax.evaluation import classification_metrics
-
-
-def _text(value) -> str:
-    if isinstance(value, np.ndarray):
-        value = value.item()
-    return value.decode("utf-8") if isinstance(value, bytes) else value
-
-
-def _texts(values) -> list[str]:
-    return [_text(v) for v in values]
 
 
 def _write(path, text: str | bytes) -> str:
@@ -310,34 +301,38 @@ def test_upos_tags():
     assert {"NOUN", "VERB", "PROPN", "AUX", "CCONJ", "SCONJ", "X"} <= set(UPOS_TAGS)
 
 
-def test_conllu_builder(tmp_path):
+def test_conllu_splits_of_a_directory(tmp_path):
     root = tmp_path / "UD_X"
     _write(root / "x-ud-train.conllu", CONLLU)
     _write(root / "x-ud-dev.conllu", "1\tHi\thi\tINTJ\tUH\t_\t0\troot\t0:root\t_\n\n")
-    data_dir = tmp_path / "tfds"
-    train = load_source("conllu", "train", data_dir, path=root)
+    files = split_files(root)
+    assert files == {"train": str(root / "x-ud-train.conllu"),
+                     "validation": str(root / "x-ud-dev.conllu")}
+    train = read_splits(files)["train"]
     assert len(train) == 2
-    assert _texts(train[0]["words"]) == ["Do", "n't", "go", "_"]
-    assert _texts(train[0]["tags"]) == ["AUX", "PART", "VERB", "PUNCT"]
-    builder = Conllu(path=root, column="xpos", data_dir=data_dir)
-    assert builder.builder_config.name.startswith("UD_X_xpos_")
-    dev = load_source(builder, "validation")
-    assert _texts(dev[0]["tags"]) == ["UH"]
-    assert builder.info.metadata["tags"] == ["NFP", "RB", "UH", "VB", "VBP"]
-    with pytest.raises(ValueError, match="no split 'test'"):
-        load_source(builder, "test")
+    assert train[0]["words"] == ["Do", "n't", "go", "_"]
+    assert train[0]["tags"] == ["AUX", "PART", "VERB", "PUNCT"]
+    splits = read_splits(files, column="xpos")
+    assert splits["validation"][0]["tags"] == ["UH"]
+    assert tag_vocabulary(s for split in splits.values() for s in split) == [
+        "NFP", "RB", "UH", "VB", "VBP"]
+    with pytest.raises(DatasetError, match="no split 'test'"):
+        select("conllu", splits, "test")
     # CoNLL-2003 with explicit files.
     _write(root / "eng.testa", "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\n")
-    ner = Conllu(path=root, splits={"validation": "eng.testa"}, format="conll2003",
-                 data_dir=data_dir)
-    assert _texts(load_source(ner, "validation")[0]["tags"]) == ["B-ORG"]
-    # Errors surface at build time with file and line.
+    ner = read_splits(split_files(root, {"validation": "eng.testa"}), format="conll2003")
+    assert ner["validation"][0]["tags"] == ["B-ORG"]
+    # Errors name the file and the line; an empty split names its file.
     _write(tmp_path / "B" / "b-ud-train.conllu", "1\tA\ta\tDET\n")
-    msg = _error(ConlluFormatError, load_source, "conllu", "train", data_dir,
-                 path=tmp_path / "B")
+    msg = _error(ConlluFormatError, read_splits, split_files(tmp_path / "B"))
     assert "b-ud-train.conllu:1:" in msg
-    msg = _error(ConlluFormatError, conllu_config, tmp_path / "tfds")
+    _write(root / "empty.conllu", "# only a comment\n\n")
+    msg = _error(ConlluFormatError, read_splits, split_files(root, {"test": "empty.conllu"}))
+    assert "['test'] have no sentences" in msg and "empty.conllu" in msg
+    msg = _error(ConlluFormatError, split_files, tmp_path / "B" / "..")
     assert "-ud-{train,dev,test}.conllu" in msg
+    assert "missing file" in _error(FileNotFoundError, split_files, root, {"train": "no"})
+    assert "not a directory" in _error(FileNotFoundError, split_files, tmp_path / "none")
 
 
 # ============================================================ real files ==
@@ -371,16 +366,13 @@ def test_real_glue_counts(real_glue, tmp_path):
 
 
 @pytest.mark.slow
-def test_real_ud_ewt(shared_data, tmp_path):
-    builder = Conllu(path=shared_data / "ud_en_ewt", data_dir=tmp_path)
-    counts = {split: len(load_source(builder, split))
-              for split in ("train", "validation", "test")}
+def test_real_ud_ewt(shared_data):
+    splits = read_splits(split_files(shared_data / "ud_en_ewt"))
+    counts = {split: len(sentences) for split, sentences in splits.items()}
     assert counts == {"train": 12544, "validation": 2001, "test": 2077}
-    assert builder.info.metadata["tags"] == sorted(UPOS_TAGS)   # all 17 occur
+    assert tag_vocabulary(s for split in splits.values() for s in split) == sorted(
+        UPOS_TAGS)   # all 17 occur
     dev = read_conllu(shared_data / "ud_en_ewt" / "en_ewt-ud-dev.conllu")
     assert all(len(s["words"]) == len(s["tags"]) > 0 and s["sent_id"] for s in dev)
     assert set(tag_vocabulary(dev)) <= set(UPOS_TAGS)
-    source = load_source(builder, "validation")
-    for i in (0, 2000):
-        assert _texts(source[i]["words"]) == dev[i]["words"]
-        assert _texts(source[i]["tags"]) == dev[i]["tags"]
+    assert splits["validation"] == dev

@@ -1,4 +1,4 @@
-"""Translation data: the synthetic_translation and parallel_text tfds builders,
+"""Translation data: the synthetic_translation corpus, the parallel_text tfds builder,
 Multi30k from ../shared/data, and the tfds catalog WMT path under mock_data."""
 
 import collections
@@ -8,12 +8,11 @@ import re
 import pytest
 import tensorflow_datasets as tfds
 
-from bert_jax.data import (
-    ParallelText, SyntheticTranslation, load_source, parallel_text_config,
-    translation_config)
+from bert_jax.data import ParallelText, load_source, parallel_text_config
 from bert_jax.data import synthetic_translation as st
 from bert_jax.data.parallel_text import ParallelTextError, discover_splits
 from bert_jax.data.sources import prepare
+from bert_jax.data.splits import DatasetError
 from synthetic_translation_reference import translate
 
 SMALL = dict(num_train=300, num_validation=60, num_test=60)
@@ -30,44 +29,38 @@ def _pairs(source) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def sample() -> list[tuple[str, str]]:
-    """4000 pairs of the default grammar (max_clauses=3), without tfds."""
-    return st.generate_split(translation_config(num_train=4000, seed=11), "train")
+    """4000 pairs of the default grammar (max_clauses=3)."""
+    return _pairs(st.generate(num_train=4000, seed=11)["train"])
 
 
-# ------------------------------------------------------ synthetic builder --
+# ------------------------------------------------------ synthetic corpus --
 
-@pytest.mark.slow
-def test_synthetic_build_matches_generator_and_is_deterministic(tmp_path):
-    splits = {}
-    for run in ("a", "b"):
-        builder = SyntheticTranslation(data_dir=tmp_path / run, **SMALL)
-        splits[run] = {s: _pairs(load_source(builder, s))
-                       for s in ("train", "validation", "test")}
-    assert splits["a"] == splits["b"]
-    assert {s: len(p) for s, p in splits["a"].items()} == {
-        "train": 300, "validation": 60, "test": 60}
-    cfg = translation_config(**SMALL)
-    st._generate_splits.cache_clear()   # generate afresh, not from the cache
-    for split, pairs in splits["a"].items():
-        assert pairs == st.generate_split(cfg, split)   # stored in generation order
-
-    other = SyntheticTranslation(data_dir=tmp_path / "a", seed=1, **SMALL)
-    assert other.data_dir != builder.data_dir and "seed1" in other.data_dir
-    assert _pairs(load_source(other, "train")) != splits["a"]["train"]
-    # A config name resolves to its parameters, like synthetic_reverse.
-    by_name = tfds.builder(f"synthetic_translation/{builder.builder_config.name}",
-                           data_dir=tmp_path / "b")
-    assert by_name.data_dir == builder.data_dir
-    assert _pairs(load_source("synthetic_translation", "test", tmp_path / "b",
-                              **SMALL)) == splits["a"]["test"]
+def test_synthetic_splits_are_deterministic_and_those_of_the_former_builder():
+    splits = load_source("synthetic_translation", "train", **SMALL)
+    assert st.generate(**SMALL)["train"] is splits   # cached: generated once
+    st.generate.cache_clear()
+    again = st.generate(**SMALL)
+    assert {s: _pairs(again[s]) for s in again} == {
+        s: _pairs(load_source("synthetic_translation", s, **SMALL))
+        for s in ("train", "validation", "test")}
+    assert {s: len(p) for s, p in again.items()} == {"train": 300, "validation": 60,
+                                                      "test": 60}
+    assert _pairs(st.generate(seed=1, **SMALL)["train"]) != _pairs(again["train"])
+    # What the tfds builder (commit 8f5ff60) stored first, in generation order.
+    first = st.generate(num_train=500, num_validation=50, num_test=50, seed=3)
+    assert first["train"][0] == {
+        "source": "ta rosesi bosor ta dik kofak dokut rem ta poni lom ta renuri .",
+        "target": "hun droglixot wyhornunt hu gloqytho jeqazo snelm xov hun trernot viz "
+                  "jan skodrornae ."}
+    assert first["test"][0]["source"] == ("ta rodan nu ta gifer lom mu kemuni bifis nen ta "
+                                          "gipesi rek dim ta tus pes .")
 
 
 def test_synthetic_splits_are_disjoint():
     # One clause only: short sentences recur, so redraws are really needed.
-    cfg = translation_config(num_train=3000, num_validation=500, num_test=500,
-                             max_clauses=1, seed=5)
-    sources = {s: [src for src, _ in st.generate_split(cfg, s)]
-               for s in ("train", "validation", "test")}
+    splits = st.generate(num_train=3000, num_validation=500, num_test=500, max_clauses=1,
+                         seed=5)
+    sources = {s: [src for src, _ in _pairs(examples)] for s, examples in splits.items()}
     assert len(set(sources["train"])) < len(sources["train"])  # train repeats
     for split in ("validation", "test"):
         assert len(set(sources[split])) == len(sources[split]) == 500
@@ -79,10 +72,8 @@ def test_synthetic_parameters_are_validated():
     for params, match in [(dict(max_clauses=0), "max_clauses"),
                           (dict(num_train=-1), "num_train"),
                           (dict(seed=1.5), "seed")]:
-        with pytest.raises(ValueError, match=match):
-            translation_config(**params)
-    with pytest.raises(ValueError, match="not both"):
-        SyntheticTranslation(config="train1_val1_test1_clauses1_seed0", seed=1)
+        with pytest.raises(DatasetError, match=match):
+            st.generate(**params)
 
 
 def test_synthetic_lengths_span_the_promised_range(sample):
@@ -92,7 +83,7 @@ def test_synthetic_lengths_span_the_promised_range(sample):
     assert 12 <= sum(lengths) / len(lengths) <= 30
     clauses = collections.Counter(src.count(",") + 1 for src, _ in sample)
     assert set(clauses) == {1, 2, 3}  # max_clauses=3
-    one = st.generate_split(translation_config(num_train=2000, max_clauses=1), "train")
+    one = _pairs(st.generate(num_train=2000, max_clauses=1)["train"])
     assert max(len(s.split()) for s, _ in one) < max(lengths)
     assert all("," not in s for s, _ in one)
 

@@ -132,7 +132,7 @@ def test_the_resume_command_replaces_the_old_flag():
     ("bert_jax.analysis.sweeps.points", "SweepError"),
     ("bert_jax.training.aot", "DoesNotFit"),
     ("bert_jax.data.input_lines", "InputError"),
-    ("bert_jax.data.sources", "DatasetError"),
+    ("bert_jax.data.splits", "DatasetError"),
 ])
 def test_the_project_errors_are_user_errors(module, name):
     assert issubclass(getattr(importlib.import_module(module), name), UserError)
@@ -344,12 +344,17 @@ def test_dataset_builds_log_progress_lines(tmp_path, monkeypatch, caplog):
     from tensorflow_datasets.core.utils import tqdm_utils
     monkeypatch.setattr(sources, "PROGRESS_EVERY_SECONDS", 0.01)
     monkeypatch.setattr(tqdm_utils, "_active", True)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for stem, n in (("train", 3000), ("val", 8)):
+        for language in ("src", "tgt"):
+            (corpus / f"{stem}.{language}").write_text("".join(f"{i}\n" for i in range(n)))
     with caplog.at_level("INFO", logger="absl"):
-        sources.load_source("synthetic_reverse", "train", tmp_path, num_train=3000,
-                            num_validation=8)
+        sources.load_source("parallel_text", "train", tmp_path / "tfds", path=corpus,
+                            source_language="src", target_language="tgt")
     messages = [r.getMessage() for r in caplog.records if "load_source" in r.getMessage()]
     assert any(" s, " in m and "MB written" in m for m in messages), messages
-    assert any(m.startswith("load_source: prepared synthetic_reverse") and
+    assert any(m.startswith("load_source: prepared parallel_text") and
                m.endswith("train 3,000, validation 8 examples") for m in messages), messages
     assert tqdm_utils._active is False  # pytest's stderr is not a terminal
 

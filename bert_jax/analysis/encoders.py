@@ -2,7 +2,8 @@
 
 `load_encoder(path)` takes
   - a Hugging Face BERT folder (`config.json`, `model.safetensors`, usually
-    `vocab.txt`, casing from `tokenizer_config.json`'s `do_lower_case`);
+    `vocab.txt`, casing from `tokenizer_config.json`'s `do_lower_case`, see
+    `wordpiece.declared_casings`);
   - a bert_jax pretrained folder (`launch/convert.py` output,
     `model_config.json`; a `vocab.txt` beside it or `vocab_file`);
   - the workdir of a BERT training run (pretraining or fine-tuning), restored as
@@ -14,7 +15,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -22,10 +22,9 @@ import flax.linen as nn
 
 from bert_jax.convert import load_hf_bert, load_pretrained
 from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
-from bert_jax.data.wordpiece import WordPiece
+from bert_jax.data.wordpiece import WordPiece, declared_casings
 from bert_jax.modeling.configs import BertConfig, ConfigError
-from bert_jax.training import evaluation
-from bert_jax.training.checkpoints import CHECKPOINT_DIR
+from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE
 
 
 @dataclasses.dataclass
@@ -40,19 +39,8 @@ class Encoder:
 
 
 def is_workdir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, evaluation.CONFIG_FILE)) and os.path.isdir(
+    return os.path.isfile(os.path.join(path, CONFIG_FILE)) and os.path.isdir(
         os.path.join(path, CHECKPOINT_DIR))
-
-
-def _casing(folder: str) -> bool:
-    """`do_lower_case` of the folder's tokenizer_config.json; uncased if absent."""
-    path = os.path.join(folder, "tokenizer_config.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            value = json.load(f).get("do_lower_case")
-        if value is not None:
-            return bool(value)
-    return True
 
 
 def load_encoder(path: str, *, vocab_file: str | None = None,
@@ -63,6 +51,8 @@ def load_encoder(path: str, *, vocab_file: str | None = None,
     path = os.path.abspath(path)
     vocab = None
     if is_workdir(path):
+        from bert_jax.training import evaluation   # tasks, data builders: heavy imports
+
         task, _, params, _ = evaluation.restore_for_inference(
             evaluation.saved_config(path), path, step)
         config, vocab = task.model_config, getattr(task, "vocab", None)
@@ -81,7 +71,8 @@ def load_encoder(path: str, *, vocab_file: str | None = None,
         if not os.path.isfile(vocab_file):
             raise FileNotFoundError(f"{vocab_file} does not exist: give the vocabulary "
                                     "the encoder was trained with.")
-        casing = _casing(os.path.dirname(vocab_file)) if lowercase is None else lowercase
+        casing = (next((d for *_, d in declared_casings(os.path.dirname(vocab_file))), True)
+                  if lowercase is None else lowercase)
         vocab = WordPiece.from_vocab_file(vocab_file, lowercase=casing)
     config = config.replace(attention_impl="einsum", dropout_rate=0.0,
                             attention_dropout_rate=0.0)

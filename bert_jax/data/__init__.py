@@ -1,8 +1,9 @@
-"""Datasets (tfds builders in `array_record` format, read without TensorFlow)
-and grain input pipelines with static shapes and checkpointable state.
+"""Datasets (built-in corpora generated in memory, local files read directly,
+tfds builders in `array_record` format read without TensorFlow) and grain
+input pipelines with static shapes and checkpointable state.
 
     from bert_jax.data import load_source, train_iterator, eval_batches
-    source = load_source("synthetic_reverse", "train", data_dir, num_train=64)
+    source = load_source("synthetic_reverse", "train", num_train=64)
     it = train_iterator(source, global_batch_size=32, seed=0, process_index=0,
                         process_count=1, preprocess=dict,
                         max_length=16)
@@ -16,20 +17,13 @@ from bert_jax.data.pipeline import (
     train_iterator,
 )
 from bert_jax.data.sources import load_source
-from bert_jax.data.synthetic_reverse import SyntheticReverse, reverse_config
-from bert_jax.data.synthetic_translation import (
-    SyntheticTranslation, translation_config)
 
 __all__ = [
     "EvalBatches",
     "ParallelText",
-    "SyntheticReverse",
-    "SyntheticTranslation",
     "eval_batches",
     "load_source",
     "num_filtered",
     "parallel_text_config",
-    "reverse_config",
     "train_iterator",
-    "translation_config",
 ]

@@ -1,7 +1,7 @@
 """What the project's tfds builders over local files share: a base class
 (`LocalFilesBuilder`), configs made at run time and named by a fingerprint of
-their files and parameters (`config_name`, `file_stats`), the split-name check,
-and the check that the files did not change before the dataset is built."""
+their files and parameters (`config_name`, `file_stats`), and the check that
+the files did not change before the dataset is built."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import inspect
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import ClassVar, Generic, TypeVar
 
 import tensorflow_datasets as tfds
@@ -52,7 +52,9 @@ class LocalFilesBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True)
     def __init_subclass__(cls, **kwargs):
         cls.BUILDER_CONFIGS = []
         # tfds 4.9.10 computes the default `code_path` through
-        # `importlib_resources` (missing here) and fails; see synthetic_reverse.
+        # `importlib_resources` (a backport that it declares only for Python
+        # < 3.9, so it is missing here) and fails with ModuleNotFoundError;
+        # the path is plain to give.
         cls.code_path = epath.Path(inspect.getfile(cls))
         super().__init_subclass__(**kwargs)
 
@@ -60,19 +62,6 @@ class LocalFilesBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True)
     def get_builder_config(cls, name, version=None):
         found = super().get_builder_config(name, version)
         return found if found is not None else cls.CONFIGS.get(name)
-
-
-def check_split_names(what: str, splits: object, values: str,
-                      error: type[Exception] = ValueError) -> None:
-    """Raises `error` unless `splits` is a non-empty mapping whose keys are
-    valid tfds split names (`values` says what its values are, for the message)."""
-    if not isinstance(splits, Mapping) or not splits:
-        raise error(f"{what}: splits must be a non-empty mapping of tfds split name -> "
-                    f"{values}; got {splits!r}")
-    for split in splits:
-        if not isinstance(split, str) or not re.fullmatch(r"[\w\-]+", split):
-            raise error(f"{what}: split name {split!r} must use only letters, digits, "
-                        f"'_' and '-'")
 
 
 def config_name(directory: str, params: dict, *labels: str, default: str) -> str:

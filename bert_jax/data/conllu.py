@@ -7,13 +7,10 @@ CoNLL-2003-style column files, read from local files.
                    #  "line": 1, "sent_id": "weblog-..."}
     tag_ids = {tag: i for i, tag in enumerate(UPOS_TAGS)}
 
-or as a tfds dataset in `array_record` format (read without TensorFlow):
+or every split of a corpus directory at once, read in a few seconds:
 
-    builder = Conllu(path="../shared/data/ud_en_ewt", data_dir=data_dir)
-    train = load_source(builder, "train")      # train[i]["words"], ["tags"]
-    # or by name (this module must have been imported, which registers it):
-    dev = load_source("conllu", "validation", data_dir,
-                      path="../shared/data/ud_en_ewt", column="upos")
+    files = split_files("../shared/data/ud_en_ewt")   # {"train": ".../en_ewt-ud-train.conllu", ...}
+    splits = read_splits(files, column="upos")         # {"train": [sentence, ...], ...}
 
 CoNLL-U (`format="conllu"`, https://universaldependencies.org/format.html):
 one word a line, 10 tab-separated fields `ID FORM LEMMA UPOS XPOS FEATS HEAD
@@ -43,28 +40,18 @@ line (and the character column for a field) and what to do: invalid UTF-8,
 a word line without exactly 10 tab-separated fields (CoNLL-U) or with another
 number of columns than the file's first one (CoNLL-2003), a non-integer ID,
 IDs that do not count 1, 2, 3, ... within a sentence, an empty FORM or tag.
-
-`Conllu` config name, e.g. `ud_en_ewt_upos_3f9a0c1b2d4e`: the directory's
-name, the column, and a 12-hex-digit SHA-256 of the absolute path, the split
-files, the column, the format and each file's name, size and modification
-time (ns), as in `parallel_text`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import tensorflow_datasets as tfds
-
-from bert_jax.data.builder_configs import (
-    ConfigRegistry, LocalFilesBuilder, check_split_names, check_unchanged, config_name,
-    file_stats)
-from bert_jax.data.text_files import utf8_lines
+from bert_jax.data.splits import check_split_names
+from bert_jax.data.text_files import char_column, utf8_lines
 from bert_jax.errors import UserError
 
 # The 17 Universal POS tags (https://universaldependencies.org/u/pos/), in the
@@ -111,11 +98,6 @@ def _column_index(column: str | int | None, format: str, word_column: int = 0) -
                              "word (word_column); pick a tag column (e.g. -1, the last)")
         return column
     raise TypeError(f"conllu: column must be a name, an int or None, got {column!r}")
-
-
-def _char_column(fields: list[str], index: int) -> int:
-    """1-based character column where field `index` of a tab-split line starts."""
-    return 1 + sum(len(field) + 1 for field in fields[:index])
 
 
 def read_conllu(path: str | os.PathLike, column: str | int | None = None,
@@ -220,11 +202,11 @@ def read_conllu(path: str | os.PathLike, column: str | int | None = None,
                 f"line that ends the previous sentence?")
         if not fields[1]:
             raise ConlluFormatError(
-                f"conllu: {path}:{lineno}:{_char_column(fields, 1)}: empty FORM; "
+                f"conllu: {path}:{lineno}:{char_column(fields, 1)}: empty FORM; "
                 f"every word needs its form (`_` for an underscore).")
         if not fields[index]:
             raise ConlluFormatError(
-                f"conllu: {path}:{lineno}:{_char_column(fields, index)}: empty "
+                f"conllu: {path}:{lineno}:{char_column(fields, index)}: empty "
                 f"{column_name} field; write `_` for an unspecified value.")
         words.append(fields[1])
         tags.append(fields[index])
@@ -238,7 +220,7 @@ def tag_vocabulary(sentences: Iterable[Mapping[str, Any]]) -> list[str]:
     return sorted({tag for sentence in sentences for tag in sentence["tags"]})
 
 
-# ----------------------------------------------------------------- builder --
+# ------------------------------------------------------------------ splits --
 
 
 def discover_splits(directory: str) -> tuple[tuple[str, str], ...]:
@@ -262,126 +244,44 @@ def discover_splits(directory: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(found))
 
 
-@dataclasses.dataclass(eq=False)
-class ConlluConfig(tfds.core.BuilderConfig):
-    """A tagging corpus and its fingerprint; build instances with `conllu_config`."""
+def split_files(path: str | os.PathLike, splits: Mapping[str, str] | None = None
+                ) -> dict[str, str]:
+    """Split name -> its file (absolute), each checked to exist.
 
-    path: str = ""                                # absolute, symlinks resolved
-    splits: tuple[tuple[str, str], ...] = ()      # (tfds split name, file name)
-    column: int = 3
-    format: str = "conllu"
-    word_column: int = 0
-    # (file name, size in bytes, mtime in ns) of every file read.
-    files: tuple[tuple[str, int, int], ...] = ()
-
-    def split_file(self, split: str) -> str:
-        """The file of `split`."""
-        return os.path.join(self.path, dict(self.splits)[split])
-
-
-_CONFIGS: ConfigRegistry[ConlluConfig] = ConfigRegistry()
-
-
-def conllu_config(path: str | os.PathLike, splits: Mapping[str, str] | None = None,
-                  column: str | int | None = None, format: str = "conllu",
-                  word_column: int = 0) -> ConlluConfig:
-    """The (validated, fingerprinted, interned) config of a corpus directory.
-
-    `splits`: tfds split name -> file name in `path`; by default the UD files
-    `*-ud-{train,dev,test}.conllu` (as `train`/`validation`/`test`). The files'
-    contents are checked when the dataset is built.
+    `splits`: split name -> file name in the directory `path`; by default
+    (`None`) the UD files `*-ud-{train,dev,test}.conllu` (as `train`,
+    `validation`, `test`). The files are read by `read_splits`.
     """
-    index = _column_index(column, format, word_column)
     directory = os.path.realpath(os.path.expanduser(os.fspath(path)))
     if not os.path.isdir(directory):
         raise FileNotFoundError(
             f"conllu: {directory} is not a directory (path={os.fspath(path)!r}); "
             f"pass the directory holding the files.")
     if splits is None:
-        mapping = discover_splits(directory)
-    else:
-        check_split_names("conllu", splits, "file name")
-        for split, name in splits.items():
-            if not isinstance(name, str) or not name or os.sep in name:
-                raise ValueError(f"conllu: the file of split {split!r} must be a "
-                                 f"file name in {directory}, got {name!r}")
-        missing = [os.path.join(directory, n) for n in splits.values()
-                   if not os.path.isfile(os.path.join(directory, n))]
-        if missing:
-            raise FileNotFoundError(f"conllu: missing file(s) {missing} "
-                                    f"(splits={dict(splits)})")
-        mapping = tuple(sorted(splits.items()))
-    params = dict(path=directory, splits=mapping, column=index, format=format,
-                  word_column=word_column,
-                  files=file_stats(directory, [name for _, name in mapping]))
-    names = CONLLU_COLUMNS if format == "conllu" else CONLL2003_COLUMNS
-    column_label = (names[index] if 0 <= index < len(names) and format == "conllu"
-                    else f"col{index}".replace("-", "m"))
-    name = config_name(directory, params, column_label, default="corpus")
-    return _CONFIGS.intern(name, lambda: ConlluConfig(
-        name=name, description=(
-            f"{format} tagging ({column_label}) from {directory}, splits "
-            f"{dict(mapping)}"), **params))
+        splits = dict(discover_splits(directory))
+    check_split_names("conllu", splits, "file name")
+    for split, name in splits.items():
+        if not isinstance(name, str) or not name or os.sep in name:
+            raise ValueError(f"conllu: the file of split {split!r} must be a "
+                             f"file name in {directory}, got {name!r}")
+    missing = [os.path.join(directory, n) for n in splits.values()
+               if not os.path.isfile(os.path.join(directory, n))]
+    if missing:
+        raise FileNotFoundError(f"conllu: missing file(s) {missing} "
+                                f"(splits={dict(splits)})")
+    return {split: os.path.join(directory, name) for split, name in sorted(splits.items())}
 
 
-class Conllu(LocalFilesBuilder):
-    """Sentences of CoNLL-U / CoNLL-2003 files (see the module docstring).
-
-    Features: `words` and `tags`, sequences of text of the same length.
-    Examples keep the file order. `info.metadata["tags"]`: the sorted tags
-    of all splits.
-    """
-
-    CONFIGS = _CONFIGS
-
-    def __init__(self, *, path: str | os.PathLike | None = None,
-                 splits: Mapping[str, str] | None = None,
-                 column: str | int | None = None, format: str | None = None,
-                 word_column: int | None = None, config=None, **kwargs):
-        """The corpus (`path`, optionally `splits`, `column`, `format`,
-        `word_column`) or `config`, not both."""
-        given = {k for k, v in dict(path=path, splits=splits, column=column, format=format,
-                                    word_column=word_column).items() if v is not None}
-        if config is not None:
-            if given:
-                raise ValueError(f"conllu: pass either config= or {sorted(given)}, "
-                                 f"not both.")
-        else:
-            if path is None:
-                raise ValueError("conllu needs path= (the corpus directory).")
-            config = conllu_config(path, splits=splits, column=column,
-                                   format=format or "conllu", word_column=word_column or 0)
-        super().__init__(config=config, **kwargs)
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return self.dataset_info_from_configs(
-            features=tfds.features.FeaturesDict({
-                "words": tfds.features.Sequence(tfds.features.Text()),
-                "tags": tfds.features.Sequence(tfds.features.Text()),
-            }),
-            metadata=tfds.core.MetadataDict(),
-            disable_shuffling=True,   # example i is the file's i-th sentence
-        )
-
-    def _split_generators(self, dl_manager):
-        del dl_manager  # nothing to download
-        cfg: ConlluConfig = self.builder_config
-        check_unchanged(cfg.path, cfg.files, cfg.name, "conllu", ConlluFormatError)
-        # Read (and check) every split before tfds writes any example.
-        sentences = {split: read_conllu(cfg.split_file(split), cfg.column, cfg.format,
-                                        cfg.word_column)
-                     for split, _ in cfg.splits}
-        empty = [split for split, s in sentences.items() if not s]
-        if empty:  # tfds cannot write a split with no examples
-            raise ConlluFormatError(
-                f"conllu: split(s) {empty} have no sentences "
-                f"({', '.join(cfg.split_file(s) for s in empty)}).")
-        self.info.metadata["column"] = cfg.column
-        self.info.metadata["format"] = cfg.format
-        self.info.metadata["tags"] = tag_vocabulary(
-            s for split in sentences.values() for s in split)
-        return {split: self._generate_examples(s) for split, s in sentences.items()}
-
-    def _generate_examples(self, sentences):
-        for i, sentence in enumerate(sentences):
-            yield i, {"words": sentence["words"], "tags": sentence["tags"]}
+def read_splits(files: Mapping[str, str], column: str | int | None = None,
+                format: str = "conllu", word_column: int = 0
+                ) -> dict[str, list[dict[str, Any]]]:
+    """`read_conllu` of every split's file (`split_files`), in file order;
+    a split without sentences is a `ConlluFormatError` naming its file."""
+    sentences = {split: read_conllu(file, column, format, word_column)
+                 for split, file in files.items()}
+    empty = [split for split, s in sentences.items() if not s]
+    if empty:
+        raise ConlluFormatError(
+            f"conllu: split(s) {empty} have no sentences "
+            f"({', '.join(files[split] for split in empty)}).")
+    return sentences

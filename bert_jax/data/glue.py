@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.data.text_files import as_text, utf8_lines
+from bert_jax.data.text_files import as_text, char_column, utf8_lines
 from bert_jax.errors import UserError
 
 Column = str | int
@@ -237,18 +237,6 @@ def get_task(task: str | GlueTaskSpec) -> GlueTaskSpec:
 # ----------------------------------------------------------------- reading --
 
 
-def _decoded_lines(path: str, where: list[int], prefix: str) -> Iterator[str]:
-    """The lines of a UTF-8 file (BOM dropped); `where[0]` is the current line."""
-    for lineno, text in utf8_lines(path, GlueFormatError, prefix):
-        where[0] = lineno
-        yield text
-
-
-def _char_column(row: list[str], index: int) -> int:
-    """1-based character column where field `index` of a tab-split row starts."""
-    return 1 + sum(len(field) + 1 for field in row[:index])
-
-
 def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
              labels_required: bool = True) -> list[dict[str, Any]]:
     """The examples of one TSV file of a task, in file order.
@@ -277,21 +265,18 @@ def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
         raise FileNotFoundError(
             f"{prefix}{path} does not exist; point the path at the task's "
             f"directory holding {sorted(set(spec.splits.values()))}.")
-    where = [0]
-    reader = csv.reader(_decoded_lines(path, where, prefix), delimiter="\t",
-                        quoting=csv.QUOTE_NONE, strict=True)
 
-    def rows() -> Iterator[list[str]]:
-        while True:
+    def rows() -> Iterator[tuple[int, list[str]]]:
+        """(1-based line number, tab-separated fields) of each line."""
+        for lineno, text in utf8_lines(path, GlueFormatError, prefix):
             try:
-                yield next(reader)
-            except StopIteration:
-                return
+                yield lineno, next(csv.reader([text], delimiter="\t",
+                                              quoting=csv.QUOTE_NONE, strict=True))
             except csv.Error as e:
                 reason = ("a carriage return (\\r) inside the line: remove it"
                           if "new-line character" in str(e) else f"{e}; fix that line")
                 raise GlueFormatError(
-                    f"{prefix}{path}:{where[0]}: cannot split the line into "
+                    f"{prefix}{path}:{lineno}: cannot split the line into "
                     f"tab-separated fields ({reason}).") from None
 
     wanted = {"text_a": spec.text_a, "text_b": spec.text_b,
@@ -299,7 +284,7 @@ def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
     row_iter = rows()
     header: list[str] | None = None
     if spec.has_header:
-        header = next(row_iter, None)
+        header = next(row_iter, (1, None))[1]
         if header is None:
             raise GlueFormatError(
                 f"{prefix}{path}:1: the file is empty; a {spec.name} file starts "
@@ -327,8 +312,7 @@ def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
     label_ids = {label: i for i, label in enumerate(spec.labels)}
 
     examples = []
-    for row in row_iter:
-        lineno = where[0]
+    for lineno, row in row_iter:
         for key, i in needed:
             if i >= len(row):
                 width = (f"{len(header)} tab-separated fields, as in the header"
@@ -349,13 +333,13 @@ def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
             text = row[i].strip()
             if not text:
                 raise GlueFormatError(
-                    f"{prefix}{path}:{lineno}:{_char_column(row, i)}: empty {key} "
+                    f"{prefix}{path}:{lineno}:{char_column(row, i)}: empty {key} "
                     f"(column {wanted[key]!r}); every example needs its text: fix or "
                     f"remove line {lineno}.")
             example[key] = text
         value = (row[label_index].strip()
                  if label_index is not None and label_index < len(row) else "")
-        column = (_char_column(row, label_index)
+        column = (char_column(row, label_index)
                   if label_index is not None and label_index < len(row) else 0)
         if not value and not labels_required:
             example["label"] = math.nan if spec.is_regression else -1

@@ -70,8 +70,8 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from bert_jax.data.builder_configs import (
-    ConfigRegistry, LocalFilesBuilder, check_split_names, check_unchanged, config_name,
-    file_stats)
+    ConfigRegistry, LocalFilesBuilder, check_unchanged, config_name, file_stats)
+from bert_jax.data.splits import check_split_names
 from bert_jax.data.text_files import utf8_lines
 from bert_jax.errors import UserError
 
@@ -287,23 +287,15 @@ class ParallelText(LocalFilesBuilder):
                  splits: Mapping[str, str] | None = None,
                  skip_empty: bool = False, config=None, **kwargs):
         """The corpus (`path`, the two languages, ...) or `config`, not both."""
-        given = {k for k, v in dict(path=path, source_language=source_language,
-                                    target_language=target_language,
-                                    splits=splits).items() if v is not None}
-        if skip_empty:
-            given.add("skip_empty")
-        if config is not None:
-            if given:
-                raise ValueError(f"parallel_text: pass either config= or the corpus "
-                                 f"parameters {sorted(given)}, not both.")
-        else:
-            missing = {"path", "source_language", "target_language"} - given
-            if missing:
-                raise ValueError(
-                    f"parallel_text needs path=, source_language= and "
-                    f"target_language= (missing: {', '.join(sorted(missing))}).")
-            config = parallel_text_config(path, source_language, target_language,
-                                          splits=splits, skip_empty=skip_empty)
+        corpus = (path, source_language, target_language)
+        if config is None:
+            if None in corpus:
+                raise ValueError("parallel_text needs path=, source_language= and "
+                                 "target_language= (or config=).")
+            config = parallel_text_config(*corpus, splits=splits, skip_empty=skip_empty)
+        elif corpus != (None, None, None) or splits is not None or skip_empty:
+            raise ValueError("parallel_text: pass either config= or the corpus "
+                             "parameters (path=, ...), not both.")
         super().__init__(config=config, **kwargs)
 
     def _info(self) -> tfds.core.DatasetInfo:

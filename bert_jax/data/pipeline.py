@@ -217,8 +217,11 @@ class _FilterLog:
 
 # ---------------------------------------------------------------- training --
 
-class _TrainDataset(grain.IterDataset):
-    """Row streams over an infinite shuffled `MapDataset` (see module doc)."""
+class TrainDatasetIterator(grain.DatasetIterator):
+    """Local batches of the row streams over an infinite shuffled `MapDataset`
+    (see module doc); state `{"step", "consumed", "filtered", ...}`: per local
+    row, the row-stream positions read so far and how many of them were
+    dropped as too long."""
 
     def __init__(self, examples: grain.MapDataset, *, num_examples: int,
                  global_batch_size: int, local_batch_size: int, first_row: int,
@@ -234,80 +237,63 @@ class _TrainDataset(grain.IterDataset):
         self._max_length = max_length
         self._packer = packer
         self._transform = transform
-
-    def __iter__(self) -> TrainDatasetIterator:
-        return TrainDatasetIterator(self)
-
-    def __str__(self) -> str:
-        return f"_TrainDataset({self._identity})"
-
-
-class TrainDatasetIterator(grain.DatasetIterator):
-    """Local batches of the row streams; state `{"step", "consumed",
-    "filtered", ...}`: per local row, the row-stream positions read so far and
-    how many of them were dropped as too long."""
-
-    def __init__(self, ds: _TrainDataset):
-        super().__init__()
-        self._ds = ds
         self._step = 0
-        self._consumed = [0] * ds._local_batch_size
-        self._filtered = [0] * ds._local_batch_size
+        self._consumed = [0] * local_batch_size
+        self._filtered = [0] * local_batch_size
         self._peeked: dict[int, Batch] = {}  # read, but left for the next batch
         self._log = _FilterLog("train_iterator")
 
     def _example(self, position: int) -> tuple[Batch, bool]:
         if position in self._peeked:
             return self._peeked.pop(position), False
-        return self._ds._examples[position]
+        return self._examples[position]
 
     def _fill_row(self, i: int, consumed: list[int], filtered: list[int]) -> Batch:
         """Local row `i`: the next example of its stream or, when packing, the
         next examples while they fit; too-long examples are skipped and
         counted."""
-        ds = self._ds
         segments, run = [], 0
         while True:
-            position = consumed[i] * ds._global_batch_size + ds._first_row + i
+            position = consumed[i] * self._global_batch_size + self._first_row + i
             example, too_long = self._example(position)
             if too_long:
                 consumed[i] += 1
                 filtered[i] += 1
                 run += 1
-                self._log(sum(filtered), sum(consumed), ds._max_length)
-                if run >= ds._num_examples:
+                self._log(sum(filtered), sum(consumed), self._max_length)
+                if run >= self._num_examples:
                     raise ValueError(
                         f"train_iterator: {run} examples in a row are longer than "
-                        f"max_length={ds._max_length} (after preprocess); raise "
+                        f"max_length={self._max_length} (after preprocess); raise "
                         "max_length or check preprocess.")
                 continue
             run = 0
-            if ds._packer is None:
+            if self._packer is None:
                 consumed[i] += 1
                 return example
-            if segments and not ds._packer.fits(segments, example):
+            if segments and not self._packer.fits(segments, example):
                 self._peeked[position] = example
-                return ds._packer(segments)
+                return self._packer(segments)
             segments.append(example)
             consumed[i] += 1
 
     def __next__(self) -> Batch:
         consumed, filtered = list(self._consumed), list(self._filtered)
         rows = [self._fill_row(i, consumed, filtered)
-                for i in range(self._ds._local_batch_size)]
+                for i in range(self._local_batch_size)]
         batch = _stack(rows)
-        if self._ds._transform is not None:
-            batch = self._ds._transform(batch, self._step, self._ds._first_row)
+        if self._transform is not None:
+            batch = self._transform(batch, self._step, self._first_row)
         self._consumed, self._filtered = consumed, filtered
         self._step += 1
         return batch
 
     def get_state(self) -> dict[str, Any]:
         return {"step": self._step, "consumed": list(self._consumed),
-                "filtered": list(self._filtered), **self._ds._identity}
+                "filtered": list(self._filtered), **self._identity}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        mismatched = {k: (state.get(k), v) for k, v in self._ds._identity.items()
+        mismatched = {k: (state.get(k), v) for k, v in self._identity.items()
                       if state.get(k) != v}
         if mismatched:
             raise ValueError(
@@ -315,10 +301,10 @@ class TrainDatasetIterator(grain.DatasetIterator):
                 "other settings, (saved, now): " + ", ".join(
                     f"{k}={a!r} vs {b!r}" for k, (a, b) in mismatched.items()))
         for key in ("consumed", "filtered"):
-            if len(state.get(key, ())) != self._ds._local_batch_size:
+            if len(state.get(key, ())) != self._local_batch_size:
                 raise ValueError(
                     f"train_iterator.set_state: {key!r} should have "
-                    f"{self._ds._local_batch_size} rows, the state has "
+                    f"{self._local_batch_size} rows, the state has "
                     f"{state.get(key)!r}")
         self._step = int(state["step"])
         self._consumed = [int(n) for n in state["consumed"]]
@@ -466,12 +452,11 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
     identity = dict(seed=int(seed), global_batch_size=global_batch_size,
                     process_index=process_index, process_count=process_count,
                     num_examples=num_examples, pack_length=int(pack_length))
-    ds: grain.IterDataset = _TrainDataset(
+    it = TrainDatasetIterator(
         examples, num_examples=num_examples, global_batch_size=global_batch_size,
         local_batch_size=local, first_row=process_index * local, identity=identity,
         max_length=max_length, packer=_Packer(pack_length) if pack_length else None,
         transform=batch_transform)
-    it = iter(ds)
     return _Prefetch(it, prefetch) if prefetch > 0 else it
 
 

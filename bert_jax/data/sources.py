@@ -1,12 +1,16 @@
-"""Random-access sources: tfds datasets in `array_record` format, no TensorFlow.
+"""Random-access sources by dataset name: the built-in corpora, generated in
+memory, and tfds datasets in `array_record` format, read without TensorFlow.
 
-    source = load_source("synthetic_reverse", "train", data_dir, num_train=64)
-    len(source); source[i]  # -> {"inputs": np.ndarray, "targets": np.ndarray}
+    source = load_source("synthetic_reverse", "train", num_train=64)
+    source = load_source("parallel_text", "train", data_dir, path=..., ...)
+    len(source); source[i]  # -> {"inputs": np.ndarray, ...} or {"source": text, ...}
 
-`load_source` prepares the dataset on first use (`download_and_prepare` with
-`file_format="array_record"`) and reads it with `builder.as_data_source`, the
-reader behind `tfds.data_source`; `tfds.load`/`as_dataset` would need
-TensorFlow.
+A built-in name (`GENERATED`) calls its module's `generate(**kwargs)` and
+picks the split (`splits.select`); nothing is written. Any other name or
+builder is a tfds dataset: `load_source` prepares it on first use
+(`download_and_prepare` with `file_format="array_record"`) and reads it with
+`builder.as_data_source`, the reader behind `tfds.data_source`;
+`tfds.load`/`as_dataset` would need TensorFlow.
 
 Concurrent preparation: several processes on one machine may call
 `load_source` for the same dataset at once. The first takes an exclusive
@@ -43,41 +47,42 @@ from typing import Any
 import tensorflow_datasets as tfds
 from absl import logging
 
-# Registers the project's builders with tfds so that they resolve by name.
-from bert_jax.data import (  # noqa: F401
-    conllu, parallel_text, synthetic_reverse, synthetic_translation)
-from bert_jax.errors import UserError
+# parallel_text registers its builder with tfds, so that it resolves by name.
+from bert_jax.data import parallel_text, synthetic_reverse, synthetic_translation  # noqa: F401
+from bert_jax.data.splits import DatasetError, select
 
 FILE_FORMAT = "array_record"
 PROGRESS_EVERY_SECONDS = 30.0
-
-
-class DatasetError(UserError, ValueError):
-    """A dataset or split that cannot be read; the message names it."""
+# The built-in corpora: name -> `generate(**kwargs) -> {split: examples}`.
+GENERATED = {"synthetic_reverse": synthetic_reverse.generate,
+             "synthetic_translation": synthetic_translation.generate}
 
 
 def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
                 data_dir: str | os.PathLike | None = None,
                 **builder_kwargs: Any) -> Sequence[dict[str, Any]]:
-    """A random-access source of `split`, preparing the dataset if needed.
+    """A random-access source of `split`, preparing a tfds dataset if needed.
 
     Args:
-      builder: a tfds builder instance, or a dataset name as `tfds.builder`
-        takes it (`"synthetic_reverse"`, `"wmt14_translate/de-en"`, ...).
-      split: a tfds split, slices included (`"train"`, `"validation[:100]"`).
-      data_dir: where datasets live, for a name only (an instance has its own);
-        `None` or `""` means the tfds default (`$TFDS_DATA_DIR` or
-        `~/tensorflow_datasets`).
-      **builder_kwargs: for a name only, passed to the builder's constructor
-        (for `synthetic_reverse`: `vocab_size`, `num_train`, ...).
+      builder: a built-in name (`GENERATED`), a tfds builder instance, or a
+        dataset name as `tfds.builder` takes it (`"wmt14_translate/de-en"`).
+      split: a split, slices included (`"train"`, `"validation[:100]"`).
+      data_dir: where tfds datasets live, for a name only (an instance has its
+        own; the built-in corpora are not written and ignore it); `None` or
+        `""` means the tfds default (`$TFDS_DATA_DIR` or `~/tensorflow_datasets`).
+      **builder_kwargs: for a name only, the dataset's parameters (for
+        `synthetic_reverse`: `vocab_size`, `num_train`, ...).
 
     Returns:
-      A sequence: `len(source)`, and `source[i]` a dict of numpy arrays.
+      A sequence: `len(source)`, and `source[i]` a dict of numpy arrays (or,
+      for a built-in text corpus, of str).
 
     Raises:
       DatasetError: the split does not exist or has no examples (the message
         names the dataset and the split).
     """
+    if isinstance(builder, str) and builder in GENERATED:
+        return select(builder, GENERATED[builder](**builder_kwargs), split)
     if isinstance(builder, str):
         kwargs = dict(builder_kwargs)
         if data_dir:
@@ -97,21 +102,16 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
         # Another process built it while we waited: this builder's info came
         # from code (no splits), so read the dataset through its files.
         builder = tfds.builder_from_directory(builder.data_dir)
-    name = builder.info.full_name
-    splits = builder.info.splits
-    if splits:  # unknown only under `tfds.testing.mock_data`
-        try:
-            num_examples = splits[split].num_examples
-        except (KeyError, ValueError) as e:
-            raise DatasetError(
-                f"dataset {name} has no split {split!r} (its splits: "
-                f"{sorted(splits.keys())}); data in {builder.data_dir}: {e}") from e
-        if num_examples == 0:  # array_record would fail with an obscure error
-            raise DatasetError(
-                f"dataset {name} split {split!r} has no examples: check the split "
-                f"name or slice, and the data in {builder.data_dir}.")
-    source = builder.as_data_source(split, file_format=FILE_FORMAT)
-    if len(source) == 0:
+    name, splits = builder.info.full_name, builder.info.splits
+    try:  # splits are unknown only under `tfds.testing.mock_data`
+        empty = bool(splits) and splits[split].num_examples == 0
+    except (KeyError, ValueError) as e:
+        raise DatasetError(
+            f"dataset {name} has no split {split!r} (its splits: "
+            f"{sorted(splits.keys())}); data in {builder.data_dir}: {e}") from e
+    # (array_record would fail on an empty split with an obscure error)
+    source = None if empty else builder.as_data_source(split, file_format=FILE_FORMAT)
+    if source is None or len(source) == 0:
         raise DatasetError(
             f"dataset {name} split {split!r} has no examples: check the split "
             f"name or slice, and the data in {builder.data_dir}.")

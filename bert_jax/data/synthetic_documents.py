@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
 
 from bert_jax.data import synthetic_translation as grammar
+from bert_jax.file_io import write_atomically
 
 TOPIC_NOUNS = 4
 MIN_SENTENCES, MAX_SENTENCES = 2, 12
@@ -55,8 +55,5 @@ def write_corpus(path: str, num_documents: int, seed: int = 0) -> str:
         return path
     text = "\n\n".join("\n".join(document) for document in documents(num_documents, seed))
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=os.path.dirname(path) or ".",
-                                     delete=False, suffix=".tmp") as f:
-        f.write(text + "\n")
-    os.replace(f.name, path)
+    write_atomically(path, text + "\n")
     return path

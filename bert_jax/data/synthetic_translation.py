@@ -77,22 +77,17 @@ Splits `train`, `validation` and `test` are drawn from different random
 streams; a validation or test sentence whose source occurs in an earlier split
 (or earlier in its own split) is redrawn, so no source sentence is shared
 between splits. `train` may repeat a short sentence, as real corpora do.
-Examples are stored in generation order (`source[i]` is
-`generate_split(cfg, split)[i]`); shuffle in the input pipeline. Randomness
-uses only `random.Random(str).random()`, which Python guarantees
-to reproduce across versions: the same seed gives the same corpus anywhere.
+Examples are in generation order; shuffle in the input pipeline. Randomness
+uses only `random.Random(str).random()`, which Python guarantees to reproduce
+across versions: the same seed gives the same corpus anywhere. The splits
+are generated in memory (50,000 pairs in a few seconds), nothing is written:
 
-Every parameter is part of the config *name*, so datasets built with other
-parameters never share a folder (as in `synthetic_reverse`)::
+    splits = generate(num_train=500, seed=3)   # {"train": ..., "validation": ..., "test": ...}
+    splits["train"][i]                         # {"source": str, "target": str}
+    load_source("synthetic_translation", "train", num_train=500, seed=3)   # the same
 
-    builder = SyntheticTranslation(data_dir=d)                       # defaults
-    builder = SyntheticTranslation(data_dir=d, num_train=500, seed=3)
-    builder = tfds.builder(
-        "synthetic_translation/train500_val1000_test1000_clauses3_seed3",
-        data_dir=d)                                                  # same
-    source = load_source("synthetic_translation", "train", d, num_train=500)
-
-Changing the grammar or the lexicon changes the data: bump `VERSION`.
+Changing the grammar, the lexicon or the sampling changes the data of every
+experiment that uses it.
 """
 
 from __future__ import annotations
@@ -100,13 +95,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
-import re
-import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import tensorflow_datasets as tfds
-from etils import epath
+from bert_jax.data.splits import DatasetError, check_counts
 
 # ------------------------------------------------------------------ lexicon --
 
@@ -409,7 +401,7 @@ def _pick(rng: random.Random, probs: Sequence[float]) -> int:
     return len(probs) - 1
 
 
-# Sampling probabilities (part of the data definition: changing them, bump VERSION).
+# Sampling probabilities (part of the data definition).
 P_ANOTHER_CLAUSE = 0.5      # after each clause, while below max_clauses
 P_SUBORDINATE = 0.75        # an added clause is subordinate, else coordinated
 P_COORDINATED_SUBJECT = 0.15
@@ -458,167 +450,50 @@ def sample_sentence(rng: random.Random, max_clauses: int) -> Sentence:
     return tuple(clauses)
 
 
-# ------------------------------------------------------------------ config --
+# ------------------------------------------------------------------ splits --
 
 SPLITS = ("train", "validation", "test")
 
-_NAME_RE = re.compile(
-    r"^train(?P<num_train>\d+)_val(?P<num_validation>\d+)_test(?P<num_test>\d+)"
-    r"_clauses(?P<max_clauses>\d+)_seed(?P<seed>\d+)$")
-
-
-@dataclasses.dataclass(eq=False)
-class SyntheticTranslationConfig(tfds.core.BuilderConfig):
-    """Parameters of `synthetic_translation`; build with `translation_config`."""
-
-    num_train: int = 50000
-    num_validation: int = 1000
-    num_test: int = 1000
-    max_clauses: int = 3
-    seed: int = 0
-
-
-_CONFIGS: dict[str, SyntheticTranslationConfig] = {}
-_CONFIGS_LOCK = threading.Lock()
-
-
-def config_name(*, num_train: int, num_validation: int, num_test: int,
-                max_clauses: int, seed: int) -> str:
-    return (f"train{num_train}_val{num_validation}_test{num_test}"
-            f"_clauses{max_clauses}_seed{seed}")
-
-
-def translation_config(*, num_train: int = 50000, num_validation: int = 1000,
-                       num_test: int = 1000, max_clauses: int = 3, seed: int = 0
-                       ) -> SyntheticTranslationConfig:
-    """The (validated, interned) config for these parameters.
-
-    Interned: equal parameters give the identical object, which tfds requires
-    of a config that is also reachable by name.
-    """
-    params = dict(num_train=num_train, num_validation=num_validation,
-                  num_test=num_test, max_clauses=max_clauses, seed=seed)
-    for field, value in params.items():
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f"synthetic_translation: {field} must be an int, "
-                             f"got {value!r}")
-        if value < 0:
-            raise ValueError(f"synthetic_translation: {field} must be >= 0, got {value}")
-    if max_clauses < 1:
-        raise ValueError(f"synthetic_translation: max_clauses must be >= 1 (the main "
-                         f"clause), got {max_clauses}")
-    name = config_name(**params)
-    with _CONFIGS_LOCK:
-        if name not in _CONFIGS:
-            _CONFIGS[name] = SyntheticTranslationConfig(
-                name=name, description=f"synthetic_translation with {params}",
-                **params)
-        return _CONFIGS[name]
-
-
-# ------------------------------------------------------------------ splits --
-
-
-def _rng(cfg: SyntheticTranslationConfig, split: str) -> random.Random:
-    # A str seed is hashed (sha512) by `random.seed` version 2: stable.
-    return random.Random(f"synthetic_translation/seed={cfg.seed}/{split}")
-
-
-def generate_split(cfg: SyntheticTranslationConfig, split: str
-                   ) -> list[tuple[str, str]]:
-    """The `(source, target)` pairs of `split`, in generation order."""
-    if split not in SPLITS:
-        raise ValueError(f"synthetic_translation has no split {split!r} "
-                         f"(its splits: {list(SPLITS)})")
-    return list(_generate_splits(cfg)[split])
-
 
 @functools.lru_cache(maxsize=2)
-def _generate_splits(cfg: SyntheticTranslationConfig
-                     ) -> dict[str, tuple[tuple[str, str], ...]]:
-    """All splits at once (each later split avoids the sources of earlier ones);
-    cached because tfds asks for the splits one by one."""
-    sizes = {"train": cfg.num_train, "validation": cfg.num_validation,
-             "test": cfg.num_test}
+def generate(*, num_train: int = 50000, num_validation: int = 1000, num_test: int = 1000,
+             max_clauses: int = 3, seed: int = 0
+             ) -> dict[str, tuple[dict[str, str], ...]]:
+    """`{split: ({"source": str, "target": str}, ...)}` for `SPLITS`, in
+    generation order (each later split avoids the sources of earlier ones);
+    cached, as a task asks for its splits one by one.
+
+    Raises:
+      DatasetError: a parameter that is not a non-negative int, `max_clauses`
+        < 1, or a split that cannot be drawn without repeating sources.
+    """
+    check_counts("synthetic_translation", num_train=num_train, num_validation=num_validation,
+                 num_test=num_test, max_clauses=max_clauses, seed=seed)
+    if max_clauses < 1:
+        raise DatasetError(f"synthetic_translation: max_clauses must be >= 1 (the main "
+                           f"clause), got {max_clauses}")
+    sizes = {"train": num_train, "validation": num_validation, "test": num_test}
     seen: set[str] = set()
     splits = {}
     for split in SPLITS:
-        rng = _rng(cfg, split)
-        out: list[tuple[str, str]] = []
+        # A str seed is hashed (sha512) by `random.seed` version 2: stable.
+        rng = random.Random(f"synthetic_translation/seed={seed}/{split}")
+        out: list[dict[str, str]] = []
         attempts = 0
         while len(out) < sizes[split]:
             attempts += 1
             if attempts > 100 * (sizes[split] + 10):
-                raise ValueError(
-                    f"synthetic_translation {cfg.name}: cannot draw {sizes[split]} "
-                    f"{split} sentences unseen in earlier splits; use smaller "
-                    f"splits or a larger max_clauses.")
-            sentence = sample_sentence(rng, cfg.max_clauses)
+                raise DatasetError(
+                    f"synthetic_translation: cannot draw {sizes[split]} {split} sentences "
+                    f"unseen in earlier splits; use smaller splits or a larger max_clauses.")
+            sentence = sample_sentence(rng, max_clauses)
             source = render_source(sentence)
             if split != "train" and source in seen:
                 continue   # redraw: no source sentence shared between splits
-            out.append((source, render_target(sentence)))
+            out.append({"source": source, "target": render_target(sentence)})
             if split != "train":
                 seen.add(source)
         if split == "train":
-            seen.update(src for src, _ in out)
+            seen.update(example["source"] for example in out)
         splits[split] = tuple(out)
     return splits
-
-
-# ----------------------------------------------------------------- builder --
-
-
-class SyntheticTranslation(tfds.core.GeneratorBasedBuilder):
-    """Translate between two invented languages (see module docstring)."""
-
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
-    BUILDER_CONFIGS = [translation_config()]
-    # tfds 4.9.10 computes the default `code_path` through `importlib_resources`
-    # (missing here) and fails; see synthetic_reverse.
-    code_path = epath.Path(__file__)
-
-    def __init__(self, *, config=None, num_train: int | None = None,
-                 num_validation: int | None = None, num_test: int | None = None,
-                 max_clauses: int | None = None, seed: int | None = None, **kwargs):
-        """`config` (a name or a config) or keyword parameters, not both."""
-        params = {k: v for k, v in dict(
-            num_train=num_train, num_validation=num_validation, num_test=num_test,
-            max_clauses=max_clauses, seed=seed).items() if v is not None}
-        if params:
-            if config is not None:
-                raise ValueError(
-                    "synthetic_translation: pass either config= or the parameters "
-                    f"{sorted(params)}, not both.")
-            config = translation_config(**params)
-        super().__init__(config=config, **kwargs)
-
-    @classmethod
-    def get_builder_config(cls, name, version=None):
-        """Also resolves any name of the form `translation_config` produces."""
-        found = super().get_builder_config(name, version)
-        if found is None and (m := _NAME_RE.match(name)):
-            found = translation_config(**{k: int(v) for k, v in m.groupdict().items()})
-        return found
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return self.dataset_info_from_configs(
-            features=tfds.features.FeaturesDict({
-                "source": tfds.features.Text(), "target": tfds.features.Text()}),
-            supervised_keys=("source", "target"),
-            disable_shuffling=True,   # source[i] == generate_split(cfg, split)[i]
-        )
-
-    def _split_generators(self, dl_manager):
-        del dl_manager  # nothing to download
-        # tfds cannot write a split with no examples, so an empty one is left out.
-        cfg = self.builder_config
-        sizes = {"train": cfg.num_train, "validation": cfg.num_validation,
-                 "test": cfg.num_test}
-        return {split: self._generate_examples(split)
-                for split, size in sizes.items() if size > 0}
-
-    def _generate_examples(self, split: str):
-        for i, (source, target) in enumerate(generate_split(self.builder_config, split)):
-            yield i, {"source": source, "target": target}

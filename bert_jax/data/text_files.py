@@ -41,6 +41,11 @@ def utf8_lines_from(path: str, error: type[Exception], prefix: str = "",
             offset += len(raw)
 
 
+def char_column(fields: list[str], index: int) -> int:
+    """1-based character column where field `index` of a tab-split line starts."""
+    return 1 + sum(len(field) + 1 for field in fields[:index])
+
+
 def as_text(value) -> str:
     """A tfds text feature (bytes, or a 0-d array of bytes) or any value as str."""
     if isinstance(value, np.ndarray):

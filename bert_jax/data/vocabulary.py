@@ -13,12 +13,12 @@ checkpoint.
 from __future__ import annotations
 
 import io
-import json
 import os
-import tempfile
 from typing import Iterable
 
 import sentencepiece as spm
+
+from bert_jax.file_io import read_json, write_atomically, write_json
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 MODEL_TYPES = ("unigram", "bpe")
@@ -92,8 +92,7 @@ def load_or_train(workdir: str, texts: Iterable[str], vocab_size: int, *,
     settings_path = os.path.join(workdir, VOCAB_DIR, SETTINGS_FILE)
     settings = {"vocab_size": vocab_size, "model_type": model_type}
     if os.path.isfile(path):
-        with open(settings_path) as f:
-            saved = json.load(f)
+        saved = read_json(settings_path)
         if saved != settings:
             raise ValueError(f"{path} was trained with {saved} but the config asks for "
                              f"{settings}: use the workdir's config or a new workdir.")
@@ -102,10 +101,7 @@ def load_or_train(workdir: str, texts: Iterable[str], vocab_size: int, *,
         raise FileNotFoundError(f"{path} is missing: process 0 trains it first.")
     vocab = train(texts, vocab_size, model_type=model_type)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(settings_path, "w") as f:
-        json.dump(settings, f)
-    with tempfile.NamedTemporaryFile("wb", dir=os.path.dirname(path), delete=False) as f:
-        f.write(vocab._processor.serialized_model_proto())
-    os.replace(f.name, path)  # the model file appears last, complete
+    write_json(settings_path, settings)
+    write_atomically(path, vocab._processor.serialized_model_proto())  # last, complete
     vocab.path = path
     return vocab

@@ -65,13 +65,13 @@ checkpoint (`load_or_train`, the same contract as `vocabulary.py`).
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from collections import defaultdict
 from typing import Callable, Iterable, Sequence
 
 from tokenizers import Encoding, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+from bert_jax.file_io import read_json, write_atomically, write_json
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)  # the ids of a trained vocabulary: 0..4
@@ -154,13 +154,6 @@ def _read_vocab_file(path: str) -> list[str]:
     if tokens[-1] == "":  # the final newline ends the last line, it opens no token
         tokens.pop()
     return tokens
-
-
-def _write_atomically(path: str, text: str) -> None:
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=os.path.dirname(path) or ".",
-                                     delete=False, suffix=".tmp") as f:
-        f.write(text)
-    os.replace(f.name, path)
 
 
 class WordPiece:
@@ -252,9 +245,9 @@ class WordPiece:
         os.makedirs(directory, exist_ok=True)
         settings = {"lowercase": self.lowercase, "size": self.size,
                     "requested_size": self.requested_size}
-        _write_atomically(os.path.join(directory, SETTINGS_FILE), json.dumps(settings) + "\n")
+        write_json(os.path.join(directory, SETTINGS_FILE), settings)
         path = os.path.join(directory, VOCAB_FILE)
-        _write_atomically(path, "".join(token + "\n" for token in self._tokens))
+        write_atomically(path, "".join(token + "\n" for token in self._tokens))
         self.path = path
         return path
 
@@ -267,8 +260,7 @@ class WordPiece:
                 f"{settings_path} is missing: `load` reads a directory written by "
                 "WordPiece.save; for a bare vocab.txt use WordPiece.from_vocab_file(path, "
                 "lowercase=...).")
-        with open(settings_path) as f:
-            settings = json.load(f)
+        settings = read_json(settings_path)
         path = os.path.join(directory, VOCAB_FILE)
         vocab = cls(_read_vocab_file(path), lowercase=settings["lowercase"], path=path,
                     requested_size=settings.get("requested_size"))
@@ -415,17 +407,24 @@ def load_or_train(workdir: str, texts: Iterable[str] | Callable[[], Iterable[str
     return vocab
 
 
-def _check_declared_casing(vocab_file: str, lowercase: bool) -> None:
-    """Raises if a settings file beside `vocab_file` declares the other casing
-    (`wordpiece.json` "lowercase" or `tokenizer_config.json` "do_lower_case")."""
-    directory = os.path.dirname(vocab_file)
+def declared_casings(folder: str) -> list[tuple[str, str, bool]]:
+    """`(file, key, lowercase)` of each casing a settings file in `folder`
+    declares: bert_jax's `wordpiece.json` ("lowercase"), then Hugging Face's
+    `tokenizer_config.json` ("do_lower_case")."""
+    found = []
     for name, key in ((SETTINGS_FILE, "lowercase"), ("tokenizer_config.json", "do_lower_case")):
-        settings_path = os.path.join(directory, name)
-        if not os.path.isfile(settings_path):
-            continue
-        with open(settings_path, encoding="utf-8") as f:
-            declared = json.load(f).get(key)
-        if declared is not None and bool(declared) != bool(lowercase):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            declared = read_json(path).get(key)
+            if declared is not None:
+                found.append((path, key, bool(declared)))
+    return found
+
+
+def _check_declared_casing(vocab_file: str, lowercase: bool) -> None:
+    """Raises if a settings file beside `vocab_file` declares the other casing."""
+    for settings_path, key, declared in declared_casings(os.path.dirname(vocab_file)):
+        if declared != bool(lowercase):
             raise ValueError(f"{settings_path} says {key}={declared} but lowercase={lowercase} "
                              f"was asked for {vocab_file}: use lowercase={bool(declared)} "
                              "(an uncased checkpoint needs lower-cased input, a cased one "

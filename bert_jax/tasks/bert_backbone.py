@@ -25,7 +25,6 @@ error naming the tensor, raised before any training.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Iterable
 
@@ -35,6 +34,7 @@ from bert_jax.convert.hf_bert import config_from_hf
 from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.data import wordpiece
+from bert_jax.file_io import read_json
 from bert_jax.modeling import BertConfig
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks.base import written_by_process_zero
@@ -69,28 +69,21 @@ def checkpoint_kind(path: str) -> str:
         "bert_jax workdir (config.json + checkpoints/).")
 
 
-def _read_json(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
 def _checkpoint_model(path: str, kind: str) -> tuple[BertConfig, str, bool | None]:
     """(architecture, its vocab.txt ('' if none), its declared casing or None)."""
     if kind == "huggingface":
-        config = config_from_hf(_read_json(os.path.join(path, "config.json")))
-        tokenizer = os.path.join(path, "tokenizer_config.json")
-        lowercase = (_read_json(tokenizer).get("do_lower_case")
-                     if os.path.isfile(tokenizer) else None)
+        config = config_from_hf(read_json(os.path.join(path, "config.json")))
+        lowercase = next((d for *_, d in wordpiece.declared_casings(path)), None)
         vocab = os.path.join(path, "vocab.txt")
         return config, vocab if os.path.isfile(vocab) else "", lowercase
     if kind == "pretrained":
-        meta = _read_json(os.path.join(path, PRETRAINED_CONFIG))
+        meta = read_json(os.path.join(path, PRETRAINED_CONFIG))
         if meta.get("kind") != "bert":
             raise ConfigError(f"config.init_from={path!r} holds a {meta.get('kind')} model, "
                               "not BERT.")
         vocab = os.path.join(path, "vocab.txt")
         return BertConfig.from_dict(meta["config"]), vocab if os.path.isfile(vocab) else "", None
-    saved = _read_json(os.path.join(path, "config.json"))
+    saved = read_json(os.path.join(path, "config.json"))
     vocab_dir = os.path.join(path, wordpiece.VOCAB_DIR)
     vocab = wordpiece.WordPiece.load(vocab_dir)
     model = {**saved["model"], "vocab_size": vocab.size}

@@ -51,7 +51,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax.data import conllu, glue, pipeline, sources, squad_json, squad_windows
-from bert_jax.data.text_files import as_text
+from bert_jax.data.splits import select
 from bert_jax.evaluation import classification_metrics
 from bert_jax.modeling.bert import (
     BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification)
@@ -290,12 +290,15 @@ class TaggingTask(FinetuneTask):
 
     def __init__(self, config, workdir):
         data = config.data
-        self._builder = conllu.Conllu(
-            path=data.path, splits=dict(data.get("splits") or {}) or None,
-            column=data.tag_column or None, format=data.get("format", "conllu"),
-            word_column=data.get("word_column", 0), data_dir=data.data_dir or None)
-        self._truncated_words: dict[str, int] = {}
+        self._files = conllu.split_files(data.path, dict(data.get("splits") or {}) or None)
         super().__init__(config, workdir)
+
+    @functools.cached_property
+    def _sentences(self) -> dict[str, list[dict]]:
+        """Every split's sentences (`words`, `tags`), read once."""
+        data = self.config.data
+        return conllu.read_splits(self._files, data.tag_column or None,
+                                  data.get("format", "conllu"), data.get("word_column", 0))
 
     @functools.cached_property
     def tags(self) -> tuple[str, ...]:
@@ -303,14 +306,11 @@ class TaggingTask(FinetuneTask):
         if (self.config.data.tag_column or "upos") == "upos" and self.config.data.get(
                 "format", "conllu") == "conllu":
             return conllu.UPOS_TAGS
-        sources.load_source(self._builder, "train")   # prepares, fills the metadata
-        return tuple(self._builder.info.metadata["tags"])
+        return tuple(conllu.tag_vocabulary(
+            s for split in self._sentences.values() for s in split))
 
-    @cached_method
-    def examples(self, split: str) -> list[dict]:
-        source = sources.load_source(self._builder, split)
-        return [{"words": [as_text(w) for w in e["words"]], "tags": [as_text(t) for t in e["tags"]]}
-                for e in (source[i] for i in range(len(source)))]
+    def examples(self, split: str) -> Sequence[dict]:
+        return select(f"conllu {self.config.data.path}", self._sentences, split)
 
     def training_texts(self):
         for example in self.examples("train"):

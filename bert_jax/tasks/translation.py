@@ -1,6 +1,8 @@
 """Translation: the encoder-decoder Transformer on parallel text.
 
-Examples come from a tfds builder (`config.data.builder`), either as text
+Examples come from the dataset `config.data.builder` with parameters
+`data.builder_kwargs` (`sources.load_source`: a built-in corpus generated in
+memory, or a tfds builder whose data live in `data.data_dir`), either as text
 (`data.source_key`, `data.target_key`: e.g. 'source'/'target', or 'de'/'en' for
 the WMT catalog datasets), tokenized with the workdir's SentencePiece
 vocabulary (`data.vocab_size` pieces, trained on the training split on first

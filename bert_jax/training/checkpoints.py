@@ -28,8 +28,8 @@ from absl import logging
 from orbax.checkpoint import checkpoint_managers
 
 from bert_jax.errors import UserError
+from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
 
-CHECKPOINT_DIR = "checkpoints"
 SET_ASIDE_DIR = "checkpoints_set_aside"
 
 
@@ -120,14 +120,6 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
-
-
-def checkpoint_steps(directory: str) -> list[int]:
-    """The complete checkpoint steps in a workdir's `checkpoints/` folder,
-    ascending (an interrupted save's `N.orbax-checkpoint-tmp*` is not one)."""
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
 
 
 _TENSORSTORE_READ = re.compile(

@@ -22,12 +22,11 @@ import numpy as np
 from bert_jax.evaluation import evaluators as evaluators_lib
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import Task, build_task
-from bert_jax.training.checkpoints import (
-    CHECKPOINT_DIR, CheckpointError, checkpoint_steps, restore_params)
+from bert_jax.training.checkpoints import CheckpointError, restore_params
 from bert_jax.training.sharding import (
     global_batch, logical_shardings, mesh_from_config, replicated)
+from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps
 
-CONFIG_FILE = "config.json"  # the resolved config a training run writes to its workdir
 
 # Config keys an evaluation may change (a key or a section prefix); the rest
 # defines the model, the vocabulary, the task or the training run.

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from bert_jax.training.workdir import METRICS_FILE, read_metrics  # noqa: F401 (its reader)
+
 # Dense bfloat16 peak FLOP/s per device (vendor figures).
 PEAK_FLOPS = {
     "TPU v4": 275e12,
@@ -66,7 +68,7 @@ class MetricWriter:
 
     def __init__(self, workdir: str, *, resume_step: int = 0):
         self.enabled = jax.process_index() == 0
-        self.path = os.path.join(workdir, "metrics.jsonl")
+        self.path = os.path.join(workdir, METRICS_FILE)
         self._tensorboard = None
         if not self.enabled:
             return
@@ -100,12 +102,6 @@ class MetricWriter:
     def close(self) -> None:
         if self._tensorboard is not None:
             self._tensorboard.close()
-
-
-def read_metrics(workdir: str) -> list[dict[str, float]]:
-    """The lines of WORKDIR/metrics.jsonl."""
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 class Progress:

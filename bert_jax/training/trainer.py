@@ -27,17 +27,18 @@ from jax.experimental import multihost_utils
 from bert_jax.auto_dtype import AUTO, resolve_model_dtype
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.errors import UserError
+from bert_jax.file_io import write_json
 from bert_jax.tasks import build_task
 from bert_jax.training import optimizer as optimizer_lib
 from bert_jax.training.checkpoints import (
-    CHECKPOINT_DIR, CheckpointError, Checkpointer, checkpoint_steps, restore_params,
-    set_aside_steps_after)
-from bert_jax.training.evaluation import CONFIG_FILE, abstract_like, make_evaluator
+    CheckpointError, Checkpointer, restore_params, set_aside_steps_after)
+from bert_jax.training.evaluation import abstract_like, make_evaluator
 from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
 from bert_jax.training.preemption import PreemptionWatcher
 from bert_jax.training.prefetch import DevicePrefetch
 from bert_jax.training.profiling import StepProfiler, profile_range
+from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
     TrainState, create_train_state, jit_train_step, make_train_step)
@@ -92,9 +93,7 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
                 + "\n  ".join(changed)
                 + "\nUse a new --workdir, or the saved config (" + path + ").")
     if jax.process_index() == 0:  # atomically: other processes may be reading it
-        with open(path + ".tmp", "w") as f:
-            json.dump(resolved, f, indent=2, sort_keys=True)
-        os.replace(path + ".tmp", path)
+        write_json(path, resolved, sort_keys=True)
     return workdir
 
 

@@ -23,10 +23,10 @@ One job a module:
 
 from bert_jax.analysis.features.strategies import (
     STRATEGIES, check_strategy, combine_layers, feature_dim)
-from bert_jax.analysis.features.extraction import FeatureExtractor, load_encoder
+from bert_jax.analysis.features.extraction import FeatureExtractor
 from bert_jax.analysis.features.probe import (
     ProbeResult, fit_probe, probe, stack_words, tag_ids, tag_scores)
 
 __all__ = ["STRATEGIES", "check_strategy", "combine_layers", "feature_dim",
-           "FeatureExtractor", "load_encoder",
+           "FeatureExtractor",
            "ProbeResult", "fit_probe", "probe", "stack_words", "tag_ids", "tag_scores"]

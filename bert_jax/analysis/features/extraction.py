@@ -24,8 +24,6 @@ not depend on the padding (up to float rounding).
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -38,34 +36,6 @@ from bert_jax.analysis.features.strategies import combine_layers
 from bert_jax.data.wordpiece import WordPiece
 from bert_jax.modeling.bert import BertModel
 from bert_jax.modeling.configs import BertConfig
-
-
-def _uncased(folder: str) -> bool:
-    """do_lower_case of a Hugging Face `tokenizer_config.json` (or a bert_jax
-    `vocab/wordpiece.json`) in `folder`; True (uncased) when neither says."""
-    for name, key in (("tokenizer_config.json", "do_lower_case"),
-                      ("wordpiece.json", "lowercase")):
-        path = os.path.join(folder, name)
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                value = json.load(f).get(key)
-            if value is not None:
-                return bool(value)
-    return True
-
-
-def load_encoder(folder: str) -> tuple[BertConfig, Any]:
-    """(config, params) of a Hugging Face BERT folder (`config.json` +
-    `model.safetensors`) or a bert_jax pretrained folder (`model_config.json`)."""
-    from bert_jax.convert import load_hf_bert, load_pretrained
-    from bert_jax.convert.pretrained import CONFIG_FILE
-
-    if os.path.isfile(os.path.join(folder, CONFIG_FILE)):
-        config, params = load_pretrained(folder)
-        if not isinstance(config, BertConfig):
-            raise ValueError(f"{folder} holds a {type(config).__name__}, not a BERT model.")
-        return config, params
-    return load_hf_bert(folder)
 
 
 class FeatureExtractor:
@@ -119,15 +89,16 @@ class FeatureExtractor:
     @classmethod
     def from_pretrained(cls, folder: str, *, vocab_file: str | None = None,
                         lowercase: bool | None = None, **kwargs) -> FeatureExtractor:
-        """From a Hugging Face BERT folder or a bert_jax pretrained folder, with
-        `vocab_file` (default `folder/vocab.txt`) and its casing (default: the
-        folder's tokenizer_config.json `do_lower_case`, else uncased)."""
-        config, params = load_encoder(folder)
-        vocab_file = vocab_file or os.path.join(folder, "vocab.txt")
-        if lowercase is None:
-            lowercase = _uncased(os.path.dirname(os.path.abspath(vocab_file)))
-        vocab = WordPiece.from_vocab_file(vocab_file, lowercase=lowercase)
-        return cls(config, params, vocab, **kwargs)
+        """From a Hugging Face BERT folder, a bert_jax pretrained folder or a
+        BERT workdir (`bert_jax.analysis.encoders.load_encoder`), with
+        `vocab_file` (default `folder/vocab.txt`, or the workdir's) and its
+        casing (default: the one its folder declares, else uncased)."""
+        from bert_jax.analysis.encoders import load_encoder
+
+        encoder = load_encoder(folder, vocab_file=vocab_file, lowercase=lowercase)
+        if encoder.vocab is None:
+            raise FileNotFoundError(f"{folder} has no vocab.txt: pass vocab_file=.")
+        return cls(encoder.config, encoder.params, encoder.vocab, **kwargs)
 
     @property
     def num_states(self) -> int:

@@ -46,19 +46,20 @@ from bert_jax.analysis.sweeps.points import (
 from bert_jax.analysis.sweeps.names import (
     MAX_NAME_LENGTH, format_value, run_name, short_keys)
 from bert_jax.analysis.sweeps.files import (
-    DONE_FILE, OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, checkpoint_steps, count_parameters,
-    is_finished, read_metrics)
+    DONE_FILE, OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, count_parameters, is_finished,
+    run_checkpoint_steps)
 from bert_jax.analysis.sweeps.runner import (
     COMMANDS_FILE, LAUNCHERS, Run, Sweep, flag_text, override_flags)
 from bert_jax.analysis.sweeps.results import collect, markdown, table, write_tables
 from bert_jax.analysis.sweeps.plots import metric_mode, plot, report
+from bert_jax.training.workdir import read_metrics
 
 __all__ = [
     "SweepError", "apply_overrides", "as_points", "load_sweep", "parse_sweep",
     "parse_value", "product", "sweep", "validate", "zip",
     "MAX_NAME_LENGTH", "format_value", "run_name", "short_keys",
-    "DONE_FILE", "OVERRIDES_FILE", "RUN_FILE", "SWEEP_FILE", "checkpoint_steps",
-    "count_parameters", "is_finished", "read_metrics",
+    "DONE_FILE", "OVERRIDES_FILE", "RUN_FILE", "SWEEP_FILE", "count_parameters",
+    "is_finished", "run_checkpoint_steps", "read_metrics",
     "COMMANDS_FILE", "LAUNCHERS", "Run", "Sweep", "flag_text", "override_flags",
     "collect", "markdown", "table", "write_tables",
     "metric_mode", "plot", "report",

@@ -8,7 +8,7 @@ import os
 import re
 from typing import Any, Sequence
 
-from bert_jax.analysis.sweeps.files import read_metrics
+from bert_jax.training.workdir import read_metrics
 from bert_jax.analysis.sweeps.points import SweepError
 from bert_jax.analysis.sweeps.names import format_value, short_keys
 from bert_jax.analysis.sweeps.results import (

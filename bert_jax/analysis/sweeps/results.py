@@ -10,13 +10,13 @@ import re
 from typing import Any, Sequence
 
 from bert_jax.analysis.sweeps.files import (
-    OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, _read_json, checkpoint_steps, is_finished,
-    read_metrics)
+    OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, is_finished, read_record, run_checkpoint_steps)
 from bert_jax.analysis.sweeps.names import format_value, short_keys
+from bert_jax.training.workdir import read_metrics
 
 
 def _run_dirs(directory: str) -> list[str]:
-    sweep = _read_json(os.path.join(directory, SWEEP_FILE)) or {}
+    sweep = read_record(os.path.join(directory, SWEEP_FILE)) or {}
     names = [n for n in sweep.get("runs", [])
              if os.path.exists(os.path.join(directory, n, OVERRIDES_FILE))]
     try:
@@ -51,9 +51,9 @@ def collect(directory: str) -> list[dict[str, Any]]:
     rows = []
     for name in _run_dirs(directory):
         workdir = os.path.join(directory, name)
-        record = _read_json(os.path.join(workdir, OVERRIDES_FILE)) or {}
-        info = _read_json(os.path.join(workdir, RUN_FILE)) or {}
-        config = _read_json(os.path.join(workdir, "config.json"))
+        record = read_record(os.path.join(workdir, OVERRIDES_FILE)) or {}
+        info = read_record(os.path.join(workdir, RUN_FILE)) or {}
+        config = read_record(os.path.join(workdir, "config.json"))
         lines = read_metrics(workdir)
         num_steps = None
         if isinstance(config, dict):
@@ -62,7 +62,7 @@ def collect(directory: str) -> list[dict[str, Any]]:
         metrics: dict[str, float] = {}
         for line in lines:
             metrics.update({k: v for k, v in line.items() if k != "step"})
-        step = max([0, *(line["step"] for line in lines), *checkpoint_steps(workdir)])
+        step = max([0, *(line["step"] for line in lines), *run_checkpoint_steps(workdir)])
         if num_steps and is_finished(workdir, num_steps):
             status = "done"
         elif info.get("status") in ("failed", "interrupted"):

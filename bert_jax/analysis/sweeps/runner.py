@@ -14,10 +14,12 @@ import traceback
 from typing import Any, Callable, Sequence
 
 from bert_jax.analysis.sweeps.files import (
-    DONE_FILE, OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, _jsonable, _now, _read_json,
-    _write_json, checkpoint_steps, count_parameters, is_finished, read_metrics)
+    DONE_FILE, OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, _now, count_parameters, is_finished,
+    read_record, run_checkpoint_steps)
 from bert_jax.analysis.sweeps.names import run_name
 from bert_jax.analysis.sweeps.points import SweepError, apply_overrides, as_points, validate
+from bert_jax.file_io import jsonable, write_json
+from bert_jax.training.workdir import read_metrics
 
 LAUNCHERS = ("local", "print", "tpu_vm", "slurm")
 COMMANDS_FILE = "commands.sh"
@@ -116,10 +118,10 @@ class Sweep:
         """Writes DIR/sweep.json and each run's overrides.json."""
         os.makedirs(self.directory, exist_ok=True)
         sweep_file = os.path.join(self.directory, SWEEP_FILE)
-        previous = _read_json(sweep_file) or {}
+        previous = read_record(sweep_file) or {}
         names = list(dict.fromkeys([*previous.get("runs", []),
                                     *(r.name for r in self.runs)]))
-        _write_json(sweep_file, _jsonable({
+        write_json(sweep_file, jsonable({
             "config_file": self.config_file,
             "spec": self.spec,
             "base_overrides": self.base_overrides,
@@ -131,15 +133,15 @@ class Sweep:
         for run in self.runs:
             os.makedirs(run.workdir, exist_ok=True)
             path = os.path.join(run.workdir, OVERRIDES_FILE)
-            saved = _read_json(path)
-            record = _jsonable({"name": run.name, "overrides": run.overrides,
-                                "base_overrides": self.base_overrides,
-                                "config_file": self.config_file,
-                                "num_steps": self.num_steps(run)})
+            saved = read_record(path)
+            record = jsonable({"name": run.name, "overrides": run.overrides,
+                               "base_overrides": self.base_overrides,
+                               "config_file": self.config_file,
+                               "num_steps": self.num_steps(run)})
             if saved and saved.get("overrides") != record["overrides"]:
                 raise SweepError(f"{path} holds other overrides ({saved.get('overrides')}) "
                                  f"than this point ({run.overrides})", token=run.name)
-            _write_json(path, record)
+            write_json(path, record)
 
     # Local runs.
 
@@ -165,27 +167,27 @@ class Sweep:
             self.log(f"sweep: [{run.index + 1}/{len(self.runs)}] {run.name}: finished "
                      f"({num_steps} steps), skipped")
             if not os.path.exists(os.path.join(run.workdir, DONE_FILE)):
-                _write_json(os.path.join(run.workdir, DONE_FILE), {"num_steps": num_steps})
+                write_json(os.path.join(run.workdir, DONE_FILE), {"num_steps": num_steps})
             return "skipped"
         train_fn = self.train_fn
         if train_fn is None:
             from bert_jax.training.trainer import train_and_evaluate
             train_fn = train_and_evaluate
-        info = _read_json(run_file) or {}
-        info.update({"name": run.name, "overrides": _jsonable(run.overrides),
+        info = read_record(run_file) or {}
+        info.update({"name": run.name, "overrides": jsonable(run.overrides),
                      "num_steps": num_steps, "status": "running"})
-        resume = (checkpoint_steps(run.workdir) or [0])[-1]
+        resume = (run_checkpoint_steps(run.workdir) or [0])[-1]
         session = {"start": _now(), "start_time": time.time(), "first_step": resume,
                    "host": socket.gethostname()}
         info.setdefault("sessions", []).append(session)
         info.setdefault("start_time", session["start"])
-        _write_json(run_file, info)
+        write_json(run_file, info)
 
         def finish(status: str, error: str | None = None):
             session["end"] = _now()
             session["end_time"] = time.time()
             session["seconds"] = session["end_time"] - session["start_time"]
-            session["last_step"] = max([*checkpoint_steps(run.workdir),
+            session["last_step"] = max([*run_checkpoint_steps(run.workdir),
                                         *(m["step"] for m in read_metrics(run.workdir)), 0])
             info["status"] = status
             info["end_time"] = session["end"]
@@ -194,12 +196,12 @@ class Sweep:
                 info["error"] = error
             else:
                 info.pop("error", None)
-            _write_json(run_file, info)
+            write_json(run_file, info)
 
         try:
             if info.get("params") is None:  # shapes only; a bad config fails here
                 info["params"] = count_parameters(config, run.workdir)
-                _write_json(run_file, info)
+                write_json(run_file, info)
             self.log(f"sweep: [{run.index + 1}/{len(self.runs)}] {run.name}: "
                      + (f"resuming from step {resume}" if resume else "starting")
                      + f" ({info['params']:,} parameters, {num_steps} steps)")
@@ -213,15 +215,15 @@ class Sweep:
             if stop_on_error:
                 raise
             return "failed"
-        if not any(step >= num_steps for step in checkpoint_steps(run.workdir)):
+        if not any(step >= num_steps for step in run_checkpoint_steps(run.workdir)):
             # The trainer returns early after a preemption (SIGTERM) checkpoint.
             finish("interrupted")
             self.log(f"sweep: {run.name}: stopped before step {num_steps} (preempted); "
                      "relaunch the sweep to resume it")
             return "interrupted"
         finish("done")
-        _write_json(os.path.join(run.workdir, DONE_FILE),
-                    {"num_steps": num_steps, "time": _now()})
+        write_json(os.path.join(run.workdir, DONE_FILE),
+                   {"num_steps": num_steps, "time": _now()})
         self.log(f"sweep: {run.name}: done in {info['wall_seconds']:.1f}s")
         return "done"
 

@@ -1,0 +1,59 @@
+"""File helpers every layer shares: writing a file whole or not at all, JSON
+files, and values made JSON-ready (numpy and jax arrays, named tuples,
+non-finite floats). It imports only numpy, so light tools (the sweep runner)
+and every layer may use it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+
+def write_atomically(path: str, data: str | bytes) -> None:
+    """Writes `data` (text as UTF-8) to `path` through a temporary file beside
+    it and a rename: a reader, in this process or another, sees the old file or
+    the whole new one, never a part."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    if isinstance(data, bytes):
+        with open(tmp, "wb") as f:
+            f.write(data)
+    else:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(data)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_json(path: str, value: Any, **dumps_kwargs: Any) -> None:
+    """`value` as indented JSON, written atomically (`write_atomically`);
+    `dumps_kwargs` go to `json.dumps` (e.g. `sort_keys=True`)."""
+    write_atomically(path, json.dumps(value, indent=2, **dumps_kwargs) + "\n")
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as plain JSON data: mappings (keys as str) and named tuples as
+    objects, other sequences as lists, numpy and jax arrays and scalars as
+    (nested) lists and numbers, non-finite Python floats as "nan"/"inf", any
+    other object as its repr."""
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        value = value._asdict()
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return np.asarray(value).tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    return repr(value)
