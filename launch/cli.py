@@ -59,8 +59,8 @@ def fail(message: str) -> None:
 
 def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
     """absl's flag parsing, with its errors, those ml_collections raises for an
-    unknown config field, and a config file that cannot be loaded reported as
-    `error: ...`."""
+    unknown config field, a config file that cannot be loaded and a `UserError`
+    its `get_config` raises reported as `error: ...`."""
     try:
         try:
             remaining = flag_values(argv)
@@ -73,6 +73,10 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
         if debugging(argv):
             raise
         fail(f"{e}\n(--helpshort lists this script's flags)")
+    except UserError as e:  # a config file's get_config, e.g. a --workdir without a run
+        if debugging(argv):
+            raise
+        fail(str(e))
     return remaining
 
 

@@ -71,6 +71,18 @@ def test_a_missing_config_file_is_named(capsys):
         "error: --config=nope.py: cannot load the config file: [Errno 2] No such file")
 
 
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_a_workdir_without_a_run_is_named(capsys, tmp_path):
+    """evaluate.py --workdir=DIR reads DIR/config.json while its flags are parsed."""
+    argv = ["evaluate.py", f"--config={REPO / 'launch' / 'workdir_config.py'}:{tmp_path}"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_flags(argv, _config_flags(argv))
+    err = capsys.readouterr().err
+    assert exit_.value.code == cli.EXIT_USER_ERROR and err == (
+        f"error: --workdir={tmp_path} holds no config.json: it is not the workdir of a "
+        "training run (launch/train.py writes it).\n"), err
+
+
 def test_train_py_reports_a_bad_flag_in_one_line(tmp_path):
     code, out = finish(launch("train.py", tmp_path / "run", {}, extra=["--config.no_such=1"]))
     assert code == 2 and out.splitlines()[0] == (
