@@ -338,6 +338,16 @@ def test_translate_skips_bad_lines_keeping_the_line_numbers(run, data_dir, sourc
             in result.stderr)
 
 
+def test_translate_names_a_missing_input_file(run, tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "translate.py"), f"--workdir={run}",
+         f"--input={tmp_path / 'none.txt'}"], cwd=REPO, capture_output=True, text=True,
+        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"error: --input={tmp_path / 'none.txt'}: cannot read it (No such file or "
+        "directory); give a file of source sentences, one a line."], result.stderr
+
+
 def test_screen_lines_warns_and_keeps(capsys):
     kept = input_lines.screen_lines(["a", "", "b"], lambda line: [] if line else ["empty"],
                                     "warn", "in.txt")
