@@ -7,7 +7,7 @@ What the user sees, on stderr:
     (`--config.no_such=1`, `--config.train.num_steps=many`), and a
     `bert_jax.errors.UserError` or `app.UsageError` raised by `main`:
     `error: <message>` and exit status 2, no traceback; when the error carries
-    `rerun_with` flags, the user's command with them follows;
+    `rerun_with` flags this script has, the user's command with them follows;
   - anything else is a bug: Python's traceback, as before;
   - `--debug` (or `BERT_JAX_DEBUG=1` in the environment) shows the traceback of
     user errors too.
@@ -123,8 +123,9 @@ def _report_user_errors(main: Callable[[list[str]], int | None], argv: list[str]
     except (UserError, app.UsageError) as e:
         if debugging():
             raise
-        rerun_with = getattr(e, "rerun_with", None)
-        fail(str(e) + (f"\n  {command_with(rerun_with)}" if rerun_with else ""))
+        rerun_with = getattr(e, "rerun_with", None) or {}
+        runnable = rerun_with and all(name in flags.FLAGS for name in rerun_with)
+        fail(str(e) + (f"\n  {command_with(rerun_with)}" if runnable else ""))
 
 
 def command_with(new_flags: dict, argv: list[str] | None = None) -> str:

@@ -98,7 +98,9 @@ def _run_script(tmp_path, body: str, *args, env=None):
         "import sys\n"
         f"sys.path.insert(0, {str(REPO / 'launch')!r})\n"
         "import cli\n"
+        "from absl import flags\n"
         "from bert_jax.errors import UserError\n"
+        "flags.DEFINE_integer('restore_step', None, '')\n"
         f"def main(argv):\n    {body}\n"
         "cli.run(main)\n")
     return subprocess.run([sys.executable, str(script), *args], capture_output=True,
@@ -112,6 +114,8 @@ def test_user_errors_print_one_line_and_bugs_a_traceback(tmp_path):
     assert user.stderr.splitlines() == [
         "error: step 20 is damaged",
         f"  python {tmp_path / 'script.py'} --restore_step=10"]
+    other = _run_script(tmp_path, "raise UserError('bad', rerun_with={'step': 10})")
+    assert other.stderr.splitlines() == ["error: bad"]  # no --step flag: no command
     assert _run_script(tmp_path, "return 3").returncode == 3  # main's exit status
     bug = _run_script(tmp_path, "raise KeyError('oops')")
     assert bug.returncode == 1 and "Traceback" in bug.stderr and "KeyError: 'oops'" in bug.stderr
@@ -270,8 +274,12 @@ def test_evaluating_a_damaged_checkpoint_names_the_file(run, data_dir, tmp_path)
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(CheckpointError, match=(
             rf"cannot restore .*: array params\S* cannot be read .*; damaged \(truncated\) "
-            rf"file: {step_dir}/state/\S+/d/[0-9a-f]+")):
+            rf"file: {step_dir}/state/\S+/d/[0-9a-f]+")) as error:
         evaluate_checkpoint(tiny_config(data_dir, **RUN), str(workdir), 20)
+    assert str(error.value).splitlines()[1] == (
+        "Nothing was deleted (available: [10, 20]): use step 10, the last earlier "
+        "checkpoint, with --step=10.")
+    assert error.value.rerun_with == {"step": 10}  # evaluate.py prints the command
 
 
 def test_damage_is_named_from_tensorstore_errors_in_the_chain(tmp_path):
