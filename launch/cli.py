@@ -72,12 +72,27 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
     except flags.Error as e:
         if debugging(argv):
             raise
-        fail(f"{e}\n(--helpshort lists this script's flags)")
+        fail(f"{_without_config_traceback(e)}\n(--helpshort lists this script's flags)")
     except UserError as e:  # a config file's get_config, e.g. a --workdir without a run
         if debugging(argv):
             raise
         fail(str(e))
     return remaining
+
+
+def _without_config_traceback(error: flags.Error) -> str:
+    """absl's message, but for a `UserError` raised by a config file's
+    `get_config` (e.g. an unknown variant) its message instead of the traceback
+    ml_collections puts in (other errors in a config file keep it)."""
+    text = str(error)
+    flag, found, _ = text.partition(": Error whilst parsing config file:")
+    causes = []
+    cause = error.__cause__ or error.__context__
+    while cause is not None and len(causes) < 10:
+        causes.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    user_errors = [c for c in causes if isinstance(c, UserError)]
+    return f"{flag}: {user_errors[-1]}" if found and user_errors else text
 
 
 def _load_config_files(flag_values: flags.FlagValues) -> None:

@@ -72,6 +72,17 @@ def test_a_missing_config_file_is_named(capsys):
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_an_unknown_experiment_variant_is_one_line(capsys):
+    argv = ["train.py", f"--config={REPO / 'experiments' / 'pretrain_bert.py'}:nosuch"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_flags(argv, _config_flags(argv))
+    err = capsys.readouterr().err
+    assert exit_.value.code == cli.EXIT_USER_ERROR and "Traceback" not in err, err
+    assert err.startswith(f"error: flag {argv[1]}: unknown variant 'nosuch'; choose one "
+                          "of ('default', "), err
+
+
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
 def test_a_workdir_without_a_run_is_named(capsys, tmp_path):
     """evaluate.py --workdir=DIR reads DIR/config.json while its flags are parsed."""
     argv = ["evaluate.py", f"--config={REPO / 'launch' / 'workdir_config.py'}:{tmp_path}"]
