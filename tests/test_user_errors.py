@@ -187,6 +187,17 @@ def test_the_project_errors_are_user_errors(module, name):
      "config.init_from='/no/such/checkpoint': no such file or folder"),
     ({"train.eval_every": 0}, "config.train.eval_every=0: must be at least 1."),
     ({"train.profile_steps": (5, 2)}, "config.train.profile_steps=(5, 2): give (START, END)"),
+    ({"train.profile_steps": (400, 402)},
+     "config.train.profile_steps=(400, 402): the run ends at config.train.num_steps=300"),
+    ({"optimizer.schedule": "bogus"}, "config.optimizer.schedule='bogus': unknown; choose "
+     "one of ['constant', 'linear', 'cosine', 'rsqrt']."),
+    ({"evals": ("loss", "nosuch")}, "config.evals: unknown evaluator(s) ['nosuch']; "
+     "registered: ["),
+    ({"data.max_length": 0}, "config.data.max_length=0: must be at least 1."),
+    ({"model.num_heads": 3}, "TransformerConfig.hidden_size=64 is not divisible by "
+     "num_heads=3"),
+    ({"model.max_len": 8}, "config.data.max_length length 16 exceeds "
+     "TransformerConfig.max_len=8"),
 ])
 def test_config_problems_are_named_before_anything_is_written(tmp_path, data_dir, overrides,
                                                               message):
