@@ -407,6 +407,19 @@ def test_dataset_builds_log_progress_lines(tmp_path, monkeypatch, caplog):
     assert tqdm_utils._active is False  # pytest's stderr is not a terminal
 
 
+def test_build_progress_survives_files_moved_during_the_walk(tmp_path, monkeypatch):
+    (tmp_path / "kept").write_bytes(b"x" * 1000)
+    (tmp_path / "moved").write_bytes(b"x" * 5)
+    size = os.path.getsize
+
+    def moved_away(path):  # tfds renames its temporary files while the thread walks
+        if path.endswith("moved"):
+            raise FileNotFoundError(path)
+        return size(path)
+    monkeypatch.setattr(os.path, "getsize", moved_away)
+    assert sources._megabytes(str(tmp_path)) == 0.001
+
+
 # ----------------------------------------------------------------------------
 # model.dtype='auto'.
 

@@ -172,8 +172,14 @@ def _megabytes(folder: str) -> float:
     """Size of the files under `folder` (0 for a remote one)."""
     if "://" in folder:
         return 0.0
-    return sum(os.path.getsize(os.path.join(root, file))
-               for root, _, files in os.walk(folder) for file in files) / 1e6
+    total = 0
+    for root, _, files in os.walk(folder):
+        for file in files:
+            try:
+                total += os.path.getsize(os.path.join(root, file))
+            except OSError:  # moved or deleted since the walk listed it (tfds renames)
+                pass
+    return total / 1e6
 
 
 def _lock_path(builder: tfds.core.DatasetBuilder) -> str | None:
