@@ -407,6 +407,13 @@ def test_dataset_builds_log_progress_lines(tmp_path, monkeypatch, caplog):
     assert tqdm_utils._active is False  # pytest's stderr is not a terminal
 
 
+def test_an_unknown_dataset_is_named(tmp_path):
+    with pytest.raises(sources.DatasetError, match=(
+            r"^dataset 'synthetic_revers' not found \(config.data.builder\): .* Did you "
+            r"mean synthetic_reverse or synthetic_translation\?$")):
+        sources.load_source("synthetic_revers", "train", tmp_path)
+
+
 def test_build_progress_survives_files_moved_during_the_walk(tmp_path, monkeypatch):
     (tmp_path / "kept").write_bytes(b"x" * 1000)
     (tmp_path / "moved").write_bytes(b"x" * 5)

@@ -30,6 +30,7 @@ Also works under `tfds.testing.mock_data` (catalog datasets, offline).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fcntl
 import hashlib
 import os
@@ -42,6 +43,7 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 from absl import logging
+from tensorflow_datasets.core.registered import DatasetNotFoundError
 
 # Registers the project's builders with tfds so that they resolve by name.
 from bert_jax.data import (  # noqa: F401
@@ -75,14 +77,17 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
       A sequence: `len(source)`, and `source[i]` a dict of numpy arrays.
 
     Raises:
-      DatasetError: the split does not exist or has no examples (the message
-        names the dataset and the split).
+      DatasetError: no dataset of that name, or the split does not exist or
+        has no examples (the message names the dataset and the split).
     """
     if isinstance(builder, str):
         kwargs = dict(builder_kwargs)
         if data_dir:
             kwargs["data_dir"] = os.fspath(data_dir)
-        builder = tfds.builder(builder, **kwargs)
+        try:
+            builder = tfds.builder(builder, **kwargs)
+        except DatasetNotFoundError as e:
+            raise DatasetError(_not_found(builder)) from e
     elif isinstance(builder, tfds.core.DatasetBuilder):
         if builder_kwargs or data_dir:
             raise ValueError(
@@ -116,6 +121,14 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
             f"dataset {name} split {split!r} has no examples: check the split "
             f"name or slice, and the data in {builder.data_dir}.")
     return source
+
+
+def _not_found(name: str) -> str:
+    known = tfds.list_builders(with_community_datasets=False)
+    close = difflib.get_close_matches(name.split("/")[0].split(":")[0], known, n=3)
+    return (f"dataset {name!r} not found (config.data.builder): it is neither a tfds "
+            "catalog name nor one of the project's builders (bert_jax/data)."
+            + (f" Did you mean {' or '.join(close)}?" if close else ""))
 
 
 def is_prepared(builder: tfds.core.DatasetBuilder) -> bool:
