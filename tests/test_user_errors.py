@@ -211,6 +211,16 @@ def test_config_problems_are_named_before_anything_is_written(tmp_path, data_dir
     assert not (tmp_path / "run").exists()
 
 
+def test_a_config_that_fails_to_build_leaves_no_config_json(tmp_path, data_dir):
+    """Else the corrected rerun in the same workdir is refused as incompatible."""
+    config = tiny_config(data_dir)
+    config.data.builder = "synthetic_revers"
+    with pytest.raises(sources.DatasetError, match="synthetic_revers"):
+        trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run" / "config.json").exists()
+    trainer.prepare_workdir(str(tmp_path / "run"), tiny_config(data_dir))  # accepted
+
+
 def test_several_problems_are_reported_together(data_dir):
     config = tiny_config(data_dir, **{"train.batch_size": 60, "train.num_steps": 10})
     config.data.builder_kwargs.path = "/no/such/corpus.txt:wikitext"

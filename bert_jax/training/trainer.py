@@ -64,7 +64,9 @@ def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
     """Creates `workdir`, checks it is writable and that any run already in it
-    has the same task, model and data; writes `config.json`."""
+    has the same task, model and data. `write_config` writes `config.json` once
+    the run can start, so that a config that fails to build leaves none behind
+    (its corrected rerun would be refused as incompatible)."""
     if "://" in workdir:
         raise WorkdirError(
             f"--workdir={workdir}: object-store URLs are not supported yet (config.json, "
@@ -91,11 +93,16 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
                 f"--workdir={workdir} holds a run of an incompatible config:\n  "
                 + "\n  ".join(changed)
                 + "\nUse a new --workdir, or the saved config (" + path + ").")
-    if jax.process_index() == 0:  # atomically: other processes may be reading it
-        with open(path + ".tmp", "w") as f:
-            json.dump(resolved, f, indent=2, sort_keys=True)
-        os.replace(path + ".tmp", path)
     return workdir
+
+
+def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+    """Writes `config.json`, the experiment of the run in `workdir` (process 0)."""
+    if jax.process_index() == 0:  # atomically: other processes may be reading it
+        path = os.path.join(workdir, CONFIG_FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump(config_to_json(config), f, indent=2, sort_keys=True)
+        os.replace(path + ".tmp", path)
 
 
 def _saved_model_dtype(workdir: str) -> str | None:
@@ -185,6 +192,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     train_iter = DevicePrefetch(
         task.train_iterator(jax.process_index(), jax.process_count()),
         lambda batch: global_batch(batch, mesh), train.device_prefetch)
+    write_config(workdir, config)  # the task, its data and its model are built
     latest = checkpointer.latest_step()
     if latest is not None:
         state = checkpointer.restore(latest, abstract_like(state), train_iter)
