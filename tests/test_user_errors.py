@@ -160,9 +160,25 @@ def test_the_resume_command_replaces_the_old_flag():
     ("bert_jax.training.aot", "DoesNotFit"),
     ("bert_jax.data.input_lines", "InputError"),
     ("bert_jax.data.sources", "DatasetError"),
+    ("bert_jax.errors", "MissingFileError"),
 ])
 def test_the_project_errors_are_user_errors(module, name):
     assert issubclass(getattr(importlib.import_module(module), name), UserError)
+
+
+def test_a_missing_file_the_user_named_is_a_user_error(tmp_path):
+    from bert_jax.convert import load_hf_bert, load_pretrained
+    from bert_jax.data import conllu, glue, parallel_text, pretraining_data, wordpiece
+    from bert_jax.errors import MissingFileError
+    from bert_jax.tasks.bert_backbone import checkpoint_kind
+    missing = tmp_path / "none"
+    for read in (load_hf_bert, load_pretrained, conllu.read_conllu, checkpoint_kind,
+                 lambda path: glue.read_tsv(path, "sst2"),
+                 lambda path: next(pretraining_data.iter_documents(path)),
+                 lambda path: parallel_text.parallel_text_config(path, "de", "en"),
+                 lambda path: wordpiece.WordPiece.from_vocab_file(path)):
+        with pytest.raises(MissingFileError, match="none"):  # still a FileNotFoundError
+            read(str(missing))
 
 
 # ----------------------------------------------------------------------------

@@ -65,7 +65,7 @@ from bert_jax.data.builder_configs import (
     ConfigRegistry, LocalFilesBuilder, check_split_names, check_unchanged, config_name,
     file_stats)
 from bert_jax.data.text_files import utf8_lines
-from bert_jax.errors import UserError
+from bert_jax.errors import MissingFileError, UserError
 
 # The 17 Universal POS tags (https://universaldependencies.org/u/pos/), in the
 # order of that page's alphabetical index (and of tfds's UPOS ClassLabel).
@@ -144,7 +144,7 @@ def read_conllu(path: str | os.PathLike, column: str | int | None = None,
                    else f"column {index}")
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"conllu: {path} does not exist")
+        raise MissingFileError(f"conllu: {path} does not exist")
     sentences: list[dict[str, Any]] = []
     words: list[str] = []
     tags: list[str] = []
@@ -294,7 +294,7 @@ def conllu_config(path: str | os.PathLike, splits: Mapping[str, str] | None = No
     index = _column_index(column, format, word_column)
     directory = os.path.realpath(os.path.expanduser(os.fspath(path)))
     if not os.path.isdir(directory):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"conllu: {directory} is not a directory (path={os.fspath(path)!r}); "
             f"pass the directory holding the files.")
     if splits is None:
@@ -308,8 +308,8 @@ def conllu_config(path: str | os.PathLike, splits: Mapping[str, str] | None = No
         missing = [os.path.join(directory, n) for n in splits.values()
                    if not os.path.isfile(os.path.join(directory, n))]
         if missing:
-            raise FileNotFoundError(f"conllu: missing file(s) {missing} "
-                                    f"(splits={dict(splits)})")
+            raise MissingFileError(f"conllu: missing file(s) {missing} "
+                                   f"(splits={dict(splits)})")
         mapping = tuple(sorted(splits.items()))
     params = dict(path=directory, splits=mapping, column=index, format=format,
                   word_column=word_column,
