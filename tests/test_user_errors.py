@@ -136,6 +136,12 @@ def test_user_errors_print_one_line_and_bugs_a_traceback(tmp_path):
         assert shown.returncode == 1 and "Traceback" in shown.stderr, shown.stderr
 
 
+def test_a_coordinator_without_the_process_flags_is_a_user_error():
+    from bert_jax.training import distributed
+    with pytest.raises(UserError, match="needs --num_processes and --process_id"):
+        distributed.initialize("127.0.0.1:1234", None, 0)
+
+
 def test_the_resume_command_replaces_the_old_flag():
     argv = ["launch/train.py", "--config=e.py", "--workdir=/tmp/a b", "--restore_step=20"]
     assert cli.command_with({"restore_step": 10}, argv) == (
