@@ -292,7 +292,7 @@ def _tensorboard_steps(workdir, tag: str) -> list[int]:
 
 
 def test_a_damaged_checkpoint_names_the_file_and_the_step_to_resume_from(run, data_dir,
-                                                                         tmp_path):
+                                                                         tmp_path, caplog):
     workdir = tmp_path / "run"
     shutil.copytree(run, workdir)
     damaged = _truncate_largest_data_file(workdir / "checkpoints" / "20")
@@ -308,7 +308,10 @@ def test_a_damaged_checkpoint_names_the_file_and_the_step_to_resume_from(run, da
     assert error.value.rerun_with == {"restore_step": 10}  # launch/cli.py prints the command
     assert damaged.stat().st_size == size  # untouched
 
-    trainer.train_and_evaluate(longer, str(workdir), restore_step=10)
+    with caplog.at_level("WARNING", logger="absl"):
+        trainer.train_and_evaluate(longer, str(workdir), restore_step=10)
+    assert ("config.train.profile_steps=(3, 4): this run resumes after step 10, so they "
+            "are not profiled; choose later steps.") in caplog.text  # not silently
     set_aside = workdir / "checkpoints_set_aside" / "20"
     assert (set_aside / damaged.relative_to(workdir / "checkpoints" / "20")).stat().st_size \
         == size

@@ -210,9 +210,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                         tokens_per_step=task.tokens_per_step(),
                         peak_flops=peak_flops_per_device(config.get("peak_flops", 0.0)))
     preemption = PreemptionWatcher(first_step)
-    profiler = StepProfiler(profile_range(train.get("profile_steps"),
-                                          "config.train.profile_steps"),
-                            os.path.join(workdir, PROFILE_DIR))
+    profile = profile_range(train.get("profile_steps"), "config.train.profile_steps")
+    if profile and profile[0] <= first_step:
+        logging.warning("config.train.profile_steps=%s: this run resumes after step %d, "
+                        "so they are not profiled; choose later steps.", profile, first_step)
+    profiler = StepProfiler(profile, os.path.join(workdir, PROFILE_DIR))
     first_bad = jnp.array(-1, jnp.int32)
 
     def check_finite():
