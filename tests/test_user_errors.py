@@ -243,6 +243,15 @@ def test_a_config_that_fails_to_build_leaves_no_config_json(tmp_path, data_dir):
     trainer.prepare_workdir(str(tmp_path / "run"), tiny_config(data_dir))  # accepted
 
 
+def test_a_wrong_evaluation_split_fails_before_training(tmp_path, data_dir):
+    config = tiny_config(data_dir)
+    config.data.eval_split = "valid"
+    with pytest.raises(sources.DatasetError, match=r"has no split 'valid' \(its splits: "
+                                                   r"\['train', 'validation'\]\)"):
+        trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    assert os.listdir(tmp_path / "run") == []
+
+
 def test_several_problems_are_reported_together(data_dir):
     config = tiny_config(data_dir, **{"train.batch_size": 60, "train.num_steps": 10})
     config.data.builder_kwargs.path = "/no/such/corpus.txt:wikitext"

@@ -186,13 +186,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
     state, shardings = create_train_state(task.init_variables, task.model.apply,
                                           make_optimizer(config), mesh, init_rng)
-    checkpointer = Checkpointer(workdir, keep_last=train.keep_last,
-                                keep_best=train.keep_best, best_metric=train.best_metric,
-                                best_mode=train.best_mode, async_saves=train.async_saves)
     train_iter = DevicePrefetch(
         task.train_iterator(jax.process_index(), jax.process_count()),
         lambda batch: global_batch(batch, mesh), train.device_prefetch)
+    # Opens the evaluation split now: a wrong one fails before training, not at
+    # the first evaluation (evaluate reads it again, cached).
+    task.eval_batches(jax.process_index(), jax.process_count())
     write_config(workdir, config)  # the task, its data and its model are built
+    checkpointer = Checkpointer(workdir, keep_last=train.keep_last,
+                                keep_best=train.keep_best, best_metric=train.best_metric,
+                                best_mode=train.best_mode, async_saves=train.async_saves)
     latest = checkpointer.latest_step()
     if latest is not None:
         state = checkpointer.restore(latest, abstract_like(state), train_iter)
