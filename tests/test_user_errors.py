@@ -252,6 +252,16 @@ def test_a_wrong_evaluation_split_fails_before_training(tmp_path, data_dir):
     assert os.listdir(tmp_path / "run") == []
 
 
+def test_an_evaluation_error_keeps_the_training_before_it(tmp_path, data_dir):
+    config = tiny_config(data_dir, **{"train.num_steps": 10, "train.eval_every": 5,
+                                      "train.checkpoint_every": 100, "train.log_every": 5,
+                                      "optimizer.warmup_steps": 2, "data.bleu_examples": 0})
+    config.evals = ("loss", "classification")  # translation gives no class predictions
+    with pytest.raises(UserError, match="config.evals: evaluator 'classification' needs "):
+        trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    assert os.listdir(tmp_path / "run" / "checkpoints") == ["5"]  # resume from there
+
+
 def test_several_problems_are_reported_together(data_dir):
     config = tiny_config(data_dir, **{"train.batch_size": 60, "train.num_steps": 10})
     config.data.builder_kwargs.path = "/no/such/corpus.txt:wikitext"

@@ -85,8 +85,8 @@ def _needs(context: Context, name: str, *keys: str) -> dict[str, Any]:
     decoded = context.decoded or {}
     missing = [k for k in keys if k not in decoded]
     if missing:
-        raise ValueError(f"config.evals: evaluator {name!r} needs predictions {missing}, "
-                         f"which this task does not give (it gives {sorted(decoded)}).")
+        raise ConfigError(f"config.evals: evaluator {name!r} needs predictions {missing}, "
+                          f"which this task does not give (it gives {sorted(decoded)}).")
     return decoded
 
 

@@ -248,7 +248,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                     log_progress(step, train.num_steps, scalars)
                 eval_metrics = None
                 if step % train.eval_every == 0 or last:
-                    eval_metrics = evaluate(state.params, step)
+                    try:
+                        eval_metrics = evaluate(state.params, step)
+                    except UserError:  # e.g. an evaluator the task cannot feed
+                        checkpointer.save(step, state, train_iter)  # keep the training
+                        raise
                     progress.restart(step)  # evaluation time is not training time
                     scalars.update(eval_metrics)
                     logging.info("step %d eval: %s", step, eval_metrics)
