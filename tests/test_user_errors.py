@@ -520,6 +520,18 @@ def test_auto_is_resolved_once_and_recorded(run, data_dir):
     assert auto_dtype.resolve_model_dtype(fixed) is fixed
 
 
+def test_the_choice_and_its_reason_are_logged_once(data_dir, caplog, monkeypatch):
+    zen3 = auto_dtype.Hardware("cpu", "AMD EPYC 7B13", cpu_flags=frozenset({"avx2"}))
+    monkeypatch.setattr(auto_dtype, "local_hardware", lambda: zen3)
+    config = tiny_config(data_dir, **{"model.dtype": "auto"})
+    with caplog.at_level("INFO", logger="absl"):
+        check_training_config(config)  # checks the model without choosing its dtype
+        assert auto_dtype.resolve_model_dtype(config).model.dtype == "float32"
+    chosen = [r.getMessage() for r in caplog.records if "model.dtype='auto'" in r.getMessage()]
+    assert chosen == ["model.dtype='auto' -> float32 (AMD EPYC 7B13 has neither avx512_bf16 "
+                      "nor amx_bf16: bfloat16 matmuls would run slower than float32 there)"]
+
+
 def test_compile_resolves_auto_for_the_target_not_this_cpu():
     from bert_jax.training import aot, topologies
     gpu = topologies.Target("h100-8", "gpu", (), topologies.GPUS["h100"].description, 0, 0)

@@ -16,6 +16,7 @@ from typing import Iterator
 import jax
 import ml_collections
 
+from bert_jax.auto_dtype import AUTO
 from bert_jax.evaluation import evaluators
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
@@ -94,6 +95,9 @@ def _model_problems(config: ml_collections.ConfigDict) -> list[str]:
     task = task_class(config.get("task"))
     if task is None or not task.supports_abstract or config.get("init_from"):
         return []  # an unknown task is named when it is built
+    if config.model.get("dtype") == AUTO:  # resolved and logged once, by the trainer
+        config = config.copy_and_resolve_references()
+        config.model.dtype = "float32"
     try:
         build_task(config, None, abstract=True)
     except ConfigError as e:
