@@ -36,8 +36,23 @@ DEBUG = flags.DEFINE_bool("debug", False, "Show the Python traceback of user err
 
 def run(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
     """`app.run(main, argv)`, with user errors reported as `error: ...` (exit 2)."""
+    sys.unraisablehook = _without_closed_loop_reports
     app.run(functools.partial(_report_user_errors, main), argv=argv,
             flags_parser=parse_flags)
+
+
+_user_error_reported = False
+
+
+def _without_closed_loop_reports(unraisable) -> None:
+    """Drops what a failed Orbax restore (a damaged checkpoint) leaves behind:
+    'Event loop is closed' errors of TensorStore reads still in flight, and,
+    once the user error is reported, the read errors of its abandoned
+    coroutines at exit: thousands of traceback lines around the error line."""
+    closed_loop = (isinstance(unraisable.exc_value, RuntimeError)
+                   and str(unraisable.exc_value) == "Event loop is closed")
+    if not (closed_loop or _user_error_reported):
+        sys.__unraisablehook__(unraisable)
 
 
 def debugging(argv: list[str] | None = None) -> bool:
@@ -52,6 +67,8 @@ def debugging(argv: list[str] | None = None) -> bool:
 
 def fail(message: str) -> None:
     """Prints `error: message` on stderr and exits with status 2."""
+    global _user_error_reported
+    _user_error_reported = True
     sys.stdout.flush()
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(EXIT_USER_ERROR)

@@ -142,6 +142,27 @@ def test_a_coordinator_without_the_process_flags_is_a_user_error():
         distributed.initialize("127.0.0.1:1234", None, 0)
 
 
+def test_a_failed_restore_leaves_no_traceback_noise(tmp_path):
+    """What a damaged checkpoint's aborted reads report as unraisable (a closed
+    event loop; at exit, the abandoned reads' errors) stays off stderr; other
+    unraisable errors are still reported."""
+    unraisable = ("class Dying:\n"
+                  "    def __init__(self, error):\n"
+                  "        self.error = error\n"
+                  "    def __del__(self):\n"
+                  "        raise self.error\n"
+                  "def report(error):\n"
+                  "    Dying(error)  # deleted at once: its error goes to sys.unraisablehook\n")
+    (tmp_path / "unraisable.py").write_text(unraisable)
+    damaged = _run_script(
+        tmp_path, "from unraisable import report; import atexit; "
+        "report(RuntimeError('Event loop is closed')); "
+        "atexit.register(report, ValueError('array index')); raise UserError('damaged')")
+    assert damaged.stderr.splitlines() == ["error: damaged"], damaged.stderr
+    other = _run_script(tmp_path, "from unraisable import report; report(ValueError('x'))")
+    assert "ValueError: x" in other.stderr and other.returncode == 0
+
+
 def test_the_resume_command_replaces_the_old_flag():
     argv = ["launch/train.py", "--config=e.py", "--workdir=/tmp/a b", "--restore_step=20"]
     assert cli.command_with({"restore_step": 10}, argv) == (
