@@ -23,3 +23,8 @@ class UserError(Exception):
     def __init__(self, *args, rerun_with: dict | None = None):
         super().__init__(*args)
         self.rerun_with = rerun_with
+
+
+class MissingFileError(UserError, FileNotFoundError):
+    """A file or folder the user named (a data path, a vocabulary, a checkpoint
+    folder) does not exist; the message names it and what was expected."""

@@ -40,6 +40,8 @@ import os
 
 import ml_collections
 
+from bert_jax.modeling.configs import ConfigError  # a user error: `error: ...`, no traceback
+
 SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                            "shared", "data")
 GLUE_DIRS = {"sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "cola": "CoLA",
@@ -60,12 +62,13 @@ def _parse(arg: str | None) -> tuple[str, dict[str, float]]:
     """'TASK' or 'TASK,epochs=E' or 'TASK,steps=N' -> (task, options)."""
     task, *options = (arg or "sst2").split(",")
     if task not in VARIANTS:
-        raise ValueError(f"unknown variant {task!r}; choose one of {VARIANTS}.")
+        raise ConfigError(f"unknown variant {task!r}; choose one of {VARIANTS}.")
     parsed = {}
     for option in options:
         key, _, value = option.partition("=")
         if key not in ("epochs", "steps") or not value:
-            raise ValueError(f"config argument {arg!r}: {option!r} is not epochs=E or steps=N.")
+            raise ConfigError(f"config argument {arg!r}: {option!r} is not epochs=E or "
+                              "steps=N.")
         parsed[key] = float(value)
     return task, parsed
 

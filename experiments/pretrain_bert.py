@@ -48,6 +48,8 @@ import os
 
 import ml_collections
 
+from bert_jax.modeling.configs import ConfigError  # a user error: `error: ...`, no traceback
+
 SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                            "shared", "data")
 VARIANTS = ("default", "corpus", "corpus_phase1", "corpus_phase2", "base", "large")
@@ -56,7 +58,7 @@ VARIANTS = ("default", "corpus", "corpus_phase1", "corpus_phase2", "base", "larg
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variant = arg or "default"
     if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}.")
+        raise ConfigError(f"unknown variant {variant!r}; choose one of {VARIANTS}.")
     config = ml_collections.ConfigDict()
     config.task = "bert_pretraining"
     config.seed = 0

@@ -20,6 +20,8 @@ import os
 
 import ml_collections
 
+from bert_jax.modeling.configs import ConfigError  # a user error: `error: ...`, no traceback
+
 SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                            "shared", "data")
 
@@ -118,8 +120,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                  eval_every=5000, checkpoint_every=5000))
         config.optimizer.update(dict(learning_rate=1e-3, warmup_steps=4000))
     elif variant != "default":
-        raise ValueError(f"experiments/translate.py: unknown variant {variant!r}; use "
-                         "'' (default), multi30k, multi30k_en_de, wmt_base or wmt_big.")
+        raise ConfigError(f"experiments/translate.py: unknown variant {variant!r}; use "
+                          "'' (default), multi30k, multi30k_en_de, wmt_base or wmt_big.")
     return config
 
 

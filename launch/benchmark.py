@@ -49,6 +49,7 @@ import cli
 from bert_jax.modeling import BertForPreTraining, Transformer, bert_preset, transformer_preset
 from bert_jax.modeling.flops import bert_train_flops, transformer_train_flops
 from bert_jax.modeling.losses import bert_pretraining_sums, cross_entropy_sums
+from bert_jax.training import distributed
 from bert_jax.training.metrics import peak_flops_per_device
 from bert_jax.training.optimizer import adamw
 from bert_jax.training.profiling import StepProfiler, profile_range
@@ -310,6 +311,7 @@ def time_flax_hf_bert(size: str, batch: dict[str, np.ndarray], steps: int,
 
 def main(argv):
     del argv
+    distributed.select_platforms()  # no start-up error of an absent GPU/TPU plugin
     devices = jax.local_devices()
     peak = peak_flops_per_device(_PEAK.value)
     print(f"devices: {len(devices)} x {devices[0].device_kind}; peak {peak / 1e12:.2f} "

@@ -7,7 +7,7 @@ What the user sees, on stderr:
     (`--config.no_such=1`, `--config.train.num_steps=many`), and a
     `bert_jax.errors.UserError` or `app.UsageError` raised by `main`:
     `error: <message>` and exit status 2, no traceback; when the error carries
-    `rerun_with` flags, the user's command with them follows;
+    `rerun_with` flags this script has, the user's command with them follows;
   - anything else is a bug: Python's traceback, as before;
   - `--debug` (or `BERT_JAX_DEBUG=1` in the environment) shows the traceback of
     user errors too.
@@ -36,8 +36,23 @@ DEBUG = flags.DEFINE_bool("debug", False, "Show the Python traceback of user err
 
 def run(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
     """`app.run(main, argv)`, with user errors reported as `error: ...` (exit 2)."""
+    sys.unraisablehook = _without_closed_loop_reports
     app.run(functools.partial(_report_user_errors, main), argv=argv,
             flags_parser=parse_flags)
+
+
+_user_error_reported = False
+
+
+def _without_closed_loop_reports(unraisable) -> None:
+    """Drops what a failed Orbax restore (a damaged checkpoint) leaves behind:
+    'Event loop is closed' errors of TensorStore reads still in flight, and,
+    once the user error is reported, the read errors of its abandoned
+    coroutines at exit: thousands of traceback lines around the error line."""
+    closed_loop = (isinstance(unraisable.exc_value, RuntimeError)
+                   and str(unraisable.exc_value) == "Event loop is closed")
+    if not (closed_loop or _user_error_reported):
+        sys.__unraisablehook__(unraisable)
 
 
 def debugging(argv: list[str] | None = None) -> bool:
@@ -52,6 +67,8 @@ def debugging(argv: list[str] | None = None) -> bool:
 
 def fail(message: str) -> None:
     """Prints `error: message` on stderr and exits with status 2."""
+    global _user_error_reported
+    _user_error_reported = True
     sys.stdout.flush()
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(EXIT_USER_ERROR)
@@ -59,8 +76,8 @@ def fail(message: str) -> None:
 
 def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
     """absl's flag parsing, with its errors, those ml_collections raises for an
-    unknown config field, and a config file that cannot be loaded reported as
-    `error: ...`."""
+    unknown config field, a config file that cannot be loaded and a `UserError`
+    its `get_config` raises reported as `error: ...`."""
     try:
         try:
             remaining = flag_values(argv)
@@ -72,8 +89,27 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
     except flags.Error as e:
         if debugging(argv):
             raise
-        fail(f"{e}\n(--helpshort lists this script's flags)")
+        fail(f"{_without_config_traceback(e)}\n(--helpshort lists this script's flags)")
+    except UserError as e:  # a config file's get_config, e.g. a --workdir without a run
+        if debugging(argv):
+            raise
+        fail(str(e))
     return remaining
+
+
+def _without_config_traceback(error: flags.Error) -> str:
+    """absl's message, but for a `UserError` raised by a config file's
+    `get_config` (e.g. an unknown variant) its message instead of the traceback
+    ml_collections puts in (other errors in a config file keep it)."""
+    text = str(error)
+    flag, found, _ = text.partition(": Error whilst parsing config file:")
+    causes = []
+    cause = error.__cause__ or error.__context__
+    while cause is not None and len(causes) < 10:
+        causes.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    user_errors = [c for c in causes if isinstance(c, UserError)]
+    return f"{flag}: {user_errors[-1]}" if found and user_errors else text
 
 
 def _load_config_files(flag_values: flags.FlagValues) -> None:
@@ -119,8 +155,9 @@ def _report_user_errors(main: Callable[[list[str]], int | None], argv: list[str]
     except (UserError, app.UsageError) as e:
         if debugging():
             raise
-        rerun_with = getattr(e, "rerun_with", None)
-        fail(str(e) + (f"\n  {command_with(rerun_with)}" if rerun_with else ""))
+        rerun_with = getattr(e, "rerun_with", None) or {}
+        runnable = rerun_with and all(name in flags.FLAGS for name in rerun_with)
+        fail(str(e) + (f"\n  {command_with(rerun_with)}" if runnable else ""))
 
 
 def command_with(new_flags: dict, argv: list[str] | None = None) -> str:

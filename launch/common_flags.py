@@ -48,11 +48,16 @@ def workdir_experiment():
 
 class _QuietLibraries(python_logging.Filter):
     """Drops INFO records from Orbax, grain, tfds, JAX and Beam internals (kept:
-    warnings, errors)."""
+    warnings, errors), and Orbax's warning that a checkpoint item has no
+    `_CHECKPOINT_METADATA` (the step folder holds it; every restore of the
+    parameters alone would print it)."""
 
     NOISY = ("/orbax/", "/grain/", "/tensorflow_datasets/", "/jax/_src/", "/apache_beam/")
 
     def filter(self, record):
+        if "/orbax/" in record.pathname and str(record.msg).startswith(
+                "Metadata file does not exist"):
+            return False
         return record.levelno >= python_logging.WARNING or not any(
             part in record.pathname for part in self.NOISY)
 

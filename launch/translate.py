@@ -31,11 +31,15 @@ _ON_ERROR = flags.DEFINE_enum("on_error", "fail", ON_ERROR, "A bad input line (e
 
 def main(argv):
     launch_flags.start(argv)
+    try:
+        stream = open(_INPUT.value) if _INPUT.value else sys.stdin
+    except OSError as e:
+        raise app.UsageError(f"--input={_INPUT.value}: cannot read it ({e.strerror}); "
+                             "give a file of source sentences, one a line.") from e
     config, workdir = launch_flags.workdir_experiment()
     task, mesh, params, _ = evaluation.restore_for_inference(config, workdir, _STEP.value)
     if not hasattr(task, "translate"):
         raise app.UsageError(f"config.task={config.task!r} does not translate.")
-    stream = open(_INPUT.value) if _INPUT.value else sys.stdin
     lines = screen_lines(stream, task.source_problems, _ON_ERROR.value,
                          _INPUT.value or "stdin")
     sentences = [line for line in lines if line is not None]

@@ -15,10 +15,10 @@ pytestmark = pytest.mark.slow   # each test runs launch/benchmark.py in a subpro
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _benchmark(*flags, tmp_path):
+def _benchmark(*flags, tmp_path, env=None):
     output = tmp_path / "bench.json"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-           "JAX_PLATFORMS": "cpu"}
+    env = env or {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+                  "JAX_PLATFORMS": "cpu"}
     result = subprocess.run(
         [sys.executable, str(REPO / "launch" / "benchmark.py"), *flags,
          f"--output={output}"], cwd=REPO, env=env, capture_output=True, text=True,
@@ -48,6 +48,16 @@ def test_benchmark_rejects_a_bad_model_spec(tmp_path):
     result, _ = _benchmark("--models=bert-base", tmp_path=tmp_path)
     assert result.returncode != 0
     assert "expected MODEL:LENGTH" in result.stdout + result.stderr
+
+
+def test_a_user_error_is_one_line_in_a_plain_shell(tmp_path):
+    """Without the tests' JAX_PLATFORMS=cpu, the script itself keeps the start-up
+    errors of installed GPU/TPU plugins without hardware off stderr."""
+    from bert_jax.training.topologies import COMPILE_ONLY_ENVIRONMENT
+    env = {k: v for k, v in os.environ.items() if k not in COMPILE_ONLY_ENVIRONMENT}
+    result, _ = _benchmark("--steps=6", "--profile_steps=5,9", tmp_path=tmp_path, env=env)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "error: --profile_steps=5,9: only 6 steps are timed (--steps)."], result.stderr
 
 
 def test_benchmark_writes_a_profile_of_the_steps_asked_for(tmp_path):

@@ -71,6 +71,29 @@ def test_a_missing_config_file_is_named(capsys):
         "error: --config=nope.py: cannot load the config file: [Errno 2] No such file")
 
 
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_an_unknown_experiment_variant_is_one_line(capsys):
+    argv = ["train.py", f"--config={REPO / 'experiments' / 'pretrain_bert.py'}:nosuch"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_flags(argv, _config_flags(argv))
+    err = capsys.readouterr().err
+    assert exit_.value.code == cli.EXIT_USER_ERROR and "Traceback" not in err, err
+    assert err.startswith(f"error: flag {argv[1]}: unknown variant 'nosuch'; choose one "
+                          "of ('default', "), err
+
+
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_a_workdir_without_a_run_is_named(capsys, tmp_path):
+    """evaluate.py --workdir=DIR reads DIR/config.json while its flags are parsed."""
+    argv = ["evaluate.py", f"--config={REPO / 'launch' / 'workdir_config.py'}:{tmp_path}"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_flags(argv, _config_flags(argv))
+    err = capsys.readouterr().err
+    assert exit_.value.code == cli.EXIT_USER_ERROR and err == (
+        f"error: --workdir={tmp_path} holds no config.json: it is not the workdir of a "
+        "training run (launch/train.py writes it).\n"), err
+
+
 def test_train_py_reports_a_bad_flag_in_one_line(tmp_path):
     code, out = finish(launch("train.py", tmp_path / "run", {}, extra=["--config.no_such=1"]))
     assert code == 2 and out.splitlines()[0] == (
@@ -86,7 +109,9 @@ def _run_script(tmp_path, body: str, *args, env=None):
         "import sys\n"
         f"sys.path.insert(0, {str(REPO / 'launch')!r})\n"
         "import cli\n"
+        "from absl import flags\n"
         "from bert_jax.errors import UserError\n"
+        "flags.DEFINE_integer('restore_step', None, '')\n"
         f"def main(argv):\n    {body}\n"
         "cli.run(main)\n")
     return subprocess.run([sys.executable, str(script), *args], capture_output=True,
@@ -100,6 +125,8 @@ def test_user_errors_print_one_line_and_bugs_a_traceback(tmp_path):
     assert user.stderr.splitlines() == [
         "error: step 20 is damaged",
         f"  python {tmp_path / 'script.py'} --restore_step=10"]
+    other = _run_script(tmp_path, "raise UserError('bad', rerun_with={'step': 10})")
+    assert other.stderr.splitlines() == ["error: bad"]  # no --step flag: no command
     assert _run_script(tmp_path, "return 3").returncode == 3  # main's exit status
     bug = _run_script(tmp_path, "raise KeyError('oops')")
     assert bug.returncode == 1 and "Traceback" in bug.stderr and "KeyError: 'oops'" in bug.stderr
@@ -107,6 +134,33 @@ def test_user_errors_print_one_line_and_bugs_a_traceback(tmp_path):
         shown = _run_script(tmp_path, "raise UserError('step 20 is damaged')",
                             *debug.get("args", ()), env=debug.get("env"))
         assert shown.returncode == 1 and "Traceback" in shown.stderr, shown.stderr
+
+
+def test_a_coordinator_without_the_process_flags_is_a_user_error():
+    from bert_jax.training import distributed
+    with pytest.raises(UserError, match="needs --num_processes and --process_id"):
+        distributed.initialize("127.0.0.1:1234", None, 0)
+
+
+def test_a_failed_restore_leaves_no_traceback_noise(tmp_path):
+    """What a damaged checkpoint's aborted reads report as unraisable (a closed
+    event loop; at exit, the abandoned reads' errors) stays off stderr; other
+    unraisable errors are still reported."""
+    unraisable = ("class Dying:\n"
+                  "    def __init__(self, error):\n"
+                  "        self.error = error\n"
+                  "    def __del__(self):\n"
+                  "        raise self.error\n"
+                  "def report(error):\n"
+                  "    Dying(error)  # deleted at once: its error goes to sys.unraisablehook\n")
+    (tmp_path / "unraisable.py").write_text(unraisable)
+    damaged = _run_script(
+        tmp_path, "from unraisable import report; import atexit; "
+        "report(RuntimeError('Event loop is closed')); "
+        "atexit.register(report, ValueError('array index')); raise UserError('damaged')")
+    assert damaged.stderr.splitlines() == ["error: damaged"], damaged.stderr
+    other = _run_script(tmp_path, "from unraisable import report; report(ValueError('x'))")
+    assert "ValueError: x" in other.stderr and other.returncode == 0
 
 
 def test_the_resume_command_replaces_the_old_flag():
@@ -133,9 +187,25 @@ def test_the_resume_command_replaces_the_old_flag():
     ("bert_jax.training.aot", "DoesNotFit"),
     ("bert_jax.data.input_lines", "InputError"),
     ("bert_jax.data.splits", "DatasetError"),
+    ("bert_jax.errors", "MissingFileError"),
 ])
 def test_the_project_errors_are_user_errors(module, name):
     assert issubclass(getattr(importlib.import_module(module), name), UserError)
+
+
+def test_a_missing_file_the_user_named_is_a_user_error(tmp_path):
+    from bert_jax.convert import load_hf_bert, load_pretrained
+    from bert_jax.data import conllu, glue, parallel_text, pretraining_data, wordpiece
+    from bert_jax.errors import MissingFileError
+    from bert_jax.tasks.bert_backbone import checkpoint_kind
+    missing = tmp_path / "none"
+    for read in (load_hf_bert, load_pretrained, conllu.read_conllu, checkpoint_kind,
+                 lambda path: glue.read_tsv(path, "sst2"),
+                 lambda path: next(pretraining_data.iter_documents(path)),
+                 lambda path: parallel_text.parallel_text_config(path, "de", "en"),
+                 lambda path: wordpiece.WordPiece.from_vocab_file(path)):
+        with pytest.raises(MissingFileError, match="none"):  # still a FileNotFoundError
+            read(str(missing))
 
 
 # ----------------------------------------------------------------------------
@@ -160,6 +230,17 @@ def test_the_project_errors_are_user_errors(module, name):
      "config.init_from='/no/such/checkpoint': no such file or folder"),
     ({"train.eval_every": 0}, "config.train.eval_every=0: must be at least 1."),
     ({"train.profile_steps": (5, 2)}, "config.train.profile_steps=(5, 2): give (START, END)"),
+    ({"train.profile_steps": (400, 402)},
+     "config.train.profile_steps=(400, 402): the run ends at config.train.num_steps=300"),
+    ({"optimizer.schedule": "bogus"}, "config.optimizer.schedule='bogus': unknown; choose "
+     "one of ['constant', 'linear', 'cosine', 'rsqrt']."),
+    ({"evals": ("loss", "nosuch")}, "config.evals: unknown evaluator(s) ['nosuch']; "
+     "registered: ["),
+    ({"data.max_length": 0}, "config.data.max_length=0: must be at least 1."),
+    ({"model.num_heads": 3}, "TransformerConfig.hidden_size=64 is not divisible by "
+     "num_heads=3"),
+    ({"model.max_len": 8}, "config.data.max_length length 16 exceeds "
+     "TransformerConfig.max_len=8"),
 ])
 def test_config_problems_are_named_before_anything_is_written(tmp_path, data_dir, overrides,
                                                               message):
@@ -171,6 +252,35 @@ def test_config_problems_are_named_before_anything_is_written(tmp_path, data_dir
         trainer.train_and_evaluate(config, str(tmp_path / "run"))
     assert message in str(error.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_config_that_fails_to_build_leaves_no_config_json(tmp_path, data_dir):
+    """Else the corrected rerun in the same workdir is refused as incompatible."""
+    config = tiny_config(data_dir)
+    config.data.builder = "synthetic_revers"
+    with pytest.raises(sources.DatasetError, match="synthetic_revers"):
+        trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run" / "config.json").exists()
+    trainer.prepare_workdir(str(tmp_path / "run"), tiny_config(data_dir))  # accepted
+
+
+def test_a_wrong_evaluation_split_fails_before_training(tmp_path, data_dir):
+    config = tiny_config(data_dir)
+    config.data.eval_split = "valid"
+    with pytest.raises(sources.DatasetError, match=r"has no split 'valid' \(its splits: "
+                                                   r"\['train', 'validation'\]\)"):
+        trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    assert os.listdir(tmp_path / "run") == []
+
+
+def test_an_evaluation_error_keeps_the_training_before_it(tmp_path, data_dir):
+    config = tiny_config(data_dir, **{"train.num_steps": 10, "train.eval_every": 5,
+                                      "train.checkpoint_every": 100, "train.log_every": 5,
+                                      "optimizer.warmup_steps": 2, "data.bleu_examples": 0})
+    config.evals = ("loss", "classification")  # translation gives no class predictions
+    with pytest.raises(UserError, match="config.evals: evaluator 'classification' needs "):
+        trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    assert os.listdir(tmp_path / "run" / "checkpoints") == ["5"]  # resume from there
 
 
 def test_several_problems_are_reported_together(data_dir):
@@ -222,7 +332,7 @@ def _tensorboard_steps(workdir, tag: str) -> list[int]:
 
 
 def test_a_damaged_checkpoint_names_the_file_and_the_step_to_resume_from(run, data_dir,
-                                                                         tmp_path):
+                                                                         tmp_path, caplog):
     workdir = tmp_path / "run"
     shutil.copytree(run, workdir)
     damaged = _truncate_largest_data_file(workdir / "checkpoints" / "20")
@@ -238,7 +348,10 @@ def test_a_damaged_checkpoint_names_the_file_and_the_step_to_resume_from(run, da
     assert error.value.rerun_with == {"restore_step": 10}  # launch/cli.py prints the command
     assert damaged.stat().st_size == size  # untouched
 
-    trainer.train_and_evaluate(longer, str(workdir), restore_step=10)
+    with caplog.at_level("WARNING", logger="absl"):
+        trainer.train_and_evaluate(longer, str(workdir), restore_step=10)
+    assert ("config.train.profile_steps=(3, 4): this run resumes after step 10, so they "
+            "are not profiled; choose later steps.") in caplog.text  # not silently
     set_aside = workdir / "checkpoints_set_aside" / "20"
     assert (set_aside / damaged.relative_to(workdir / "checkpoints" / "20")).stat().st_size \
         == size
@@ -258,8 +371,12 @@ def test_evaluating_a_damaged_checkpoint_names_the_file(run, data_dir, tmp_path)
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(CheckpointError, match=(
             rf"cannot restore .*: array params\S* cannot be read .*; damaged \(truncated\) "
-            rf"file: {step_dir}/state/\S+/d/[0-9a-f]+")):
+            rf"file: {step_dir}/state/\S+/d/[0-9a-f]+")) as error:
         evaluate_checkpoint(tiny_config(data_dir, **RUN), str(workdir), 20)
+    assert str(error.value).splitlines()[1] == (
+        "Nothing was deleted (available: [10, 20]): use step 10, the last earlier "
+        "checkpoint, with --step=10.")
+    assert error.value.rerun_with == {"step": 10}  # evaluate.py prints the command
 
 
 def test_damage_is_named_from_tensorstore_errors_in_the_chain(tmp_path):
@@ -324,6 +441,17 @@ def test_translate_skips_bad_lines_keeping_the_line_numbers(run, data_dir, sourc
     assert len(lines) == 5 and lines[1:4] == ["", "", ""], lines
     assert (f"warning: {sources_file}:3: unknown ids 99 (ids are 0..31) (skipped)"
             in result.stderr)
+    assert "Metadata file does not exist" not in result.stderr  # Orbax's, about nothing
+
+
+def test_translate_names_a_missing_input_file(run, tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "translate.py"), f"--workdir={run}",
+         f"--input={tmp_path / 'none.txt'}"], cwd=REPO, capture_output=True, text=True,
+        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"error: --input={tmp_path / 'none.txt'}: cannot read it (No such file or "
+        "directory); give a file of source sentences, one a line."], result.stderr
 
 
 def test_screen_lines_warns_and_keeps(capsys):
@@ -357,6 +485,26 @@ def test_dataset_builds_log_progress_lines(tmp_path, monkeypatch, caplog):
     assert any(m.startswith("load_source: prepared parallel_text") and
                m.endswith("train 3,000, validation 8 examples") for m in messages), messages
     assert tqdm_utils._active is False  # pytest's stderr is not a terminal
+
+
+def test_an_unknown_dataset_is_named(tmp_path):
+    with pytest.raises(sources.DatasetError, match=(
+            r"^dataset 'synthetic_revers' not found \(config.data.builder\): .* Did you "
+            r"mean synthetic_reverse or synthetic_translation\?$")):
+        sources.load_source("synthetic_revers", "train", tmp_path)
+
+
+def test_build_progress_survives_files_moved_during_the_walk(tmp_path, monkeypatch):
+    (tmp_path / "kept").write_bytes(b"x" * 1000)
+    (tmp_path / "moved").write_bytes(b"x" * 5)
+    size = os.path.getsize
+
+    def moved_away(path):  # tfds renames its temporary files while the thread walks
+        if path.endswith("moved"):
+            raise FileNotFoundError(path)
+        return size(path)
+    monkeypatch.setattr(os.path, "getsize", moved_away)
+    assert sources._megabytes(str(tmp_path)) == 0.001
 
 
 # ----------------------------------------------------------------------------
@@ -396,6 +544,18 @@ def test_auto_is_resolved_once_and_recorded(run, data_dir):
     assert kept.model.dtype == "float32" and config.model.dtype == "auto"
     fixed = tiny_config(data_dir, **{"model.dtype": "float32"})
     assert auto_dtype.resolve_model_dtype(fixed) is fixed
+
+
+def test_the_choice_and_its_reason_are_logged_once(data_dir, caplog, monkeypatch):
+    zen3 = auto_dtype.Hardware("cpu", "AMD EPYC 7B13", cpu_flags=frozenset({"avx2"}))
+    monkeypatch.setattr(auto_dtype, "local_hardware", lambda: zen3)
+    config = tiny_config(data_dir, **{"model.dtype": "auto"})
+    with caplog.at_level("INFO", logger="absl"):
+        check_training_config(config)  # checks the model without choosing its dtype
+        assert auto_dtype.resolve_model_dtype(config).model.dtype == "float32"
+    chosen = [r.getMessage() for r in caplog.records if "model.dtype='auto'" in r.getMessage()]
+    assert chosen == ["model.dtype='auto' -> float32 (AMD EPYC 7B13 has neither avx512_bf16 "
+                      "nor amx_bf16: bfloat16 matmuls would run slower than float32 there)"]
 
 
 def test_compile_resolves_auto_for_the_target_not_this_cpu():

@@ -25,7 +25,7 @@ import flax.linen as nn
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.errors import UserError
+from bert_jax.errors import MissingFileError, UserError
 from bert_jax.modeling.configs import BertConfig
 
 CONFIG_FILE = "config.json"
@@ -339,7 +339,7 @@ def load_hf_bert(folder: str) -> tuple[BertConfig, dict[str, Any]]:
             hint = (" (only a pickled pytorch_model.bin is there: bert_jax never "
                     "unpickles foreign files; convert it to safetensors first)"
                     if os.path.exists(pickled) else "")
-            raise FileNotFoundError(f"{path} does not exist{hint}.")
+            raise MissingFileError(f"{path} does not exist{hint}.")
     try:
         with open(config_path) as f:
             hf_config = json.load(f)

@@ -17,6 +17,7 @@ from typing import Any
 import flax.linen as nn
 import orbax.checkpoint as ocp
 
+from bert_jax.errors import MissingFileError
 from bert_jax.modeling.configs import BertConfig, ConfigError, StackConfig, TransformerConfig
 
 CONFIG_FILE = "model_config.json"
@@ -48,7 +49,7 @@ def load_pretrained(folder: str) -> tuple[StackConfig, Any]:
     folder = os.path.abspath(folder)
     config_path = os.path.join(folder, CONFIG_FILE)
     if not os.path.isfile(config_path):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{config_path} does not exist: {folder} is not a bert_jax pretrained "
             "folder (write one with launch/convert.py).")
     with open(config_path) as f:

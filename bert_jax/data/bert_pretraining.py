@@ -93,7 +93,7 @@ from bert_jax.data.builder_configs import ConfigRegistry, LocalFilesBuilder
 
 from bert_jax.data import pretraining_data
 from bert_jax.data.wordpiece import WordPiece
-from bert_jax.errors import UserError
+from bert_jax.errors import MissingFileError, UserError
 
 FORMATS = ("blank_lines", "wikitext")
 _EVAL_SEED_OFFSET = 1  # the validation instances use seed + 1
@@ -131,7 +131,7 @@ def parse_file_spec(spec: str) -> tuple[str, str]:
                                    f"use one of {FORMATS}.")
     path = os.path.realpath(os.path.expanduser(path))
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"bert_pretraining: corpus file {path} does not exist "
+        raise MissingFileError(f"bert_pretraining: corpus file {path} does not exist "
                                 f"(from {spec!r}).")
     return path, fmt
 
@@ -147,7 +147,7 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
                                    "'path' or 'path:format' strings.")
     parsed = tuple(parse_file_spec(spec) for spec in files)
     if not os.path.isfile(vocab_file):
-        raise FileNotFoundError(f"bert_pretraining: vocab_file {vocab_file} does not exist.")
+        raise MissingFileError(f"bert_pretraining: vocab_file {vocab_file} does not exist.")
     if max_seq_length < 8:
         raise BertPretrainingError(f"bert_pretraining: max_seq_length={max_seq_length} "
                                    "leaves no room for two segments; use at least 8.")

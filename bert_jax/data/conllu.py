@@ -52,7 +52,7 @@ from typing import Any
 
 from bert_jax.data.splits import check_split_names
 from bert_jax.data.text_files import char_column, utf8_lines
-from bert_jax.errors import UserError
+from bert_jax.errors import MissingFileError, UserError
 
 # The 17 Universal POS tags (https://universaldependencies.org/u/pos/), in the
 # order of that page's alphabetical index (and of tfds's UPOS ClassLabel).
@@ -126,7 +126,7 @@ def read_conllu(path: str | os.PathLike, column: str | int | None = None,
                    else f"column {index}")
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"conllu: {path} does not exist")
+        raise MissingFileError(f"conllu: {path} does not exist")
     sentences: list[dict[str, Any]] = []
     words: list[str] = []
     tags: list[str] = []
@@ -254,7 +254,7 @@ def split_files(path: str | os.PathLike, splits: Mapping[str, str] | None = None
     """
     directory = os.path.realpath(os.path.expanduser(os.fspath(path)))
     if not os.path.isdir(directory):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"conllu: {directory} is not a directory (path={os.fspath(path)!r}); "
             f"pass the directory holding the files.")
     if splits is None:
@@ -267,7 +267,7 @@ def split_files(path: str | os.PathLike, splits: Mapping[str, str] | None = None
     missing = [os.path.join(directory, n) for n in splits.values()
                if not os.path.isfile(os.path.join(directory, n))]
     if missing:
-        raise FileNotFoundError(f"conllu: missing file(s) {missing} "
+        raise MissingFileError(f"conllu: missing file(s) {missing} "
                                 f"(splits={dict(splits)})")
     return {split: os.path.join(directory, name) for split, name in sorted(splits.items())}
 

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.data.text_files import as_text, char_column, utf8_lines
-from bert_jax.errors import UserError
+from bert_jax.errors import MissingFileError, UserError
 
 Column = str | int
 
@@ -262,7 +262,7 @@ def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
     path = os.fspath(path)
     prefix = f"glue {spec.name}: "
     if not os.path.isfile(path):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{prefix}{path} does not exist; point the path at the task's "
             f"directory holding {sorted(set(spec.splits.values()))}.")
 
@@ -425,7 +425,7 @@ def task_directory(path: str | os.PathLike, spec: GlueTaskSpec) -> str:
     files, or its `spec.directory` folder (a GLUE root: `SST-2`)."""
     directory = os.path.realpath(os.path.expanduser(os.fspath(path)))
     if not os.path.isdir(directory):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"glue {spec.name}: {directory} is not a directory (path="
             f"{os.fspath(path)!r}); pass the task's directory, holding "
             f"{sorted(set(spec.splits.values()))}.")
@@ -433,7 +433,7 @@ def task_directory(path: str | os.PathLike, spec: GlueTaskSpec) -> str:
         return directory
     if spec.directory and os.path.isdir(os.path.join(directory, spec.directory)):
         return task_directory(os.path.join(directory, spec.directory), spec)
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"glue {spec.name}: {directory} has none of the task's files "
         f"{sorted(set(spec.splits.values()))} (nor a {spec.directory!r} folder); "
         "pass the task's directory.")

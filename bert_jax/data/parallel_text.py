@@ -73,7 +73,7 @@ from bert_jax.data.builder_configs import (
     ConfigRegistry, LocalFilesBuilder, check_unchanged, config_name, file_stats)
 from bert_jax.data.splits import check_split_names
 from bert_jax.data.text_files import utf8_lines
-from bert_jax.errors import UserError
+from bert_jax.errors import MissingFileError, UserError
 
 # Conventional file stems and the standard tfds split names they get by default.
 STEM_ALIASES: dict[str, str] = {
@@ -134,8 +134,8 @@ def parallel_text_config(path: str | os.PathLike, source_language: str,
                                 f"{skip_empty!r}")
     directory = os.path.realpath(os.path.expanduser(os.fspath(path)))
     if not os.path.exists(directory):
-        raise FileNotFoundError(f"parallel_text: corpus directory {directory} does "
-                                f"not exist (path={os.fspath(path)!r})")
+        raise MissingFileError(f"parallel_text: corpus directory {directory} does "
+                               f"not exist (path={os.fspath(path)!r})")
     if not os.path.isdir(directory):
         raise NotADirectoryError(
             f"parallel_text: path {directory} is a file; pass the directory that "
@@ -211,7 +211,7 @@ def _check_splits(directory: str, source_language: str, target_language: str,
                for language in (source_language, target_language)
                if not os.path.isfile(os.path.join(directory, f"{stem}.{language}"))]
     if missing:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"parallel_text: missing file{'s' * (len(missing) > 1)}: "
             f"{', '.join(missing)} (splits={dict(splits)})")
     return tuple(sorted(splits.items()))

@@ -74,7 +74,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from bert_jax.data.text_files import utf8_lines_from
-from bert_jax.errors import UserError
+from bert_jax.errors import MissingFileError, UserError
 
 DOCUMENT_FORMATS = ("blank_lines", "wikitext")
 PAD_ID = 0  # padding id (always treated as special)
@@ -136,7 +136,7 @@ def iter_documents(path: str, document_format: str = "blank_lines",
     if document_format not in DOCUMENT_FORMATS:
         raise ValueError(f"document_format={document_format!r}: expected one of {DOCUMENT_FORMATS}")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"corpus file {path} does not exist")
+        raise MissingFileError(f"corpus file {path} does not exist")
     wikitext = document_format == "wikitext"
     lines: list[str] = []
     first = start

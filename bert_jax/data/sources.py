@@ -34,6 +34,7 @@ Also works under `tfds.testing.mock_data` (catalog datasets, offline).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fcntl
 import hashlib
 import os
@@ -46,6 +47,7 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 from absl import logging
+from tensorflow_datasets.core.registered import DatasetNotFoundError
 
 # parallel_text registers its builder with tfds, so that it resolves by name.
 from bert_jax.data import parallel_text, synthetic_reverse, synthetic_translation  # noqa: F401
@@ -78,8 +80,8 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
       for a built-in text corpus, of str).
 
     Raises:
-      DatasetError: the split does not exist or has no examples (the message
-        names the dataset and the split).
+      DatasetError: no dataset of that name, or the split does not exist or
+        has no examples (the message names the dataset and the split).
     """
     if isinstance(builder, str) and builder in GENERATED:
         return select(builder, GENERATED[builder](**builder_kwargs), split)
@@ -87,7 +89,10 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
         kwargs = dict(builder_kwargs)
         if data_dir:
             kwargs["data_dir"] = os.fspath(data_dir)
-        builder = tfds.builder(builder, **kwargs)
+        try:
+            builder = tfds.builder(builder, **kwargs)
+        except DatasetNotFoundError as e:
+            raise DatasetError(_not_found(builder)) from e
     elif isinstance(builder, tfds.core.DatasetBuilder):
         if builder_kwargs or data_dir:
             raise ValueError(
@@ -116,6 +121,14 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
             f"dataset {name} split {split!r} has no examples: check the split "
             f"name or slice, and the data in {builder.data_dir}.")
     return source
+
+
+def _not_found(name: str) -> str:
+    known = tfds.list_builders(with_community_datasets=False)
+    close = difflib.get_close_matches(name.split("/")[0].split(":")[0], known, n=3)
+    return (f"dataset {name!r} not found (config.data.builder): it is neither a tfds "
+            "catalog name nor one of the project's builders (bert_jax/data)."
+            + (f" Did you mean {' or '.join(close)}?" if close else ""))
 
 
 def is_prepared(builder: tfds.core.DatasetBuilder) -> bool:
@@ -172,8 +185,14 @@ def _megabytes(folder: str) -> float:
     """Size of the files under `folder` (0 for a remote one)."""
     if "://" in folder:
         return 0.0
-    return sum(os.path.getsize(os.path.join(root, file))
-               for root, _, files in os.walk(folder) for file in files) / 1e6
+    total = 0
+    for root, _, files in os.walk(folder):
+        for file in files:
+            try:
+                total += os.path.getsize(os.path.join(root, file))
+            except OSError:  # moved or deleted since the walk listed it (tfds renames)
+                pass
+    return total / 1e6
 
 
 def _lock_path(builder: tfds.core.DatasetBuilder) -> str | None:

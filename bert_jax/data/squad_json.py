@@ -22,6 +22,7 @@ from typing import Any
 
 from bert_jax.data.squad_windows import QAExample, SquadFormatError, read_squad
 from bert_jax.data.text_files import as_text
+from bert_jax.errors import MissingFileError
 
 CATALOG = "squad/v1.1"
 _ARTICLES = re.compile(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*")
@@ -42,8 +43,8 @@ def read_split(path: str | os.PathLike, articles: str) -> list[QAExample]:
     file order; a range without questions is an error naming the file."""
     file = os.path.realpath(os.path.expanduser(os.fspath(path)))
     if not os.path.isfile(file):
-        raise FileNotFoundError(f"squad: {file} is not a file (path={os.fspath(path)!r}); "
-                                "pass a SQuAD v1.1 JSON file.")
+        raise MissingFileError(f"squad: {file} is not a file (path={os.fspath(path)!r}); "
+                               "pass a SQuAD v1.1 JSON file.")
     examples = read_squad(file, parse_articles(articles))
     if not examples:
         raise SquadFormatError(f"squad: {file}: the articles {articles!r} hold no "

@@ -71,6 +71,7 @@ from typing import Callable, Iterable, Sequence
 
 from tokenizers import Encoding, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
+from bert_jax.errors import MissingFileError
 from bert_jax.file_io import read_json, write_atomically, write_json
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -147,7 +148,7 @@ def _check_tokens(tokens: Sequence[str], source: str) -> None:
 def _read_vocab_file(path: str) -> list[str]:
     """The tokens of a `vocab.txt`, in id order (only the line ends stripped)."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no vocabulary file there.")
+        raise MissingFileError(f"{path}: no vocabulary file there.")
     with open(path, encoding="utf-8") as f:
         text = f.read()
     tokens = text.split("\n")

@@ -27,6 +27,7 @@ import numpy as np
 
 from bert_jax.evaluation import classification_metrics, squad
 from bert_jax.evaluation.translation_metrics import bleu_and_chrf
+from bert_jax.modeling.configs import ConfigError
 from bert_jax.modeling.losses import sums_to_means
 
 
@@ -68,10 +69,15 @@ def register(name: str):
     return wrap
 
 
+def registered() -> list[str]:
+    """The names `config.evals` may use."""
+    return sorted(_REGISTRY)
+
+
 def get(name: str) -> Evaluator:
     if name not in _REGISTRY:
-        raise ValueError(f"config.evals: unknown evaluator {name!r}; registered: "
-                         f"{sorted(_REGISTRY)}.")
+        raise ConfigError(f"config.evals: unknown evaluator {name!r}; registered: "
+                          f"{registered()}.")
     return _REGISTRY[name]
 
 
@@ -79,8 +85,8 @@ def _needs(context: Context, name: str, *keys: str) -> dict[str, Any]:
     decoded = context.decoded or {}
     missing = [k for k in keys if k not in decoded]
     if missing:
-        raise ValueError(f"config.evals: evaluator {name!r} needs predictions {missing}, "
-                         f"which this task does not give (it gives {sorted(decoded)}).")
+        raise ConfigError(f"config.evals: evaluator {name!r} needs predictions {missing}, "
+                          f"which this task does not give (it gives {sorted(decoded)}).")
     return decoded
 
 

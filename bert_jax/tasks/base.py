@@ -36,6 +36,11 @@ def register(name: str):
     return wrap
 
 
+def task_class(name: str) -> type["Task"] | None:
+    """The task registered as `name` (None: there is none)."""
+    return _REGISTRY.get(name)
+
+
 def build_task(config: ml_collections.ConfigDict, workdir: str | None,
                abstract: bool = False) -> "Task":
     """The task named by `config.task`; `workdir` holds its state (vocabularies).

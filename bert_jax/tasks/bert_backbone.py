@@ -34,6 +34,7 @@ from bert_jax.convert.hf_bert import config_from_hf
 from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.data import wordpiece
+from bert_jax.errors import MissingFileError
 from bert_jax.file_io import read_json
 from bert_jax.modeling import BertConfig
 from bert_jax.modeling.configs import ConfigError
@@ -63,7 +64,7 @@ def checkpoint_kind(path: str) -> str:
     if os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(
             os.path.join(path, "checkpoints")):
         return "workdir"
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"config.init_from={path!r} is neither a Hugging Face BERT folder (config.json + "
         f"{_HF_WEIGHTS}), a bert_jax pretrained folder ({PRETRAINED_CONFIG}) nor a "
         "bert_jax workdir (config.json + checkpoints/).")

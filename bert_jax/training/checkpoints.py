@@ -182,7 +182,7 @@ def set_aside_steps_after(workdir: str, step: int) -> list[str]:
 
 def reports_damage(restore: Any) -> Any:
     """Decorates a restore function: a TensorStore read error (a damaged or
-    missing data file) becomes a CheckpointError naming the array and file."""
+    missing data file) becomes a DamagedCheckpointError naming the array and file."""
     @functools.wraps(restore)
     def wrapped(path, *args, **kwargs):
         try:
@@ -193,9 +193,9 @@ def reports_damage(restore: Any) -> Any:
             damage = describe_damage(e)
             if damage is None:
                 raise
-            raise CheckpointError(f"cannot restore {path}: {damage}\nNothing was "
-                                  "deleted: restore another step (--step) or "
-                                  "retrain.") from e
+            raise DamagedCheckpointError(f"cannot restore {path}: {damage}\nNothing was "
+                                         "deleted: restore another step (--step) or "
+                                         "retrain.") from e
     return wrapped
 
 

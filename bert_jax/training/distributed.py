@@ -16,6 +16,8 @@ import os
 import jax
 from absl import logging
 
+from bert_jax.modeling.configs import ConfigError
+
 
 def present_platforms() -> str:
     """The JAX platforms this machine has hardware for: 'cuda' with an NVIDIA
@@ -43,7 +45,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     """Connects this process to the others, if there are others."""
     if coordinator_address:
         if num_processes is None or process_id is None:
-            raise ValueError("--coordinator_address needs --num_processes and --process_id.")
+            raise ConfigError("--coordinator_address needs --num_processes and --process_id "
+                              "(or none of the three: TPU VMs and SLURM need none).")
         jax.distributed.initialize(coordinator_address=coordinator_address,
                                    num_processes=num_processes, process_id=process_id)
     elif (os.environ.get("BERT_JAX_DISTRIBUTED") == "1"

@@ -22,7 +22,8 @@ import numpy as np
 from bert_jax.evaluation import evaluators as evaluators_lib
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import Task, build_task
-from bert_jax.training.checkpoints import CheckpointError, restore_params
+from bert_jax.training.checkpoints import (
+    CheckpointError, DamagedCheckpointError, restore_params)
 from bert_jax.training.sharding import (
     global_batch, logical_shardings, mesh_from_config, replicated)
 from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps
@@ -225,7 +226,18 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
     abstract = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
         nn.meta.unbox(boxed), shardings)
-    params, _, _ = restore_params(os.path.join(directory, str(step)), abstract, strict=True)
+    try:
+        params, _, _ = restore_params(os.path.join(directory, str(step)), abstract,
+                                      strict=True)
+    except DamagedCheckpointError as e:
+        earlier = max((s for s in steps if s < step), default=None)
+        if earlier is None:
+            raise
+        damage = str(e).split("\n", 1)[0]
+        raise DamagedCheckpointError(
+            f"{damage}\nNothing was deleted (available: {steps}): use step {earlier}, the "
+            f"last earlier checkpoint, with --step={earlier}.",
+            rerun_with={"step": earlier}) from e
     return task, mesh, params, step
 
 

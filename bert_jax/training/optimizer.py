@@ -17,6 +17,8 @@ from typing import Any
 import jax
 import optax
 
+from bert_jax.modeling.configs import ConfigError
+
 SCHEDULES = ("constant", "linear", "cosine", "rsqrt")
 NO_DECAY = ("bias", "scale", "output_bias")
 
@@ -25,7 +27,7 @@ def learning_rate_schedule(name: str, learning_rate: float, warmup_steps: int,
                            total_steps: int) -> optax.Schedule:
     """The named schedule; see the module docstring for the formulas."""
     if name not in SCHEDULES:
-        raise ValueError(f"schedule={name!r}: unknown; choose one of {list(SCHEDULES)}.")
+        raise ConfigError(f"schedule={name!r}: unknown; choose one of {list(SCHEDULES)}.")
     if warmup_steps < 0 or total_steps <= 0 or warmup_steps > total_steps:
         raise ValueError(f"need 0 <= warmup_steps ({warmup_steps}) <= total_steps "
                          f"({total_steps}) and total_steps > 0.")

@@ -65,7 +65,9 @@ def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
     """Creates `workdir`, checks it is writable and that any run already in it
-    has the same task, model and data; writes `config.json`."""
+    has the same task, model and data. `write_config` writes `config.json` once
+    the run can start, so that a config that fails to build leaves none behind
+    (its corrected rerun would be refused as incompatible)."""
     if "://" in workdir:
         raise WorkdirError(
             f"--workdir={workdir}: object-store URLs are not supported yet (config.json, "
@@ -92,9 +94,13 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
                 f"--workdir={workdir} holds a run of an incompatible config:\n  "
                 + "\n  ".join(changed)
                 + "\nUse a new --workdir, or the saved config (" + path + ").")
-    if jax.process_index() == 0:  # atomically: other processes may be reading it
-        write_json(path, resolved, sort_keys=True)
     return workdir
+
+
+def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+    """Writes `config.json`, the experiment of the run in `workdir` (process 0)."""
+    if jax.process_index() == 0:  # atomically: other processes may be reading it
+        write_json(os.path.join(workdir, CONFIG_FILE), config_to_json(config), sort_keys=True)
 
 
 def _saved_model_dtype(workdir: str) -> str | None:
@@ -178,12 +184,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
     state, shardings = create_train_state(task.init_variables, task.model.apply,
                                           make_optimizer(config), mesh, init_rng)
-    checkpointer = Checkpointer(workdir, keep_last=train.keep_last,
-                                keep_best=train.keep_best, best_metric=train.best_metric,
-                                best_mode=train.best_mode, async_saves=train.async_saves)
     train_iter = DevicePrefetch(
         task.train_iterator(jax.process_index(), jax.process_count()),
         lambda batch: global_batch(batch, mesh), train.device_prefetch)
+    # Opens the evaluation split now: a wrong one fails before training, not at
+    # the first evaluation (evaluate reads it again, cached).
+    task.eval_batches(jax.process_index(), jax.process_count())
+    write_config(workdir, config)  # the task, its data and its model are built
+    checkpointer = Checkpointer(workdir, keep_last=train.keep_last,
+                                keep_best=train.keep_best, best_metric=train.best_metric,
+                                best_mode=train.best_mode, async_saves=train.async_saves)
     latest = checkpointer.latest_step()
     if latest is not None:
         state = checkpointer.restore(latest, abstract_like(state), train_iter)
@@ -201,18 +211,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                         tokens_per_step=task.tokens_per_step(),
                         peak_flops=peak_flops_per_device(config.get("peak_flops", 0.0)))
     preemption = PreemptionWatcher(first_step)
-    profiler = StepProfiler(profile_range(train.get("profile_steps"),
-                                          "config.train.profile_steps"),
-                            os.path.join(workdir, PROFILE_DIR))
+    profile = profile_range(train.get("profile_steps"), "config.train.profile_steps")
+    if profile and profile[0] <= first_step:
+        logging.warning("config.train.profile_steps=%s: this run resumes after step %d, "
+                        "so they are not profiled; choose later steps.", profile, first_step)
+    profiler = StepProfiler(profile, os.path.join(workdir, PROFILE_DIR))
     first_bad = jnp.array(-1, jnp.int32)
 
     def check_finite():
         bad = int(first_bad)
         if bad >= 0:
+            good = checkpointer.latest_step()
+            where = (f"The last good checkpoint is step {good} in {checkpointer.directory}; "
+                     "lower config.optimizer.learning_rate (or set config.optimizer."
+                     "max_grad_norm) and rerun to resume from it, or from an earlier step "
+                     "with --restore_step=N." if good is not None else
+                     "No checkpoint was saved before it; lower config.optimizer."
+                     "learning_rate (or set config.optimizer.max_grad_norm) and rerun.")
             raise TrainingDiverged(
-                f"loss or gradients became NaN/Inf at step {bad}; stopping. The last "
-                f"good checkpoint is step {checkpointer.latest_step()} in "
-                f"{checkpointer.directory}.")
+                f"loss or gradients became NaN/Inf at step {bad}; stopping. {where}")
 
     logged: dict[str, float] = {}
     try:
@@ -234,7 +251,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                     log_progress(step, train.num_steps, scalars)
                 eval_metrics = None
                 if step % train.eval_every == 0 or last:
-                    eval_metrics = evaluate(state.params, step)
+                    try:
+                        eval_metrics = evaluate(state.params, step)
+                    except UserError:  # e.g. an evaluator the task cannot feed
+                        checkpointer.save(step, state, train_iter)  # keep the training
+                        raise
                     progress.restart(step)  # evaluation time is not training time
                     scalars.update(eval_metrics)
                     logging.info("step %d eval: %s", step, eval_metrics)

@@ -3,7 +3,9 @@
 `check_training_config(config)` runs first in `train_and_evaluate`, before
 anything is written or built, so that a mistake costs a second rather than a
 dataset build and a compile. Each problem is one line naming the config
-field and the fix; all are reported together as one `ConfigError`.
+field and the fix; all are reported together as one `ConfigError`. The model
+config's own checks run too (tasks that build their model without data),
+once the rest is right.
 """
 
 from __future__ import annotations
@@ -14,8 +16,13 @@ from typing import Iterator
 import jax
 import ml_collections
 
+from bert_jax.auto_dtype import AUTO
+from bert_jax.evaluation import evaluators
 from bert_jax.modeling.configs import ConfigError
+from bert_jax.tasks import build_task
+from bert_jax.tasks.base import task_class
 from bert_jax.tasks.translation import training_rows
+from bert_jax.training.optimizer import SCHEDULES
 from bert_jax.training.profiling import profile_range
 from bert_jax.training.sharding import mesh_from_config
 
@@ -27,7 +34,9 @@ PATH_SUFFIXES = ("path", "_file", "_files")
 def check_training_config(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` listing every problem found (none: returns)."""
     problems = [*_step_problems(config.train, config.optimizer),
-                *_missing_files(config)]
+                *_name_problems(config), *_missing_files(config)]
+    if not problems:  # the model: built without data where the task can be
+        problems += _model_problems(config)
     try:
         mesh = mesh_from_config(config.mesh)
     except ValueError as e:
@@ -49,10 +58,51 @@ def _step_problems(train: ml_collections.ConfigDict,
             f"config.train.num_steps={train.num_steps}: lower warmup_steps or raise "
             "num_steps.")
     try:
-        profile_range(train.get("profile_steps"), "config.train.profile_steps")
+        profile = profile_range(train.get("profile_steps"), "config.train.profile_steps")
     except ConfigError as e:
         problems.append(str(e))
+    else:
+        if profile and profile[1] > train.num_steps:
+            problems.append(
+                f"config.train.profile_steps={tuple(train.profile_steps)}: the run ends at "
+                f"config.train.num_steps={train.num_steps}; profile steps within it.")
     return problems
+
+
+def _name_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """Names the config chooses from a list: schedule, evaluators, lengths."""
+    problems = []
+    schedule = config.optimizer.get("schedule")
+    if schedule is not None and schedule not in SCHEDULES:
+        problems.append(f"config.optimizer.schedule={schedule!r}: unknown; choose one of "
+                        f"{list(SCHEDULES)}.")
+    evals = config.get("evals") or ()
+    names = [evals] if isinstance(evals, str) else list(evals)
+    unknown = [name for name in names if name not in evaluators.registered()]
+    if unknown:
+        problems.append(f"config.evals: unknown evaluator(s) {unknown}; registered: "
+                        f"{evaluators.registered()}.")
+    max_length = config.data.get("max_length")
+    if isinstance(max_length, int) and max_length < 1:
+        problems.append(f"config.data.max_length={max_length}: must be at least 1.")
+    return problems
+
+
+def _model_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """The model config's own checks (heads, dtype, attention, lengths), for
+    tasks that can build their model without data. Not with `init_from`: a BERT
+    task then takes its architecture from that checkpoint."""
+    task = task_class(config.get("task"))
+    if task is None or not task.supports_abstract or config.get("init_from"):
+        return []  # an unknown task is named when it is built
+    if config.model.get("dtype") == AUTO:  # resolved and logged once, by the trainer
+        config = config.copy_and_resolve_references()
+        config.model.dtype = "float32"
+    try:
+        build_task(config, None, abstract=True)
+    except ConfigError as e:
+        return [str(e)]
+    return []
 
 
 def _batch_problems(config: ml_collections.ConfigDict, batch_shards: int) -> list[str]:
