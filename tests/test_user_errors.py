@@ -268,7 +268,7 @@ def test_a_wrong_evaluation_split_fails_before_training(tmp_path, data_dir):
     config = tiny_config(data_dir)
     config.data.eval_split = "valid"
     with pytest.raises(sources.DatasetError, match=r"has no split 'valid' \(its splits: "
-                                                   r"\['train', 'validation'\]\)"):
+                                                   r"\['train', 'validation'\]"):
         trainer.train_and_evaluate(config, str(tmp_path / "run"))
     assert os.listdir(tmp_path / "run") == []
 

@@ -124,10 +124,11 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
 
 
 def _not_found(name: str) -> str:
-    known = tfds.list_builders(with_community_datasets=False)
+    known = [*GENERATED, *tfds.list_builders(with_community_datasets=False)]
     close = difflib.get_close_matches(name.split("/")[0].split(":")[0], known, n=3)
     return (f"dataset {name!r} not found (config.data.builder): it is neither a tfds "
-            "catalog name nor one of the project's builders (bert_jax/data)."
+            f"catalog name nor one of the project's datasets ({', '.join(GENERATED)}, "
+            "parallel_text, bert_pretraining)."
             + (f" Did you mean {' or '.join(close)}?" if close else ""))
 
 
