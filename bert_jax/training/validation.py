@@ -17,6 +17,7 @@ import jax
 import ml_collections
 
 from bert_jax.auto_dtype import AUTO
+from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.evaluation import evaluators
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
@@ -139,11 +140,14 @@ def _batch_problems(config: ml_collections.ConfigDict, batch_shards: int) -> lis
 
 
 def _missing_files(config: ml_collections.ConfigDict) -> list[str]:
-    named = [("config.init_from", config.get("init_from", ""))]
-    named += list(_path_fields(config.data, "config.data"))
-    return [f"{field}={value!r}: no such file or folder; fix the path."
-            for field, value in named
-            if value and "://" not in value and not _exists(value)]
+    named, problems = list(_path_fields(config.data, "config.data")), []
+    try:  # `package:MODULE` names the folder a Python package ships
+        named.append(("config.init_from", checkpoint_path(config.get("init_from", ""))))
+    except ConfigError as e:  # the package is not installed: says how to install it
+        problems.append(str(e))
+    return problems + [f"{field}={value!r}: no such file or folder; fix the path."
+                       for field, value in named
+                       if value and "://" not in value and not _exists(value)]
 
 
 def _path_fields(section: ml_collections.ConfigDict, prefix: str
