@@ -268,10 +268,10 @@ def _part_file(split: str, name: str) -> str:
 
 
 def write_part(parts_dir: str, split: str, name: str, instances) -> dict:
-    """Writes `instances` as the examples of one part of `split`
-    (`PARTS/{split}-{name}.array_record`, serialized as tfds reads them) and
-    returns its statistics; an empty part writes no file. The key of instance
-    `i`, `{name}/{i}`, gives its `index`."""
+    """Writes `instances` as the examples of one part of `split` (the file
+    `_part_file(split, name)` in `parts_dir`, serialized as tfds reads them)
+    and returns its statistics; an empty part writes no file. The key of
+    instance `i`, `{name}/{i}`, gives its `index`."""
     if not instances:
         return {}
     features = _features()
