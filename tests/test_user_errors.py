@@ -102,6 +102,21 @@ def test_train_py_reports_a_bad_flag_in_one_line(tmp_path):
     assert "Traceback" not in out and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
+def test_build_pretraining_data_names_missing_files_before_anything_is_written(tmp_path):
+    code, out = finish(launch(
+        "build_pretraining_data.py", tmp_path / "run",
+        {"data.corpus_files": (str(tmp_path / "wiki_000.txt"),),
+         "data.vocab_file": str(tmp_path / "vocab.txt")}, config="pretrain_bert.py:base"))
+    assert code == 2 and out.splitlines()[-3:] == [
+        "error: the config cannot train:",
+        f"  config.data.corpus_files={str(tmp_path / 'wiki_000.txt')!r}: no such file or "
+        "folder; fix the path.",
+        f"  config.data.vocab_file={str(tmp_path / 'vocab.txt')!r}: no such file or folder; "
+        "fix the path."], out
+    assert "Traceback" not in out and not (tmp_path / "run").exists()
+
+
 def _run_script(tmp_path, body: str, *args, env=None):
     """Runs a launch-style script whose main is `body` through cli.run."""
     script = tmp_path / "script.py"
