@@ -24,15 +24,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import threading
 import time
 
-from absl import app, flags
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bert_jax.data.bert_pretraining import BertPretraining
-from bert_jax.data.pretraining_data import read_documents
-from bert_jax.data.sources import load_source
-from bert_jax.data.wordpiece import WordPiece
+from absl import flags  # noqa: E402
+
+import cli  # noqa: E402
+from bert_jax.data.bert_pretraining import BertPretraining  # noqa: E402
+from bert_jax.data.pretraining_data import read_documents  # noqa: E402
+from bert_jax.data.sources import load_source  # noqa: E402
+from bert_jax.data.wordpiece import WordPiece  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
                       "data", "pretrain")
@@ -153,4 +157,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)
