@@ -28,3 +28,9 @@ class UserError(Exception):
 class MissingFileError(UserError, FileNotFoundError):
     """A file or folder the user named (a data path, a vocabulary, a checkpoint
     folder) does not exist; the message names it and what was expected."""
+
+
+class SettingsMismatchError(UserError, ValueError):
+    """Something already saved (a workdir's vocabulary, a vocabulary folder's
+    casing) was made with other settings than the config asks for; the message
+    names both and what to do."""

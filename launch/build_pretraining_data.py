@@ -27,7 +27,7 @@ from absl import app  # noqa: E402
 import common_flags as launch_flags  # noqa: E402
 from bert_jax.data import sources  # noqa: E402
 from bert_jax.tasks import build_task  # noqa: E402
-from bert_jax.training.validation import check_training_config  # noqa: E402
+from bert_jax.training.validation import check_files  # noqa: E402
 
 
 def main(argv):
@@ -36,7 +36,7 @@ def main(argv):
     if config.task != "bert_pretraining":
         raise app.UsageError(f"--config is a {config.task!r} experiment; this builds the "
                              "data of bert_pretraining ones (experiments/pretrain_bert.py).")
-    check_training_config(config)  # the files it names, before anything is written
+    check_files(config)  # before anything is written
     builder = build_task(config, launch_flags.WORKDIR.value).dataset_builder()
     sources.prepare(builder)
     print(json.dumps({"data_dir": os.fspath(builder.data_path),

@@ -22,7 +22,7 @@ from bert_jax.modeling.bert import BertForPreTraining
 from bert_jax.tasks import build_task
 from bert_jax.training import evaluation, trainer
 from bert_jax.modeling.losses import bert_pretraining_sums, sums_to_means
-from bert_jax.training.metrics import read_metrics
+from bert_jax.training.workdir import read_metrics
 from tiny_models import BERT, random_variables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

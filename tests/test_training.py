@@ -19,7 +19,7 @@ from bert_jax.modeling.configs import ConfigError
 from bert_jax.training import evaluation, trainer
 from bert_jax.training.checkpoints import CheckpointError, Checkpointer
 from bert_jax.training.evaluation import evaluate_checkpoint
-from bert_jax.training.metrics import read_metrics
+from bert_jax.training.workdir import read_metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))

@@ -23,7 +23,7 @@ from bert_jax.training import trainer
 from bert_jax.training.checkpoints import (
     CheckpointError, DamagedCheckpointError, describe_damage)
 from bert_jax.training.evaluation import evaluate_checkpoint
-from bert_jax.training.metrics import read_metrics
+from bert_jax.training.workdir import read_metrics
 from bert_jax.training.validation import check_training_config
 from test_training import REPO, data_dir, finish, launch, tiny_config  # noqa: F401
 
@@ -109,7 +109,7 @@ def test_build_pretraining_data_names_missing_files_before_anything_is_written(t
         {"data.corpus_files": (str(tmp_path / "wiki_000.txt"),),
          "data.vocab_file": str(tmp_path / "vocab.txt")}, config="pretrain_bert.py:base"))
     assert code == 2 and out.splitlines()[-3:] == [
-        "error: the config cannot train:",
+        "error: the config names files that do not exist:",
         f"  config.data.corpus_files={str(tmp_path / 'wiki_000.txt')!r}: no such file or "
         "folder; fix the path.",
         f"  config.data.vocab_file={str(tmp_path / 'vocab.txt')!r}: no such file or folder; "
@@ -500,6 +500,15 @@ def test_dataset_builds_log_progress_lines(tmp_path, monkeypatch, caplog):
     assert any(m.startswith("load_source: prepared parallel_text") and
                m.endswith("train 3,000, validation 8 examples") for m in messages), messages
     assert tqdm_utils._active is False  # pytest's stderr is not a terminal
+
+
+def test_a_parameter_a_built_in_corpus_lacks_is_named():
+    """e.g. config.data.builder switched to synthetic_translation with the
+    builder_kwargs of synthetic_reverse."""
+    with pytest.raises(sources.DatasetError, match=(
+            r"^dataset synthetic_translation has no parameter\(s\) \['vocab_size'\] "
+            r"\(config.data.builder_kwargs\); it takes \[")):
+        sources.load_source("synthetic_translation", "train", vocab_size=32)
 
 
 def test_an_unknown_dataset_is_named(tmp_path):

@@ -23,6 +23,7 @@ import flax.linen as nn
 from bert_jax.convert import load_hf_bert, load_pretrained
 from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
 from bert_jax.data.wordpiece import WordPiece, declared_casings
+from bert_jax.errors import MissingFileError
 from bert_jax.modeling.configs import BertConfig, ConfigError
 from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE
 
@@ -69,8 +70,9 @@ def load_encoder(path: str, *, vocab_file: str | None = None,
         vocab_file = beside
     if vocab_file:
         if not os.path.isfile(vocab_file):
-            raise FileNotFoundError(f"{vocab_file} does not exist: give the vocabulary "
-                                    "the encoder was trained with.")
+            raise MissingFileError(f"{vocab_file} does not exist: give the vocabulary "
+                                   "the encoder was trained with (--vocab_file, or "
+                                   "--vocab in visualize_attention.py).")
         casing = (next((d for *_, d in declared_casings(os.path.dirname(vocab_file))), True)
                   if lowercase is None else lowercase)
         vocab = WordPiece.from_vocab_file(vocab_file, lowercase=casing)

@@ -392,6 +392,12 @@ def build_parts(pipeline: beam.Pipeline, cfg: BertPretrainingConfig, parts_dir: 
              json.dumps(s))))
 
 
+# The user errors a Beam worker may raise, by name (its traceback comes back as text).
+_WORKER_ERRORS = {"CorpusError": pretraining_data.CorpusError,
+                  "BertPretrainingError": BertPretrainingError,
+                  "MissingFileError": MissingFileError}
+
+
 class BertPretraining(LocalFilesBuilder):
     """Pretraining examples of a text corpus (see module docstring)."""
 
@@ -423,12 +429,10 @@ class BertPretraining(LocalFilesBuilder):
         try:
             return super().download_and_prepare(*args, **kwargs)
         except RuntimeError as e:
-            found = re.findall(r"^bert_jax\.data\.\w+\.(CorpusError|BertPretrainingError): (.*)$",
-                               str(e), re.MULTILINE)
-            if not found:
+            found = re.findall(r"^bert_jax\.[\w.]+\.(\w+Error): (.*)$", str(e), re.MULTILINE)
+            error = _WORKER_ERRORS.get(found[-1][0]) if found else None
+            if error is None:
                 raise
-            error = {"CorpusError": pretraining_data.CorpusError,
-                     "BertPretrainingError": BertPretrainingError}[found[-1][0]]
             raise error(found[-1][1]) from None
 
     def _download_and_prepare(self, dl_manager, download_config) -> None:
@@ -452,9 +456,11 @@ class BertPretraining(LocalFilesBuilder):
                              key=lambda part: _part_file(split, part[0]))
             if not written:
                 raise BertPretrainingError(
-                    f"bert_pretraining: the corpus gives no {split} instances (every shard "
-                    f"has fewer than 2 documents with text): add documents, or raise "
-                    f"documents_per_shard (now {cfg.documents_per_shard}).")
+                    "bert_pretraining: the corpus gives no training instances (every shard "
+                    "has fewer than 2 documents with text): add documents, or raise "
+                    f"documents_per_shard (now {cfg.documents_per_shard})." if split == "train"
+                    else f"bert_pretraining: the {cfg.eval_documents} held-out documents give "
+                    "no validation instances: raise eval_documents.")
             template = self._get_filename_template(split_name=split)
             for index, (name, _, _) in enumerate(written):
                 (parts / _part_file(split, name)).rename(

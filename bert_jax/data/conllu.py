@@ -63,6 +63,10 @@ CONLLU_COLUMNS: tuple[str, ...] = (
     "id", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc")
 CONLL2003_COLUMNS: tuple[str, ...] = ("word", "pos", "chunk", "ner")
 FORMATS = ("conllu", "conll2003")
+# What to do when the files of the splits cannot be found by UD's naming.
+_NAME_THE_FILES = ("name the files: --config.data.splits.SPLIT=FILE (SPLIT: train, validation, "
+                   "test) in a training config, --train_file and --eval_file in "
+                   "launch/extract_features.py")
 # CoNLL-U file name part -> tfds split name.
 UD_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
 
@@ -81,23 +85,24 @@ def _column_index(column: str | int | None, format: str, word_column: int = 0) -
     if isinstance(column, str) and re.fullmatch(r"-?[0-9]+", column.strip()):
         column = int(column)
     if format not in FORMATS:
-        raise ValueError(f"conllu: format must be one of {FORMATS}, got {format!r}")
+        raise ConlluFormatError(f"conllu: format must be one of {FORMATS}, got {format!r}")
     names = CONLLU_COLUMNS if format == "conllu" else CONLL2003_COLUMNS
     if column is None:
         return 3 if format == "conllu" else -1
     if isinstance(column, str):
         if column.lower() not in names:
-            raise ValueError(f"conllu: unknown {format} column {column!r}; use one of "
-                             f"{names} or a 0-based index.")
+            raise ConlluFormatError(f"conllu: unknown {format} column {column!r}; use one "
+                                    f"of {names} or a 0-based index.")
         return names.index(column.lower())
     if isinstance(column, int) and not isinstance(column, bool):
         if format == "conllu" and not 0 <= column < len(CONLLU_COLUMNS):
-            raise ValueError(f"conllu: a CoNLL-U column index is 0..9, got {column}")
+            raise ConlluFormatError(f"conllu: a CoNLL-U column index is 0..9, got {column}")
         if format == "conll2003" and column == word_column:
-            raise ValueError(f"conllu: column {column} of this CoNLL-2003 file is the "
-                             "word (word_column); pick a tag column (e.g. -1, the last)")
+            raise ConlluFormatError(f"conllu: column {column} of this CoNLL-2003 file is "
+                                    "the word (word_column); pick a tag column (e.g. -1, "
+                                    "the last)")
         return column
-    raise TypeError(f"conllu: column must be a name, an int or None, got {column!r}")
+    raise ConlluFormatError(f"conllu: column must be a name, an int or None, got {column!r}")
 
 
 def read_conllu(path: str | os.PathLike, column: str | int | None = None,
@@ -232,15 +237,14 @@ def discover_splits(directory: str) -> tuple[tuple[str, str], ...]:
             os.path.join(glob.escape(directory), f"*-ud-{part}.conllu")))
         if len(names) > 1:
             raise ConlluFormatError(
-                f"conllu: {directory} has several {part} files {names}; pass "
-                f"splits={{'{split}': file name, ...}}.")
+                f"conllu: {directory} has several {part} files {names}; {_NAME_THE_FILES}.")
         if names:
             found.append((split, names[0]))
     if not found:
         present = sorted(n for n in os.listdir(directory) if not n.startswith("."))
         raise ConlluFormatError(
             f"conllu: {directory} has no `*-ud-{{train,dev,test}}.conllu` file (it "
-            f"has {present[:20]}); pass splits={{split: file name}}.")
+            f"has {present[:20]}); {_NAME_THE_FILES}.")
     return tuple(sorted(found))
 
 
@@ -259,16 +263,16 @@ def split_files(path: str | os.PathLike, splits: Mapping[str, str] | None = None
             f"pass the directory holding the files.")
     if splits is None:
         splits = dict(discover_splits(directory))
-    check_split_names("conllu", splits, "file name")
+    check_split_names("conllu", splits, "file name", ConlluFormatError)
     for split, name in splits.items():
         if not isinstance(name, str) or not name or os.sep in name:
-            raise ValueError(f"conllu: the file of split {split!r} must be a "
-                             f"file name in {directory}, got {name!r}")
+            raise ConlluFormatError(f"conllu: the file of split {split!r} must be a "
+                                    f"file name in {directory}, got {name!r}")
     missing = [os.path.join(directory, n) for n in splits.values()
                if not os.path.isfile(os.path.join(directory, n))]
     if missing:
         raise MissingFileError(f"conllu: missing file(s) {missing} "
-                                f"(splits={dict(splits)})")
+                               f"(splits={dict(splits)})")
     return {split: os.path.join(directory, name) for split, name in sorted(splits.items())}
 
 

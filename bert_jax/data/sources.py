@@ -37,6 +37,7 @@ import contextlib
 import difflib
 import fcntl
 import hashlib
+import inspect
 import os
 import sys
 import tempfile
@@ -84,7 +85,13 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
         has no examples (the message names the dataset and the split).
     """
     if isinstance(builder, str) and builder in GENERATED:
-        return select(builder, GENERATED[builder](**builder_kwargs), split)
+        generate = GENERATED[builder]
+        unknown = sorted(set(builder_kwargs) - set(inspect.signature(generate).parameters))
+        if unknown:
+            raise DatasetError(
+                f"dataset {builder} has no parameter(s) {unknown} (config.data.builder_kwargs); "
+                f"it takes {sorted(inspect.signature(generate).parameters)}.")
+        return select(builder, generate(**builder_kwargs), split)
     if isinstance(builder, str):
         kwargs = dict(builder_kwargs)
         if data_dir:

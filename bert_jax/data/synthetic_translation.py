@@ -3,7 +3,7 @@
 Each example is `{"source": str, "target": str}`: a sentence of the source
 language S and its one correct translation into the target language T, words
 and punctuation separated by single spaces (tokenize later, e.g. SentencePiece).
-Nothing is downloaded; the data are a pure function of the config. Both
+Nothing is downloaded; the data are a pure function of `generate`'s parameters. Both
 languages are invented (the English glosses below are documentation only).
 
 Why it is a translation task and not a copy task: T needs what attention is for.

@@ -18,6 +18,7 @@ from typing import Iterable
 
 import sentencepiece as spm
 
+from bert_jax.errors import SettingsMismatchError
 from bert_jax.file_io import read_json, write_atomically, write_json
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -94,8 +95,10 @@ def load_or_train(workdir: str, texts: Iterable[str], vocab_size: int, *,
     if os.path.isfile(path):
         saved = read_json(settings_path)
         if saved != settings:
-            raise ValueError(f"{path} was trained with {saved} but the config asks for "
-                             f"{settings}: use the workdir's config or a new workdir.")
+            raise SettingsMismatchError(
+                f"{path} was trained with {saved} but the config asks for {settings} "
+                "(config.data.vocab_size, config.data.vocab_type): use the workdir's config "
+                "or a new workdir.")
         return Vocabulary.load(path)
     if not is_writer:
         raise FileNotFoundError(f"{path} is missing: process 0 trains it first.")

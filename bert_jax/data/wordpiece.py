@@ -71,7 +71,7 @@ from typing import Callable, Iterable, Sequence
 
 from tokenizers import Encoding, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from bert_jax.errors import MissingFileError
+from bert_jax.errors import MissingFileError, SettingsMismatchError
 from bert_jax.file_io import read_json, write_atomically, write_json
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -397,8 +397,10 @@ def load_or_train(workdir: str, texts: Iterable[str] | Callable[[], Iterable[str
         saved = {"lowercase": vocab.lowercase,
                  "vocab_size": vocab.requested_size or vocab.size}
         if saved != requested:
-            raise ValueError(f"{path} was made with {saved} but the config asks for "
-                             f"{requested}: use the workdir's config or a new workdir.")
+            raise SettingsMismatchError(
+                f"{path} was made with {saved} but the config asks for {requested} "
+                "(config.data.lowercase, config.data.vocab_size): use the workdir's config "
+                "or a new workdir.")
         return vocab
     if not is_writer:
         raise FileNotFoundError(f"{path} is missing: process 0 trains it first.")
@@ -426,7 +428,7 @@ def _check_declared_casing(vocab_file: str, lowercase: bool) -> None:
     """Raises if a settings file beside `vocab_file` declares the other casing."""
     for settings_path, key, declared in declared_casings(os.path.dirname(vocab_file)):
         if declared != bool(lowercase):
-            raise ValueError(f"{settings_path} says {key}={declared} but lowercase={lowercase} "
-                             f"was asked for {vocab_file}: use lowercase={bool(declared)} "
-                             "(an uncased checkpoint needs lower-cased input, a cased one "
-                             "does not).")
+            raise SettingsMismatchError(
+                f"{settings_path} says {key}={declared} but lowercase={lowercase} was asked "
+                f"for {vocab_file}: use lowercase={bool(declared)} (an uncased checkpoint "
+                "needs lower-cased input, a cased one does not).")

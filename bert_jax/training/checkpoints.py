@@ -193,9 +193,10 @@ def reports_damage(restore: Any) -> Any:
             damage = describe_damage(e)
             if damage is None:
                 raise
-            raise DamagedCheckpointError(f"cannot restore {path}: {damage}\nNothing was "
-                                         "deleted: restore another step (--step) or "
-                                         "retrain.") from e
+            raise DamagedCheckpointError(
+                f"cannot restore {path}: {damage}\nNothing was deleted: use another of its "
+                "checkpoints (--step=N in evaluate.py and translate.py; as init_from, the "
+                "folder WORKDIR/checkpoints/N) or retrain.") from e
     return wrapped
 
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from bert_jax.training.workdir import METRICS_FILE, read_metrics  # noqa: F401 (its reader)
+from bert_jax.training.workdir import METRICS_FILE
 
 # Dense bfloat16 peak FLOP/s per device (vendor figures).
 PEAK_FLOPS = {

@@ -254,6 +254,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                     try:
                         eval_metrics = evaluate(state.params, step)
                     except UserError:  # e.g. an evaluator the task cannot feed
+                        check_finite()  # never save a diverged state as the last good one
                         checkpointer.save(step, state, train_iter)  # keep the training
                         raise
                     progress.restart(step)  # evaluation time is not training time

@@ -139,6 +139,15 @@ def _batch_problems(config: ml_collections.ConfigDict, batch_shards: int) -> lis
     return problems
 
 
+def check_files(config: ml_collections.ConfigDict) -> None:
+    """Raises `ConfigError` naming every file or folder the config names that
+    does not exist (data paths, `init_from`): what a data build needs."""
+    problems = _missing_files(config)
+    if problems:
+        raise ConfigError("the config names files that do not exist:\n  "
+                          + "\n  ".join(problems))
+
+
 def _missing_files(config: ml_collections.ConfigDict) -> list[str]:
     named, problems = list(_path_fields(config.data, "config.data")), []
     try:  # `package:MODULE` names the folder a Python package ships

@@ -34,6 +34,7 @@ from absl import logging
 
 from bert_jax.analysis.features.strategies import combine_layers
 from bert_jax.data.wordpiece import WordPiece
+from bert_jax.errors import MissingFileError
 from bert_jax.modeling.bert import BertModel
 from bert_jax.modeling.configs import BertConfig
 
@@ -97,7 +98,8 @@ class FeatureExtractor:
 
         encoder = load_encoder(folder, vocab_file=vocab_file, lowercase=lowercase)
         if encoder.vocab is None:
-            raise FileNotFoundError(f"{folder} has no vocab.txt: pass vocab_file=.")
+            raise MissingFileError(f"{folder} has no vocab.txt: give the vocabulary the "
+                                   "encoder was trained with (--vocab_file).")
         return cls(encoder.config, encoder.params, encoder.vocab, **kwargs)
 
     @property
