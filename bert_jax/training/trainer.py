@@ -27,7 +27,7 @@ from jax.experimental import multihost_utils
 from bert_jax.auto_dtype import AUTO, resolve_model_dtype
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.errors import UserError
-from bert_jax.file_io import write_json
+from bert_jax.file_io import read_json, write_json
 from bert_jax.tasks import build_task
 from bert_jax.training import optimizer as optimizer_lib
 from bert_jax.training.checkpoints import (
@@ -85,8 +85,7 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
     path = os.path.join(workdir, CONFIG_FILE)
     resolved = config_to_json(config)
     if os.path.exists(path):
-        with open(path) as f:
-            saved = json.load(f)
+        saved = read_json(path)
         changed = _differences({k: saved.get(k) for k in IDENTITY_SECTIONS},
                                {k: resolved.get(k) for k in IDENTITY_SECTIONS})
         if changed:
@@ -108,8 +107,7 @@ def _saved_model_dtype(workdir: str) -> str | None:
     path = os.path.join(workdir, CONFIG_FILE)
     if not os.path.isfile(path):
         return None
-    with open(path) as f:
-        return json.load(f).get("model", {}).get("dtype")
+    return read_json(path).get("model", {}).get("dtype")
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -138,9 +136,8 @@ def initialise_from(state: TrainState, path: str, workdir: str) -> TrainState:
     flat = traverse_util.flatten_dict(state.params)
     flat.update(traverse_util.flatten_dict(restored))
     if jax.process_index() == 0:
-        with open(os.path.join(workdir, "init_from.json"), "w") as f:
-            json.dump({"init_from": path, "restored": names, "initialised": missing},
-                      f, indent=2)
+        write_json(os.path.join(workdir, "init_from.json"),
+                   {"init_from": path, "restored": names, "initialised": missing})
     logging.info("init_from %s: %d parameters restored, %d initialised (%s)", path,
                  len(names), len(missing), ", ".join(missing) or "none")
     return state.replace(params=traverse_util.unflatten_dict(flat))
@@ -188,7 +185,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         task.train_iterator(jax.process_index(), jax.process_count()),
         lambda batch: global_batch(batch, mesh), train.device_prefetch)
     # Opens the evaluation split now: a wrong one fails before training, not at
-    # the first evaluation (evaluate reads it again, cached).
+    # the first evaluation.
     task.eval_batches(jax.process_index(), jax.process_count())
     write_config(workdir, config)  # the task, its data and its model are built
     checkpointer = Checkpointer(workdir, keep_last=train.keep_last,

@@ -4,14 +4,13 @@ curve (metric vs fraction of heads pruned)."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from bert_jax.analysis.ablation.scores import PruningStep
-from bert_jax.file_io import jsonable
+from bert_jax.file_io import jsonable, write_atomically, write_json
 
 _TITLES = {
     "single_head_ablation": "Metric change when one head is removed",
@@ -114,8 +113,7 @@ def write_report(results: Mapping[str, Any], directory: str, *,
     tolerance = results.get("tolerance")
 
     path = os.path.join(directory, "results.json")
-    with open(path, "w") as f:
-        json.dump({"metric_name": metric_name, **jsonable(dict(results))}, f, indent=2)
+    write_json(path, {"metric_name": metric_name, **jsonable(dict(results))})
     written["results.json"] = path
 
     lines = [f"# Head ablation report ({metric_name})", ""]
@@ -159,7 +157,6 @@ def write_report(results: Mapping[str, Any], directory: str, *,
             lines += [f"Largest fraction prunable within {_fmt(tolerance or 0.0)} of the "
                       f"baseline: **{100 * results['largest_prunable_fraction']:.1f}%**", ""]
     path = os.path.join(directory, "report.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
+    write_atomically(path, "\n".join(lines))
     written["report.md"] = path
     return written

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from bert_jax.analysis.sweeps.files import (
     OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, is_finished, read_record, run_checkpoint_steps)
 from bert_jax.analysis.sweeps.names import format_value, short_keys
-from bert_jax.training.workdir import read_metrics
+from bert_jax.training.workdir import CONFIG_FILE, read_metrics
 
 
 def _run_dirs(directory: str) -> list[str]:
@@ -53,7 +53,7 @@ def collect(directory: str) -> list[dict[str, Any]]:
         workdir = os.path.join(directory, name)
         record = read_record(os.path.join(workdir, OVERRIDES_FILE)) or {}
         info = read_record(os.path.join(workdir, RUN_FILE)) or {}
-        config = read_record(os.path.join(workdir, "config.json"))
+        config = read_record(os.path.join(workdir, CONFIG_FILE))
         lines = read_metrics(workdir)
         num_steps = None
         if isinstance(config, dict):
