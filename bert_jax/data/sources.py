@@ -86,11 +86,12 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
     """
     if isinstance(builder, str) and builder in GENERATED:
         generate = GENERATED[builder]
-        unknown = sorted(set(builder_kwargs) - set(inspect.signature(generate).parameters))
+        takes = inspect.signature(generate).parameters
+        unknown = sorted(set(builder_kwargs) - set(takes))
         if unknown:
             raise DatasetError(
                 f"dataset {builder} has no parameter(s) {unknown} (config.data.builder_kwargs); "
-                f"it takes {sorted(inspect.signature(generate).parameters)}.")
+                f"it takes {sorted(takes)}.")
         return select(builder, generate(**builder_kwargs), split)
     if isinstance(builder, str):
         kwargs = dict(builder_kwargs)

@@ -219,12 +219,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         bad = int(first_bad)
         if bad >= 0:
             good = checkpointer.latest_step()
+            fix = ("lower config.optimizer.learning_rate (or set "
+                   "config.optimizer.max_grad_norm) and rerun")
             where = (f"The last good checkpoint is step {good} in {checkpointer.directory}; "
-                     "lower config.optimizer.learning_rate (or set config.optimizer."
-                     "max_grad_norm) and rerun to resume from it, or from an earlier step "
-                     "with --restore_step=N." if good is not None else
-                     "No checkpoint was saved before it; lower config.optimizer."
-                     "learning_rate (or set config.optimizer.max_grad_norm) and rerun.")
+                     f"{fix} to resume from it, or from an earlier step with "
+                     "--restore_step=N." if good is not None else
+                     f"No checkpoint was saved before it; {fix}.")
             raise TrainingDiverged(
                 f"loss or gradients became NaN/Inf at step {bad}; stopping. {where}")
 
