@@ -28,17 +28,36 @@ Variants:
                    --config.init_from=P1 --workdir=P2
              Result: held-out MLM accuracy 0.371 and NSP accuracy 0.871 at
              sequence 128, 47.9 minutes for both on the 2-core CPU (docs/RESULTS.md).
-  base, large
-             the paper's recipe for accelerators: batch 256, AdamW lr 1e-4,
-             warmup 10k, 1M steps, sequence 128 (90% of the steps; set
-             `--config.data.max_seq_length=512 --config.data.max_predictions_per_seq=80
-             --config.init_from=PHASE1_WORKDIR` for the last 10%), the
-             bert-base-uncased vocabulary size (30522: give its `vocab.txt` as
-             `--config.data.vocab_file`, or a corpus to train one on).
-             Check a slice or node before booking it (memory, FLOPs,
-             collectives; docs/ACCELERATORS.md):
-               python launch/compile.py --config=experiments/pretrain_bert.py:large \
-                   --topology=v5e-256 --config.model.scan_layers=True
+  base_2018, large_2018
+             the paper's recipe (Devlin et al. 2018, section A.2): batch 256,
+             AdamW lr 1e-4, warmup 10k, 1M steps, sequence 128 (90% of the steps;
+             set `--config.data.max_seq_length=512 --config.data.max_predictions_per_seq=80
+             --config.init_from=PHASE1_WORKDIR` for the last 10%). On a pod slice it
+             keeps one sequence per chip busy: use the LAMB recipes below.
+  base_lamb_phase1, base_lamb_phase2, large_lamb_phase1, large_lamb_phase2
+             large-batch LAMB in two phases (You et al. 2019, arXiv 1904.00962),
+             with NVIDIA's published figures (DeepLearningExamples
+             PyTorch/LanguageModeling/BERT/scripts/configs/pretrain_config.sh,
+             `dgxa100_8gpu_fp16`: 8192 sequences per GPU x 8 GPUs): phase 1
+             global batch 65,536 at sequence 128 with 20 predictions, 7,038 steps,
+             lr 6e-3, warmup 28.43% of the steps; phase 2 global batch 32,768 at
+             512 with 80 predictions, 1,563 steps, lr 4e-3, warmup 12.8%;
+             polynomial decay of power 0.5 after the warmup (NVIDIA's
+             PolyWarmUpScheduler), weight decay 0.01, clipping at norm 1.0.
+             NVIDIA's TensorFlow recipe (TensorFlow/LanguageModeling/BERT/scripts/
+             run_pretraining_lamb.sh, `bert_model` base or large) runs base on the
+             same schedule, and so does base here. Whole-word masking (google-research/
+             bert's whole-word-masking models: +1-2 F1 on SQuAD). Phase 2 starts from
+             phase 1's parameters with a fresh optimizer state (`init_from`).
+             The recipe fixes the global batch; size the per-device micro-batch
+             and `train.grad_accum_steps` for a slice by compiling, which prints
+             the command to run and what the run costs (docs/ACCELERATORS.md):
+               python launch/compile.py --config=experiments/pretrain_bert.py:large_lamb_phase1 \
+                   --topology=v5e-256 --fit_global_batch --config.data.vocab_file=VOCAB \
+                   --config.data.corpus_files="('CORPUS',)"
+             then phase 2 the same way, adding --config.init_from=PHASE1_WORKDIR.
+  The pod recipes take the bert-base-uncased vocabulary size (30522: give its
+  `vocab.txt` as `--config.data.vocab_file`, or a corpus to train one on).
   Continue pretraining an imported checkpoint: `--config.init_from=HF_FOLDER`
   (a Hugging Face BERT folder or one written by launch/convert.py), with
   `--config.data.vocab_file=HF_FOLDER/vocab.txt` and `config.model` matching it.
@@ -52,7 +71,8 @@ from bert_jax.modeling.configs import ConfigError  # a user error: `error: ...`,
 
 SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                            "shared", "data")
-VARIANTS = ("default", "corpus", "corpus_phase1", "corpus_phase2", "base", "large")
+VARIANTS = ("default", "corpus", "corpus_phase1", "corpus_phase2", "base_2018", "large_2018",
+            "base_lamb_phase1", "base_lamb_phase2", "large_lamb_phase1", "large_lamb_phase2")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -103,7 +123,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         profile_steps=()))  # (START, END): a jax.profiler trace into WORKDIR/profile
 
     config.optimizer = ml_collections.ConfigDict(dict(
-        learning_rate=1e-3, schedule="linear", warmup_steps=60, weight_decay=0.01,
+        name="adamw", learning_rate=1e-3, schedule="linear", warmup_steps=60,
+        warmup_fraction=0.0, decay_power=1.0, weight_decay=0.01,
         b1=0.9, b2=0.999, eps=1e-6, max_grad_norm=1.0))
 
     # shape: (data, fsdp, tensor) within a slice; dcn_shape: across slices (TPU
@@ -133,14 +154,25 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     elif variant == "corpus_phase2":
         config.train.update(dict(batch_size=32, num_steps=2000, eval_every=250))
         config.optimizer.update(dict(learning_rate=5e-4, warmup_steps=100))
-    elif variant in ("base", "large"):
+    elif variant.startswith(("base_", "large_")):
+        size, recipe = variant.split("_", 1)
         config.data.update(dict(synthetic_documents=0, vocab_size=30522, dupe_factor=10,
                                 eval_documents=1000, eval_examples=8192))
-        hidden, layers, heads = (768, 12, 12) if variant == "base" else (1024, 24, 16)
+        hidden, layers, heads = (768, 12, 12) if size == "base" else (1024, 24, 16)
         config.model.update(dict(hidden_size=hidden, num_layers=layers, num_heads=heads,
                                  mlp_dim=4 * hidden, max_len=512))
         config.train.update(dict(batch_size=256, num_steps=1_000_000, log_every=1000,
                                  eval_every=10_000, checkpoint_every=10_000))
         config.optimizer.update(dict(learning_rate=1e-4, warmup_steps=10_000))
-        config.mesh.shape = (-1, 1, 1)
+        if recipe != "2018":   # the figures of the module docstring
+            phase2 = recipe.endswith("2")
+            config.data.update(dict(max_seq_length=512 if phase2 else 128,
+                                    max_predictions_per_seq=80 if phase2 else 20,
+                                    whole_word_masking=True))
+            config.train.update(dict(batch_size=32_768 if phase2 else 65_536,
+                                     num_steps=1563 if phase2 else 7038, log_every=10,
+                                     eval_every=500, checkpoint_every=200))
+            config.optimizer.update(dict(
+                name="lamb", learning_rate=4e-3 if phase2 else 6e-3, schedule="poly",
+                decay_power=0.5, warmup_steps=0, warmup_fraction=0.128 if phase2 else 0.2843))
     return config

@@ -1,7 +1,7 @@
 r"""Builds the BERT pretraining dataset of an experiment, without training.
 
   python launch/build_pretraining_data.py \
-      --config=experiments/pretrain_bert.py:base --workdir=DIR \
+      --config=experiments/pretrain_bert.py:base_2018 --workdir=DIR \
       --config.data.corpus_files="('/data/wiki_00.txt', '/data/books_00.txt')" \
       --config.data.data_dir=/mnt/bucket/tfds \
       --config.data.beam_options="--runner=FlinkRunner --flink_master=HOST:8081 \

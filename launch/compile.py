@@ -3,6 +3,8 @@ nodes that are not here, and says whether they fit.
 
   python launch/compile.py --config=experiments/NAME.py[:ARG] --topology=v5p-128 \
       [--num_slices=2] [--config.mesh.shape=...] [--find_max_batch=1] [--output=F.json]
+  python launch/compile.py --config=experiments/pretrain_bert.py:large_lamb_phase1 \
+      --topology=v5e-256 --fit_global_batch [--mfu=0.5] [--memory_gib=15]
 
 Topologies: v4-32, v5p-128, v5e-256, v6e-64, v5e:16x16 ... (needs `pip install
 -e ".[tpu]"`), h100-8, h100-16, h200-8, a100-8, b200-8 (needs `pip install -e
@@ -11,10 +13,17 @@ Topologies: v4-32, v5p-128, v5e-256, v6e-64, v5e:16x16 ... (needs `pip install
 against the chip's, model and XLA FLOPs, collectives and attention kernels
 (bert_jax/training/aot.py); exits non-zero, with the figures, when a step does
 not fit. --find_max_batch=N searches the largest per-device batch that fits.
+--fit_global_batch keeps the config's global batch and finds the largest
+per-device micro-batch that fits (`aot.fit_global_batch`), then prints its
+`train.grad_accum_steps` (and mesh, if the state must be sharded), the
+`launch/train.py` command, and the hours the run would take at `--mfu` of the
+chips' peak: a projection from the model FLOPs, not a measurement.
 """
 
+import dataclasses
 import json
 import os
+import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -45,6 +54,13 @@ _BISECT = flags.DEFINE_bool("bisect", True, "With --find_max_batch: bisect betwe
                             "(else report the doubling).")
 _MAX_BATCH_LIMIT = flags.DEFINE_integer("max_batch_limit", 4096, "With --find_max_batch: "
                                         "the largest per-device batch tried.")
+_FIT = flags.DEFINE_bool("fit_global_batch", False, "Keep config.train.batch_size and "
+                         "find the per-device micro-batch and grad_accum_steps that fit; "
+                         "print the train.py command and the projected time.")
+_MFU = flags.DEFINE_float("mfu", 0.5, "With --fit_global_batch: the model FLOPs utilization "
+                          "the projected time assumes (MaxText reports about 0.5 on TPU).")
+_MEMORY_GIB = flags.DEFINE_float("memory_gib", 0.0, "Judge steps against this many GiB "
+                                 "per device instead of the chip's (leave headroom).")
 _EVAL = flags.DEFINE_bool("eval", True, "Also compile the evaluation step.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the report as JSON here.")
 flags.mark_flags_as_required(["config", "topology"])
@@ -56,6 +72,11 @@ def main(argv):
     config = _CONFIG.value
     try:
         target = topologies.target(_TOPOLOGY.value, _NUM_SLICES.value)
+        if _MEMORY_GIB.value:
+            target = dataclasses.replace(target, memory_bytes=int(_MEMORY_GIB.value * aot.GiB),
+                                         memory_note="--memory_gib")
+        if _FIT.value:
+            return fit(config, target)
         report = aot.compile_experiment(config, target, eval_step=_EVAL.value)
     except (topologies.TopologyError, aot.DoesNotFit, ValueError) as e:
         sys.exit(f"compile: {e}")
@@ -82,6 +103,31 @@ def main(argv):
         sys.exit(f"compile: does not fit: a step needs {needs / aot.GiB:.2f} GiB per device "
                  f"but a {report.chip} gives it {gives}. Lower config.train.batch_size, "
                  "shard more (config.mesh.shape: fsdp, tensor), or set config.model.remat.")
+
+
+def fit(config, target) -> None:
+    """--fit_global_batch: the micro-batch, the command, the projected cost."""
+    found = aot.fit_global_batch(config, target)
+    report = found.report
+    print(report.summary())
+    hours = aot.projected_hours(report, config.train.num_steps, _MFU.value, target.peak_flops)
+    print(f"fits: {found.micro_batch} rows per device a micro-batch, "
+          f"grad_accum_steps={found.grad_accum_steps}, mesh {found.mesh_shape}\n"
+          f"projected from FLOPs at {_MFU.value:.0%} MFU (not a measurement): "
+          f"{config.train.num_steps} steps of {report.model_flops:.3e} FLOPs = "
+          f"{hours:.2f} h, {hours * report.num_devices:,.0f} chip-hours")
+    changed = ("--config.train.grad_accum_steps", "--config.mesh.shape")
+    kept = [arg for arg in sys.argv[1:] if arg.startswith("--config")
+            and not arg.startswith(changed)]
+    new = [f"--config.train.grad_accum_steps={found.grad_accum_steps}"]
+    if tuple(found.mesh_shape) != tuple(config.mesh.shape):
+        new.append("--config.mesh.shape='(%d,%d,%d)'" % tuple(found.mesh_shape))
+    print("run: python launch/train.py " + " ".join(map(shlex.quote, kept))
+          + " " + " ".join(new) + " --workdir=WORKDIR")
+    if _OUTPUT.value:
+        with open(_OUTPUT.value, "w") as f:
+            json.dump({**dataclasses.asdict(found), "projected_hours": hours,
+                       "mfu": _MFU.value}, f, indent=2)
 
 
 if __name__ == "__main__":

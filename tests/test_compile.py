@@ -9,6 +9,7 @@ import dataclasses
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
@@ -251,6 +252,37 @@ def test_the_largest_batch_that_fits_is_found_by_compiling():
     assert found.report.train.total_bytes == need and found.report.global_batch == 32
     capped = aot.find_max_batch(config, room_for_16, start=16, limit=16)
     assert (capped.per_device, capped.reached_limit) == (16, True)
+
+
+@pytest.mark.slow
+def test_a_global_batch_is_fitted_by_accumulation_and_the_printed_command_trains(
+        v5e, tmp_path):
+    """64 rows a step on 4 v5e chips (16 each), with room for the step at 4 rows
+    a device: the search answers 4 rows in 4 micro-batches (8 does not fit),
+    and the `launch/train.py` command it prints trains on this CPU."""
+    overrides = ["--config.train.batch_size=64", "--config.model.num_layers=1",
+                 "--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10",
+                 "--config.data.synthetic_documents=300", "--config.data.eval_examples=64"]
+    config = bert_config()
+    config.train.batch_size, config.train.grad_accum_steps = 64, 4
+    need = aot.compile_experiment(config, v5e, eval_step=False).train.total_bytes
+    command = [sys.executable, str(REPO / "launch" / "compile.py"), "--topology=v5e:2x2",
+               "--config=experiments/pretrain_bert.py", *overrides, "--fit_global_batch",
+               f"--memory_gib={(need + 1024) / aot.GiB}"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "4 rows per device a micro-batch, grad_accum_steps=4" in done.stdout
+    assert re.search(r"projected from FLOPs at 50% MFU.*chip-hours", done.stdout)
+    run = next(line for line in done.stdout.splitlines() if line.startswith("run: "))
+    train = [sys.executable if arg == "python" else arg for arg in shlex.split(run[5:])]
+    assert "--config.train.grad_accum_steps=4" in train and train[-1] == "--workdir=WORKDIR"
+    train[-1] = f"--workdir={tmp_path / 'run'}"
+    train += ["--config.train.num_steps=2", "--config.train.log_every=1",
+              "--config.train.eval_every=2", "--config.train.checkpoint_every=2",
+              "--config.optimizer.warmup_steps=1"]
+    trained = subprocess.run(train, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert trained.returncode == 0, trained.stderr
+    assert (tmp_path / "run" / "checkpoints" / "2").is_dir()
 
 
 def test_a_gpu_step_may_use_the_share_of_memory_jax_takes(monkeypatch):

@@ -14,8 +14,9 @@ EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 FINETUNE = ["sst2", "mrpc", "stsb", "cola", "rte", "qnli", "mnli", "upos", "ner", "squad"]
 VARIANTS = {"translate.py": [None, "multi30k", "multi30k_en_de", "wmt_base", "wmt_big"],
             "tiny_translate.py": [None],
-            "pretrain_bert.py": [None, "corpus", "corpus_phase1", "corpus_phase2", "base",
-                                 "large"],
+            "pretrain_bert.py": [None, "corpus", "corpus_phase1", "corpus_phase2", "base_2018",
+                                 "large_2018", "base_lamb_phase1", "base_lamb_phase2",
+                                 "large_lamb_phase1", "large_lamb_phase2"],
             "finetune.py": [None] + FINETUNE + ["sst2,steps=600", "squad,epochs=1"]}
 
 
@@ -87,3 +88,19 @@ def test_finetune_steps_follow_the_epochs():
     assert config.optimizer.warmup_steps == config.train.num_steps // 10
     short = load("finetune.py").get_config("mrpc,steps=50")
     assert short.train.num_steps == short.train.eval_every == 50
+
+
+POD_RECIPES = ["base_lamb_phase1", "base_lamb_phase2", "large_lamb_phase1", "large_lamb_phase2"]
+
+
+@pytest.mark.parametrize("variant", POD_RECIPES)
+def test_the_pod_recipes_pass_the_checks_before_training(variant):
+    """LAMB, whole-word masking, and phase 2 able to start from phase 1 (the
+    same model, positions to 512)."""
+    from bert_jax.training.validation import check_training_config
+    config = load("pretrain_bert.py").get_config(variant)
+    check_training_config(config)  # raises ConfigError on a problem
+    phase1 = load("pretrain_bert.py").get_config(variant[:-1] + "1")
+    assert (config.optimizer.name, config.data.whole_word_masking) == ("lamb", True)
+    assert config.model.to_dict() == phase1.model.to_dict()
+    assert config.data.max_seq_length == (512 if variant.endswith("2") else 128)

@@ -107,7 +107,7 @@ def test_build_pretraining_data_names_missing_files_before_anything_is_written(t
     code, out = finish(launch(
         "build_pretraining_data.py", tmp_path / "run",
         {"data.corpus_files": (str(tmp_path / "wiki_000.txt"),),
-         "data.vocab_file": str(tmp_path / "vocab.txt")}, config="pretrain_bert.py:base"))
+         "data.vocab_file": str(tmp_path / "vocab.txt")}, config="pretrain_bert.py:base_2018"))
     assert code == 2 and out.splitlines()[-3:] == [
         "error: the config names files that do not exist:",
         f"  config.data.corpus_files={str(tmp_path / 'wiki_000.txt')!r}: no such file or "

@@ -35,6 +35,7 @@ import jax
 import ml_collections
 
 from bert_jax.errors import UserError
+from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax.auto_dtype import Hardware, resolve_model_dtype
 from bert_jax.training.evaluation import jit_predict
@@ -325,3 +326,60 @@ def find_max_batch(config: ml_collections.ConfigDict, target: Target, start: int
         else:
             best, best_report, low = middle, report, middle
     return MaxBatch(best, best_report, reached_limit=high is None)
+
+
+@dataclasses.dataclass
+class GlobalBatchFit:
+    """How a fixed global batch runs on a target (`fit_global_batch`)."""
+
+    micro_batch: int              # rows per device in one micro-batch
+    grad_accum_steps: int         # micro-batches a step: global = micro x devices x steps
+    mesh_shape: tuple[int, int, int]
+    report: CompileReport         # the step at that micro-batch, as train.py runs it
+
+
+def fit_global_batch(config: ml_collections.ConfigDict, target: Target) -> GlobalBatchFit:
+    """The largest per-device micro-batch for `config.train.batch_size` rows a
+    step: bisection over the divisors of each device's share (an answer must
+    divide it), compiling the train step with `grad_accum_steps` = share /
+    micro-batch, which is the step `launch/train.py` runs (accumulation is a
+    scan in the step, so its buffers are counted). A step assumed to fit at
+    every micro-batch below one that fits. With the parameters and optimizer
+    state replicated (`config.mesh`) and nothing fitting, it tries them sharded
+    over the whole target (FSDP). About log2(number of divisors) + 1 compiles."""
+    meshes = [tuple(config.mesh.shape), (1, -1, 1)]
+    for shape in dict.fromkeys(meshes):
+        config = ml_collections.ConfigDict(config.to_dict())
+        config.mesh.shape = shape
+        devices = batch_devices(mesh_from_config(config.mesh, target.devices))
+        share, rest = divmod(config.train.batch_size, devices)
+        if rest or not share:
+            raise ConfigError(f"config.train.batch_size={config.train.batch_size} does not "
+                              f"split over the {devices} devices of {target.name} "
+                              f"(mesh {shape}); use a multiple of {devices}.")
+        sizes = [size for size in range(1, share + 1) if share % size == 0]
+        low, high, best = -1, len(sizes), None   # sizes[low] fits, sizes[high] does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            config.train.grad_accum_steps = share // sizes[middle]
+            try:
+                report = compile_experiment(config, target, eval_step=False)
+            except DoesNotFit:
+                report = None
+            if report is not None and report.fits:
+                low, best = middle, GlobalBatchFit(sizes[middle], share // sizes[middle],
+                                                   shape, report)
+            else:
+                high = middle
+        if best:
+            return best
+    raise DoesNotFit(f"one row per device does not fit {target.name}, with the parameters "
+                     "replicated or sharded (FSDP): set config.model.remat, or shard over "
+                     "config.mesh.shape's tensor axis.")
+
+
+def projected_hours(report: CompileReport, steps: int, mfu: float, peak_flops: float
+                    ) -> float:
+    """Hours for `steps` steps if the devices reach `mfu` of their peak: a
+    projection from the model FLOPs, not a measurement."""
+    return steps * report.model_flops / (mfu * peak_flops * report.num_devices) / 3600
