@@ -123,8 +123,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         profile_steps=()))  # (START, END): a jax.profiler trace into WORKDIR/profile
 
     config.optimizer = ml_collections.ConfigDict(dict(
-        name="adamw", learning_rate=1e-3, schedule="linear", warmup_steps=60,
-        warmup_fraction=0.0, decay_power=1.0, weight_decay=0.01,
+        name="adamw",              # or 'lamb' (bert_jax/training/optimizer.py)
+        learning_rate=1e-3, schedule="linear", warmup_steps=60, weight_decay=0.01,
+        warmup_fraction=0.0,       # > 0: warmup is this fraction of train.num_steps
+        decay_power=0.5,           # schedule 'poly': lr * (1 - step / num_steps) ** power
         b1=0.9, b2=0.999, eps=1e-6, max_grad_norm=1.0))
 
     # shape: (data, fsdp, tensor) within a slice; dcn_shape: across slices (TPU
@@ -174,5 +176,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                      eval_every=500, checkpoint_every=200))
             config.optimizer.update(dict(
                 name="lamb", learning_rate=4e-3 if phase2 else 6e-3, schedule="poly",
-                decay_power=0.5, warmup_steps=0, warmup_fraction=0.128 if phase2 else 0.2843))
+                warmup_steps=0, warmup_fraction=0.128 if phase2 else 0.2843))
     return config

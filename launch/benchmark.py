@@ -51,7 +51,7 @@ from bert_jax.modeling.flops import bert_train_flops, transformer_train_flops
 from bert_jax.modeling.losses import bert_pretraining_sums, cross_entropy_sums
 from bert_jax.training import distributed
 from bert_jax.training.metrics import peak_flops_per_device
-from bert_jax.training.optimizer import adamw
+from bert_jax.training.optimizer import make_optimizer
 from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.sharding import global_batch, make_mesh
 from bert_jax.training.train_step import create_train_state, jit_train_step, make_train_step
@@ -213,8 +213,9 @@ def _memory(compiled) -> dict[str, float]:
 def time_bert_jax(work: Workload, steps: int, warmup: int,
                   profiler: StepProfiler | None = None) -> dict[str, float]:
     mesh = make_mesh((-1, 1, 1))
-    state, shardings = create_train_state(work.init_fn, work.apply_fn, adamw(1e-4),
-                                          mesh, jax.random.PRNGKey(0))
+    state, shardings = create_train_state(work.init_fn, work.apply_fn,
+                                          make_optimizer("adamw", 1e-4), mesh,
+                                          jax.random.PRNGKey(0))
     step_fn = jit_train_step(make_train_step(work.loss_fn), shardings, mesh)
     batch = global_batch(work.batch, mesh)
     rng = jax.random.PRNGKey(1)

@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from bert_jax.modeling import BertForTokenClassification, bert_preset
-from bert_jax.training.optimizer import adamw, decay_mask, learning_rate_schedule
+from bert_jax.training.optimizer import decay_mask, learning_rate_schedule, make_optimizer
 from bert_jax.training.sharding import global_batch, make_mesh, mesh_shape
 from bert_jax.training.train_step import (
     create_train_state, jit_train_step, make_train_step)
@@ -42,7 +42,7 @@ def _run(shape, devices, grad_accum_steps=1):
     # eps=1e-3 keeps Adam's m / (sqrt(v) + eps) Lipschitz in the gradient: with
     # eps=1e-6 it maps reduction-order rounding in near-zero gradients of rare
     # embedding rows to full-size steps, which no layout can reproduce bit-exactly.
-    tx = adamw(learning_rate_schedule("linear", 1e-2, 1, 10), eps=1e-3)
+    tx = make_optimizer("adamw", learning_rate_schedule("linear", 1e-2, 1, 10), eps=1e-3)
     ids = jnp.zeros((2, 12), jnp.int32)
     state, shardings = create_train_state(lambda r: MODEL.init(r, ids), MODEL.apply, tx,
                                           mesh, jax.random.PRNGKey(0))

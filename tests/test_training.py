@@ -208,13 +208,30 @@ RESUME = {"train.num_steps": 200, "train.checkpoint_every": 100, "train.log_ever
           "train.eval_every": 100, "model.dropout_rate": 0.1}
 
 
+# The tiny experiment with LAMB and the 'poly' schedule (tiny_translate.py has no
+# optimizer.name: the trainer reads it with a default).
+LAMB_CONFIG = f"""import sys
+sys.path.insert(0, {str(REPO / 'experiments')!r})
+import tiny_translate
+def get_config():
+    config = tiny_translate.get_config()
+    config.optimizer.name, config.optimizer.schedule = "lamb", "poly"
+    config.optimizer.warmup_fraction = 0.1
+    return config
+"""
+
+
 @pytest.mark.slow
 def test_kill_and_resume_is_exact(tmp_path, data_dir):
+    """With LAMB, whose state holds AdamW's (moments, counts) and more; AdamW's
+    resume is exercised by test_preemption.py."""
     overrides = {**RESUME, "data.data_dir": data_dir}
+    config = tmp_path / "tiny_lamb.py"
+    config.write_text(LAMB_CONFIG)
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    reference = launch("train.py", straight, overrides)
+    reference = launch("train.py", straight, overrides, config=config)
     # The same run, killed with SIGKILL once its step-100 checkpoint is complete.
-    victim = launch("train.py", killed, overrides)
+    victim = launch("train.py", killed, overrides, config=config)
     deadline = time.time() + 180
     while not (killed / "checkpoints" / "100").is_dir():
         assert victim.poll() is None and time.time() < deadline, victim.communicate()[0]
@@ -223,7 +240,7 @@ def test_kill_and_resume_is_exact(tmp_path, data_dir):
     code, _ = finish(victim)
     assert code == -signal.SIGKILL, "the run finished before it could be killed"
     assert not (killed / "checkpoints" / "200").is_dir()
-    code, out = finish(launch("train.py", killed, overrides))
+    code, out = finish(launch("train.py", killed, overrides, config=config))
     assert code == 0, out
     assert "resumed from" in out
     code, out = finish(reference)
@@ -417,7 +434,7 @@ def test_config_flags_reject_unknown_keys_and_bad_types(tmp_path):
 def test_restore_into_a_different_mesh(tmp_path):
     from bert_jax.modeling import BertForTokenClassification, bert_preset
     from bert_jax.training.evaluation import abstract_like
-    from bert_jax.training.optimizer import adamw
+    from bert_jax.training.optimizer import make_optimizer
     from bert_jax.training.sharding import make_mesh
     from bert_jax.training.train_step import create_train_state
 
@@ -426,8 +443,9 @@ def test_restore_into_a_different_mesh(tmp_path):
     ids = np.zeros((1, 8), np.int32)
 
     def state_on(shape, seed):
-        return create_train_state(lambda r: model.init(r, ids), model.apply, adamw(1e-3),
-                                  make_mesh(shape), jax.random.PRNGKey(seed))[0]
+        return create_train_state(lambda r: model.init(r, ids), model.apply,
+                                  make_optimizer("adamw", 1e-3), make_mesh(shape),
+                                  jax.random.PRNGKey(seed))[0]
 
     saved = state_on((8, 1, 1), seed=0)
     checkpointer = Checkpointer(str(tmp_path))

@@ -248,7 +248,13 @@ def test_a_missing_file_the_user_named_is_a_user_error(tmp_path):
     ({"train.profile_steps": (400, 402)},
      "config.train.profile_steps=(400, 402): the run ends at config.train.num_steps=300"),
     ({"optimizer.schedule": "bogus"}, "config.optimizer.schedule='bogus': unknown; choose "
-     "one of ['constant', 'linear', 'cosine', 'rsqrt']."),
+     "one of ['constant', 'linear', 'cosine', 'rsqrt', 'poly']."),
+    ({"optimizer.name": "sgd"}, "config.optimizer.name='sgd': unknown; choose one of "
+     "['adamw', 'lamb']."),
+    ({"optimizer.warmup_fraction": 1.0}, "config.optimizer.warmup_fraction=1.0: must be in "
+     "[0, 1)"),
+    ({"optimizer.learning_rate": -1e-3}, "config.optimizer.learning_rate=-0.001: must not "
+     "be negative."),
     ({"evals": ("loss", "nosuch")}, "config.evals: unknown evaluator(s) ['nosuch']; "
      "registered: ["),
     ({"data.max_length": 0}, "config.data.max_length=0: must be at least 1."),

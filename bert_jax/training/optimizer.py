@@ -1,4 +1,4 @@
-"""AdamW with BERT's weight-decay exclusions, learning-rate schedules, clipping.
+"""AdamW or LAMB with BERT's weight-decay exclusions, learning-rate schedules, clipping.
 
 Weight decay applies to kernels and embedding tables only: never to biases or
 LayerNorm parameters (google-research/bert `AdamWeightDecayOptimizer`).
@@ -8,6 +8,16 @@ Schedules (peak `learning_rate` reached after `warmup_steps` of linear warmup):
   linear    lr * (1 - (step - warmup) / (total - warmup))      (BERT)
   cosine    lr * 0.5 * (1 + cos(pi * (step - warmup) / (total - warmup)))
   rsqrt     lr * sqrt(warmup / step)                           (Vaswani et al.)
+  poly      lr * (1 - step / total) ** decay_power             (NVIDIA's LAMB recipes)
+
+`poly` is NVIDIA DeepLearningExamples@729963d's `PolyWarmUpScheduler`
+(PyTorch/LanguageModeling/BERT/schedulers.py:133-136, degree 0.5 by default at
+line 114, which run_pretraining.py:431-435 keeps): progress = step / total,
+warmup lr * progress / warmup_fraction, then lr * (1 - progress) ** degree.
+Its decay starts at lr * (1 - warmup / total) ** degree, not lr: a drop after
+the warmup that is NVIDIA's too. Its `step` is 1 at the first update
+(schedulers.py:123-128); here `step` is optax's count of updates done (0 at the
+first), as for every schedule above.
 """
 
 from __future__ import annotations
@@ -19,12 +29,13 @@ import optax
 
 from bert_jax.modeling.configs import ConfigError
 
-SCHEDULES = ("constant", "linear", "cosine", "rsqrt")
+SCHEDULES = ("constant", "linear", "cosine", "rsqrt", "poly")
+OPTIMIZERS = ("adamw", "lamb")
 NO_DECAY = ("bias", "scale", "output_bias")
 
 
 def learning_rate_schedule(name: str, learning_rate: float, warmup_steps: int,
-                           total_steps: int) -> optax.Schedule:
+                           total_steps: int, decay_power: float = 0.5) -> optax.Schedule:
     """The named schedule; see the module docstring for the formulas."""
     if name not in SCHEDULES:
         raise ConfigError(f"schedule={name!r}: unknown; choose one of {list(SCHEDULES)}.")
@@ -39,6 +50,10 @@ def learning_rate_schedule(name: str, learning_rate: float, warmup_steps: int,
         after = optax.linear_schedule(learning_rate, 0.0, decay_steps)
     elif name == "cosine":
         after = optax.cosine_decay_schedule(learning_rate, decay_steps)
+    elif name == "poly":  # lr * (1 - (count + warmup) / total) ** power, count from the join
+        after = optax.polynomial_schedule(
+            learning_rate * (1 - warmup_steps / total_steps) ** decay_power, 0.0,
+            decay_power, decay_steps)
     else:
         def after(count):
             return learning_rate * jax.numpy.sqrt(
@@ -48,21 +63,60 @@ def learning_rate_schedule(name: str, learning_rate: float, warmup_steps: int,
     return optax.join_schedules([warmup, after], [warmup_steps])
 
 
-def decay_mask(params: Any) -> Any:
-    """True for parameters that take weight decay (not biases, not LayerNorm)."""
+def decay_mask(params: Any, scanned: bool | None = None) -> Any:
+    """True for parameters that take weight decay (not biases, not LayerNorm);
+    `scanned` True/False: only those inside/outside an `nn.scan` stack ('layers')."""
     def decays(path, _):
         names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
-        return names[-1] not in NO_DECAY
+        return names[-1] not in NO_DECAY and scanned in (None, "layers" in names)
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def adamw(learning_rate: optax.ScalarOrSchedule, *, weight_decay: float = 0.01,
-          b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
-          max_grad_norm: float | None = 1.0) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW with `decay_mask`."""
-    parts = []
-    if max_grad_norm:
-        parts.append(optax.clip_by_global_norm(max_grad_norm))
-    parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps,
-                             weight_decay=weight_decay, mask=decay_mask))
-    return optax.chain(*parts)
+def _per_layer(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """A stateless `tx` applied to each layer of a scanned stack (leading axis)."""
+    def update(updates, state, params=None):
+        if jax.tree.leaves(updates):  # (vmap needs an array: a model without a stack)
+            updates = jax.vmap(lambda u, p: tx.update(u, state, p)[0])(updates, params)
+        return updates, state
+    return optax.GradientTransformation(tx.init, update)
+
+
+def make_optimizer(name: str, learning_rate: optax.ScalarOrSchedule, *,
+                   weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
+                   eps: float = 1e-6, max_grad_norm: float | None = 1.0
+                   ) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW or LAMB, both with `decay_mask`.
+
+    LAMB (You et al. 2019) is `optax.lamb`'s chain (scale_by_adam,
+    add_decayed_weights, scale_by_trust_ratio, scale_by_learning_rate) with the
+    layer-wise trust ratio on the decayed parameters only: biases and LayerNorm
+    get Adam's update (`optax.adam`; eps outside the square root in both). The
+    references agree on this. NVIDIA's FusedLAMB applies the trust ratio only
+    where weight decay != 0, unless use_nvlamb (DeepLearningExamples@729963d,
+    PyTorch/LanguageModeling/BERT/lamb_amp_opt/csrc/multi_tensor_lamb.cu:274-282),
+    and run_pretraining.py:423-427 gives biases and LayerNorm decay 0. The
+    paper's code (tensorflow_addons optimizers/lamb.py; albert@b772393
+    lamb_optimizer.py:61-64) excludes from the trust ratio what it excludes
+    from decay unless told otherwise, and ALBERT (optimization.py:82-90)
+    excludes LayerNorm and bias. We follow the paper's code: one mask by name,
+    so weight_decay=0 keeps the trust ratio (with NVIDIA's kernel it would
+    vanish everywhere). NVIDIA's defaults are these: betas (0.9, 0.999), eps
+    1e-6, gradients clipped to global norm 1.0 before the moments
+    (fused_lamb.py:13-17, multi_tensor_lamb.cu:79,137). One trust ratio per
+    parameter tensor, and per layer of an `nn.scan` stack (`scan_layers`), so
+    scanning does not change the update. One moment tree serves both groups
+    (optax.multi_transform of optax.lamb and optax.adam would keep two).
+    """
+    if name not in OPTIMIZERS:
+        raise ConfigError(f"optimizer={name!r}: unknown; choose one of {list(OPTIMIZERS)}.")
+    parts = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
+    if name == "adamw":
+        return optax.chain(*parts, optax.adamw(
+            learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask))
+    trust = optax.scale_by_trust_ratio()
+    return optax.chain(*parts, optax.chain(
+        optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+        optax.add_decayed_weights(weight_decay, mask=decay_mask),
+        optax.masked(trust, lambda p: decay_mask(p, scanned=False)),
+        optax.masked(_per_layer(trust), lambda p: decay_mask(p, scanned=True)),
+        optax.scale_by_learning_rate(learning_rate)))

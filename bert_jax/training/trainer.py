@@ -121,11 +121,16 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 
 def make_optimizer(config: ml_collections.ConfigDict):
+    """`config.optimizer`: name, schedule, warmup_steps or warmup_fraction (> 0:
+    that fraction of train.num_steps, rounded), decay_power (schedule 'poly')."""
     opt, train = config.optimizer, config.train
+    fraction = opt.get("warmup_fraction", 0.0)
+    warmup = round(fraction * train.num_steps) if fraction > 0 else opt.warmup_steps
     schedule = optimizer_lib.learning_rate_schedule(
-        opt.schedule, opt.learning_rate, opt.warmup_steps, train.num_steps)
-    return optimizer_lib.adamw(schedule, weight_decay=opt.weight_decay, b1=opt.b1,
-                               b2=opt.b2, eps=opt.eps, max_grad_norm=opt.max_grad_norm)
+        opt.schedule, opt.learning_rate, warmup, train.num_steps, opt.get("decay_power", 0.5))
+    return optimizer_lib.make_optimizer(
+        opt.get("name", "adamw"), schedule, weight_decay=opt.weight_decay, b1=opt.b1,
+        b2=opt.b2, eps=opt.eps, max_grad_norm=opt.max_grad_norm)
 
 
 def initialise_from(state: TrainState, path: str, workdir: str) -> TrainState:

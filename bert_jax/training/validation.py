@@ -23,7 +23,7 @@ from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax.tasks.base import task_class
 from bert_jax.tasks.translation import training_rows
-from bert_jax.training.optimizer import SCHEDULES
+from bert_jax.training.optimizer import OPTIMIZERS, SCHEDULES
 from bert_jax.training.profiling import profile_range
 from bert_jax.training.sharding import mesh_from_config
 
@@ -58,6 +58,12 @@ def _step_problems(train: ml_collections.ConfigDict,
             f"config.optimizer.warmup_steps={optimizer.warmup_steps} is outside 0.."
             f"config.train.num_steps={train.num_steps}: lower warmup_steps or raise "
             "num_steps.")
+    if not 0 <= optimizer.get("warmup_fraction", 0.0) < 1:
+        problems.append(f"config.optimizer.warmup_fraction={optimizer.warmup_fraction}: must "
+                        "be in [0, 1) (0: use warmup_steps).")
+    if optimizer.learning_rate < 0:
+        problems.append(f"config.optimizer.learning_rate={optimizer.learning_rate}: must not "
+                        "be negative.")
     try:
         profile = profile_range(train.get("profile_steps"), "config.train.profile_steps")
     except ConfigError as e:
@@ -71,12 +77,13 @@ def _step_problems(train: ml_collections.ConfigDict,
 
 
 def _name_problems(config: ml_collections.ConfigDict) -> list[str]:
-    """Names the config chooses from a list: schedule, evaluators, lengths."""
+    """Names the config chooses from a list: optimizer, schedule, evaluators, lengths."""
     problems = []
-    schedule = config.optimizer.get("schedule")
-    if schedule is not None and schedule not in SCHEDULES:
-        problems.append(f"config.optimizer.schedule={schedule!r}: unknown; choose one of "
-                        f"{list(SCHEDULES)}.")
+    for key, choices in (("schedule", SCHEDULES), ("name", OPTIMIZERS)):
+        value = config.optimizer.get(key)
+        if value is not None and value not in choices:
+            problems.append(f"config.optimizer.{key}={value!r}: unknown; choose one of "
+                            f"{list(choices)}.")
     evals = config.get("evals") or ()
     names = [evals] if isinstance(evals, str) else list(evals)
     unknown = [name for name in names if name not in evaluators.registered()]
