@@ -93,7 +93,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         masked_lm_prob=0.15, max_predictions_per_seq=20, whole_word_masking=False,
         train_masked_lm_prob=0.0,  # > 0: training masks this fraction, evaluation 15%
         random_position_offsets=False,  # training rows read positions o..o+length-1
-        static_masking=False))     # True: the original's fixed masks per instance
+        static_masking=False,      # True: the original's fixed masks per instance
+        input_workers=0))          # > 0: processes reading and masking the training
+                                   # rows (same batches); docs/RESULTS.md sizes them
 
     config.train = ml_collections.ConfigDict(dict(
         batch_size=32, num_steps=600, grad_accum_steps=1,

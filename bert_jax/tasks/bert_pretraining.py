@@ -222,7 +222,7 @@ class BertPretrainingTask(Task):
                                           masker=self.train_masker)
                         if static else self._row),
             max_length=self._lengths(self.train_predictions),
-            batch_transform=self._train_transform)
+            batch_transform=self._train_transform, workers=data.get("input_workers", 0))
 
     def _eval_source(self):
         """The first `data.eval_examples` instances of `data.eval_split` (all of
