@@ -93,12 +93,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         masked_lm_prob=0.15, max_predictions_per_seq=20, whole_word_masking=False,
         train_masked_lm_prob=0.0,  # > 0: training masks this fraction, evaluation 15%
         random_position_offsets=False,  # training rows read positions o..o+length-1
-        static_masking=False,      # True: the original's fixed masks per instance
-        input_workers=0))          # > 0: processes reading and masking the training
-                                   # rows (same batches); docs/RESULTS.md sizes them
+        static_masking=False))     # True: the original's fixed masks per instance
 
     config.train = ml_collections.ConfigDict(dict(
         batch_size=32, num_steps=600, grad_accum_steps=1,
+        input_workers=0,           # > 0: processes reading and masking the training rows
+                                   # (the same batches); docs/RESULTS.md sizes them
         log_every=50, eval_every=200, checkpoint_every=200,
         keep_last=2, keep_best=0, best_metric="eval/mlm_accuracy", best_mode="max",
         async_saves=True, device_prefetch=2,

@@ -26,7 +26,7 @@ revision before the Beam builder to time the single-process builder).
 `array_record` instances and masking them, as training does (process 0 of 1,
 `train.batch_size` rows a batch). After one untimed batch, `--batches` batches;
 one JSON line: rows/s, the CPU seconds of this process and its children
-(`/proc`), rows per CPU second ("per core"), and `data.input_workers`.
+(`/proc`), rows per CPU second ("per core"), and `train.input_workers`.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def time_iterator():
     print(json.dumps({"max_seq_length": data.max_seq_length,
                       "predictions": data.max_predictions_per_seq,
                       "whole_word_masking": data.whole_word_masking,
-                      "input_workers": data.get("input_workers", 0), "rows": rows,
+                      "input_workers": config.train.get("input_workers", 0), "rows": rows,
                       "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds),
                       "cpu_seconds": round(cpu, 2), "rows_per_cpu_s": round(rows / cpu),
                       "tokens_per_row": round(tokens / rows, 1)}))

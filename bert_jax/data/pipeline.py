@@ -560,7 +560,7 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
         max_length=max_length, packer=_Packer(pack_length) if pack_length else None,
         transform=batch_transform))
     if workers > 0:
-        return _Workers(rows(0, local), rows, workers, prefetch)
+        return _Workers(rows(0, local), rows, min(workers, local), prefetch)
     it = rows(0, local)
     return _Prefetch(it, prefetch) if prefetch > 0 else it
 
