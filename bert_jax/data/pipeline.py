@@ -401,14 +401,25 @@ def _block_worker(make_rows: Callable[[], TrainDatasetIterator], state: dict[str
                   out: Any) -> None:
     """Worker process: the batches of one block of rows, each with its state,
     into `out` (a bounded queue: it works `maxsize` batches ahead); an error
-    goes there too."""
+    goes there too. It ends when its parent is gone (killed: nobody reads)."""
     try:
         rows = make_rows()
         rows.set_state(state)
         while True:
-            out.put((next(rows), rows.get_state()))
+            item = (next(rows), rows.get_state())
+            while not _put(out, item):
+                if not multiprocessing.parent_process().is_alive():
+                    return
     except BaseException as e:  # noqa: BLE001 - raised again by the reader
         out.put(e)
+
+
+def _put(out, item) -> bool:
+    try:
+        out.put(item, timeout=5)
+        return True
+    except queue.Full:
+        return False
 
 
 class _Workers(grain.DatasetIterator):
