@@ -158,6 +158,9 @@ def test_input_workers_give_the_same_batches_states_and_resume(task):
         for batch, state in expected[1:]:
             assert_batches_equal(next(workers), batch)
             assert workers.get_state() == state
+        assert len({process.pid for process, _ in workers._running} - {os.getpid()}) == 2
+        with pytest.raises(ValueError, match="other settings"):
+            workers.set_state({**state, "seed": 1})
     finally:
         workers.close()
 
