@@ -117,6 +117,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.train = ml_collections.ConfigDict(dict(
         batch_size=32, num_steps=600, grad_accum_steps=1,
+        input_workers=0,           # > 0: processes reading and masking the training rows
+                                   # (the same batches); docs/RESULTS.md sizes them
         log_every=50, eval_every=200, checkpoint_every=200,
         keep_last=2, keep_best=0, best_metric="eval/mlm_accuracy", best_mode="max",
         async_saves=True, device_prefetch=2,

@@ -1,7 +1,10 @@
-r"""Wall time, instances/s and peak memory of building the BERT pretraining data.
+r"""Wall time, instances/s and peak memory of building the BERT pretraining data;
+with `--iterator`, rows/s of the training iterator that reads it.
 
   python launch/benchmark_pretraining_data.py --megabytes=1024 --workers=2 \
       --corpus_dir=/tmp/corpus_1g --data_dir=/tmp/bench_tfds
+  taskset -c 1 python launch/benchmark_pretraining_data.py --iterator \
+      --config=experiments/pretrain_bert.py:corpus --workdir=W --config.data.data_dir=D
 
 Writes (once) a corpus of `--megabytes` MB of text into `--corpus_dir`: the
 shared pretraining files (`../shared/data/pretrain`: Reuters-21578 and the
@@ -17,6 +20,13 @@ process tree, of this process and of its largest child (a Beam worker).
 `--workers=N` runs Beam's local runner with N worker processes; `--workers=0`
 passes no Beam options (the builder's default; run with PYTHONPATH at a
 revision before the Beam builder to time the single-process builder).
+
+`--iterator` times `bert_pretraining`'s training iterator for `--config` and
+`--workdir` (the vocabulary and data they name, built if missing): reading the
+`array_record` instances and masking them, as training does (process 0 of 1,
+`train.batch_size` rows a batch). After one untimed batch, `--batches` batches;
+one JSON line: rows/s, the CPU seconds of this process and its children
+(`/proc`), rows per CPU second ("per core"), and `train.input_workers`.
 """
 
 from __future__ import annotations
@@ -30,13 +40,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from absl import flags  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 import cli  # noqa: E402
+import common_flags  # noqa: E402
 from bert_jax.data.bert_pretraining import BertPretraining  # noqa: E402
 from bert_jax.data.pretraining_data import read_documents  # noqa: E402
 from bert_jax.data.sources import load_source  # noqa: E402
 from bert_jax.data.wordpiece import WordPiece  # noqa: E402
+from bert_jax.tasks import build_task  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
                       "data", "pretrain")
@@ -51,7 +63,9 @@ WORKERS = flags.DEFINE_integer("workers", 2, "Beam local-runner worker processes
                                "builder's default options).")
 DUPE_FACTOR = flags.DEFINE_integer("dupe_factor", 1, "Passes over the corpus.")
 SHARED_DIR = flags.DEFINE_string("shared_dir", SHARED, "The shared pretraining files.")
-flags.mark_flags_as_required(["corpus_dir", "data_dir"])
+ITERATOR = flags.DEFINE_bool("iterator", False, "Time the training iterator of --config "
+                             "and --workdir instead of the build.")
+BATCHES = flags.DEFINE_integer("batches", 100, "Batches timed (--iterator).")
 
 
 def write_corpus(directory: str, megabytes: int, file_megabytes: int) -> list[str]:
@@ -131,8 +145,46 @@ class PeakMemory(threading.Thread):
                 self.peak[key] = max(self.peak[key], value)
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far (0 for one that ended)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                total += sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:13])
+        except OSError:
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def time_iterator():
+    config = common_flags.CONFIG.value
+    it = build_task(config, common_flags.WORKDIR.value).train_iterator(0, 1)
+    tokens = 0
+    next(it)
+    pids = [os.getpid(), *_descendants(os.getpid())]
+    cpu, start = _cpu_seconds(pids), time.perf_counter()
+    for _ in range(BATCHES.value):
+        tokens += int((next(it)["input_ids"] != 0).sum())
+    seconds, cpu = time.perf_counter() - start, _cpu_seconds(pids) - cpu
+    it.close()
+    rows = BATCHES.value * config.train.batch_size
+    data = config.data
+    print(json.dumps({"max_seq_length": data.max_seq_length,
+                      "predictions": data.max_predictions_per_seq,
+                      "whole_word_masking": data.whole_word_masking,
+                      "input_workers": config.train.get("input_workers", 0), "rows": rows,
+                      "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds),
+                      "cpu_seconds": round(cpu, 2), "rows_per_cpu_s": round(rows / cpu),
+                      "tokens_per_row": round(tokens / rows, 1)}))
+
+
 def main(argv):
     del argv
+    if ITERATOR.value:
+        return time_iterator()
+    if not (CORPUS_DIR.value and DATA_DIR.value):
+        raise app.UsageError("--corpus_dir and --data_dir are required (or --iterator).")
     files = write_corpus(CORPUS_DIR.value, MEGABYTES.value, FILE_MEGABYTES.value)
     vocab_file = vocabulary(CORPUS_DIR.value)
     shutil.rmtree(DATA_DIR.value, ignore_errors=True)

@@ -145,6 +145,26 @@ def test_resumed_iterator_continues_with_the_same_masks(task):
     resumed.close()
 
 
+@pytest.mark.slow
+def test_input_workers_give_the_same_batches_states_and_resume(task):
+    plain = task.train_iterator(0, 1)
+    expected = [(next(plain), plain.get_state()) for _ in range(3)]
+    plain.close()
+    config = experiment_config(task.config.data.data_dir)
+    config.train.input_workers = 2                                    # rows 0-3, 4-7
+    workers = build_task(config, task.workdir).train_iterator(0, 1)
+    workers.set_state(expected[0][1])                                 # resumed at step 1
+    try:
+        for batch, state in expected[1:]:
+            assert_batches_equal(next(workers), batch)
+            assert workers.get_state() == state
+        assert len({process.pid for process, _ in workers._running} - {os.getpid()}) == 2
+        with pytest.raises(ValueError, match="other settings"):
+            workers.set_state({**state, "seed": 1})
+    finally:
+        workers.close()
+
+
 def test_evaluation_masks_are_fixed(task):
     first = list(task.eval_batches(0, 1))
     second = list(task.eval_batches(0, 1))

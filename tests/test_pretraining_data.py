@@ -427,6 +427,13 @@ def test_whole_word_masking_never_splits_words():
             assert all(picked) or not any(picked), (row, word, chosen)  # '##' iff its start
             multi_piece_chosen += len(word) > 1 and all(picked)
     assert multi_piece_chosen > 500
+    # The words are taken as the original's loop takes them: in the order of their
+    # first piece's key, each that still fits (a longer one is skipped).
+    for row in range(300):
+        keys, chosen = masking_rng(3, 0, row).random((3, rows.shape[1]))[0], []
+        for word in sorted(words[row], key=lambda w: keys[w[0]]):
+            chosen += word if len(chosen) + len(word) <= targets[row] else []
+        assert sorted(chosen) == out["masked_lm_positions"][row, :int(counts[row])].tolist()
     # Without whole_word, pieces are chosen independently.
     out = _masker(max_predictions_per_seq=8).mask_batch(
         rows, [masking_rng(3, 0, row) for row in range(len(rows))])

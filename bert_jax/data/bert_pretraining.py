@@ -405,10 +405,11 @@ class BertPretraining(LocalFilesBuilder):
 
     def __init__(self, *, files: Sequence[str] | None = None, vocab_file: str | None = None,
                  config=None, beam_options: str = "", data_dir: str | None = None,
-                 **options):
+                 version=None, **options):
         """The corpus (`files`, `vocab_file`, the options of `pretraining_config`)
         or `config`, not both; `beam_options`: Beam flags of the build (see
-        `beam_pipeline_options`), which never change its examples."""
+        `beam_pipeline_options`), which never change its examples. (tfds
+        unpickles a builder as `__init__(config=, data_dir=, version=)`.)"""
         if config is None:
             if files is None or vocab_file is None:
                 raise ValueError("bert_pretraining needs files= and vocab_file= (or config=).")
@@ -416,7 +417,7 @@ class BertPretraining(LocalFilesBuilder):
         elif files is not None or vocab_file is not None or options:
             raise ValueError("bert_pretraining: pass either config= or files=/vocab_file=.")
         self.beam_options = beam_options
-        super().__init__(config=config, data_dir=data_dir)
+        super().__init__(config=config, data_dir=data_dir, version=version)
 
     def _info(self) -> tfds.core.DatasetInfo:
         return self.dataset_info_from_configs(features=_features(),

@@ -58,7 +58,10 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import copy
+import functools
 import math
+import multiprocessing
+import queue
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -387,6 +390,113 @@ class _Prefetch(grain.DatasetIterator):
         return f"_Prefetch(size={self._size})"
 
 
+def _row_block(examples: grain.MapDataset, first_row: int, kwargs: dict[str, Any],
+               first: int, count: int) -> TrainDatasetIterator:
+    """The iterator of local rows `[first, first + count)` (picklable as a partial)."""
+    return TrainDatasetIterator(examples, local_batch_size=count,
+                                first_row=first_row + first, **kwargs)
+
+
+def _block_worker(make_rows: Callable[[], TrainDatasetIterator], state: dict[str, Any],
+                  out: Any) -> None:
+    """Worker process: the batches of one block of rows, each with its state,
+    into `out` (a bounded queue: it works `maxsize` batches ahead); an error
+    goes there too. It ends when its parent is gone (killed: nobody reads)."""
+    try:
+        rows = make_rows()
+        rows.set_state(state)
+        while True:
+            item = (next(rows), rows.get_state())
+            while not _put(out, item):
+                if not multiprocessing.parent_process().is_alive():
+                    return
+    except BaseException as e:  # noqa: BLE001 - raised again by the reader
+        out.put(e)
+
+
+def _put(out, item) -> bool:
+    try:
+        out.put(item, timeout=5)
+        return True
+    except queue.Full:
+        return False
+
+
+class _Workers(grain.DatasetIterator):
+    """The local batches of `rows` made by `workers` processes, worker `w`
+    producing the `w`-th contiguous block of the local rows (its own
+    `TrainDatasetIterator`: rows are independent streams, and a transform keyed
+    by (step, global row) sees the same rows); the batch is their
+    concatenation, and the state the concatenation of theirs: the same state,
+    batches and resume as without workers, for any worker count.
+
+    Workers are spawned processes (they unpickle `preprocess` and the
+    transform), started at the first batch and again after `set_state`.
+    """
+
+    def __init__(self, rows: TrainDatasetIterator, make_rows: Callable[[int, int], Any],
+                 workers: int, prefetch: int):
+        super().__init__()
+        self._rows = rows               # the whole local batch: checks states
+        self._blocks = np.array_split(np.arange(rows._local_batch_size), workers)
+        self._make_rows, self._prefetch = make_rows, max(prefetch, 1)
+        self._state, self._running = rows.get_state(), []
+
+    def start_prefetch(self) -> None:
+        if self._running:
+            return
+        context = multiprocessing.get_context("spawn")
+        for block in self._blocks:
+            state = {**self._state, **{key: self._state[key][block[0]:block[-1] + 1]
+                                       for key in ("consumed", "filtered")}}
+            out = context.Queue(self._prefetch)
+            process = context.Process(target=_block_worker, daemon=True, args=(
+                functools.partial(self._make_rows, block[0], len(block)), state, out))
+            process.start()
+            self._running.append((process, out))
+
+    def _get(self, process, out):
+        while True:
+            try:
+                item = out.get(timeout=5)
+            except queue.Empty:
+                if not process.is_alive():
+                    raise RuntimeError(f"train_iterator: an input worker process exited "
+                                       f"(code {process.exitcode})") from None
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+    def __next__(self) -> Batch:
+        self._assert_not_closed()
+        self.start_prefetch()
+        parts = [self._get(*running) for running in self._running]
+        self._state = {**parts[0][1], **{key: [n for _, state in parts for n in state[key]]
+                                         for key in ("consumed", "filtered")}}
+        return {key: np.concatenate([batch[key] for batch, _ in parts])
+                for key in parts[0][0]}
+
+    def get_state(self) -> dict[str, Any]:
+        return copy.deepcopy(self._state)
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._rows.set_state(state)     # raises on another pipeline's state
+        self._stop()
+        self._state = self._rows.get_state()
+
+    def _stop(self) -> None:
+        for process, _ in self._running:
+            process.kill()
+            process.join()
+        self._running = []
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._stop()
+
+
 def num_filtered(it_or_state: grain.DatasetIterator | Mapping[str, Any]) -> int:
     """Examples this process's `train_iterator` dropped as longer than
     max_length, up to the last batch it returned."""
@@ -409,7 +519,7 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
                    process_index: int, process_count: int, preprocess: Preprocess,
                    max_length: MaxLength, pack_length: int = 0,
                    batch_transform: BatchTransform | None = None,
-                   prefetch: int = 2) -> grain.DatasetIterator:
+                   prefetch: int = 2, workers: int = 0) -> grain.DatasetIterator:
     """Infinite local batches `[global_batch_size // process_count, max_length]`
     (`pack_length` instead of `max_length` when packing).
 
@@ -432,6 +542,10 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
         (seed, step, global row) is then the same on resume and for any
         process count (e.g. dynamic masked-LM masking).
       prefetch: batches prepared ahead in a background thread; 0 for none.
+      workers: 0, or that many worker processes (spawned: `preprocess` and
+        `batch_transform` must pickle), each making a block of the local rows
+        `prefetch` batches ahead (`_Workers`); the batches and the state are the
+        same as with 0.
 
     Returns:
       A grain `DatasetIterator`: `next(it)`, `it.get_state()` (JSON),
@@ -452,11 +566,13 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
     identity = dict(seed=int(seed), global_batch_size=global_batch_size,
                     process_index=process_index, process_count=process_count,
                     num_examples=num_examples, pack_length=int(pack_length))
-    it = TrainDatasetIterator(
-        examples, num_examples=num_examples, global_batch_size=global_batch_size,
-        local_batch_size=local, first_row=process_index * local, identity=identity,
+    rows = functools.partial(_row_block, examples, process_index * local, dict(
+        num_examples=num_examples, global_batch_size=global_batch_size, identity=identity,
         max_length=max_length, packer=_Packer(pack_length) if pack_length else None,
-        transform=batch_transform)
+        transform=batch_transform))
+    if workers > 0:
+        return _Workers(rows(0, local), rows, min(workers, local), prefetch)
+    it = rows(0, local)
     return _Prefetch(it, prefetch) if prefetch > 0 else it
 
 

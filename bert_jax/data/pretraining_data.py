@@ -428,104 +428,109 @@ class Masker:
         self.mask_id = int(mask_id)
         special = {int(i) for i in special_ids} | {PAD_ID}
         self.special_ids = np.array(sorted(special), dtype=np.int64)
-        self.continuation_ids = np.array(sorted({int(i) for i in continuation_ids}), dtype=np.int64)
         self.replacement_ids = np.setdiff1d(np.arange(self.vocab_size), self.special_ids)
         if not 0 <= self.mask_id < self.vocab_size:
             raise ValueError(f"mask_id={mask_id} is outside the vocabulary [0, {vocab_size})")
         if self.replacement_ids.size == 0 and config.random_token_prob > 0:
             raise ValueError(f"vocab_size={vocab_size}: no non-special id to draw random "
                              "replacements from")
-
-    # -- one row ---------------------------------------------------------------
-
-    def _candidate_words(self, positions: np.ndarray, tokens: np.ndarray) -> list[np.ndarray]:
-        """Candidate positions ([num_candidates], ascending) grouped into whole
-        words: a '##' piece right after another candidate joins its word."""
-        joins = np.isin(tokens[positions], self.continuation_ids)
-        joins[1:] &= positions[1:] == positions[:-1] + 1
-        joins[:1] = False
-        return np.split(positions, np.flatnonzero(~joins)[1:])
-
-    def _choose(self, tokens: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Positions to predict, ascending: [num_chosen], num_chosen <= num_to_predict."""
-        config = self.config
-        num_real = int(np.count_nonzero(tokens != PAD_ID))
-        num_to_predict = min(config.max_predictions_per_seq,
-                             max(1, int(round(num_real * config.masked_lm_prob))))
-        positions = np.flatnonzero(~np.isin(tokens, self.special_ids))
-        if not config.whole_word or positions.size == 0:
-            return np.sort(rng.permutation(positions)[:num_to_predict])
-        words = self._candidate_words(positions, tokens)
-        chosen_words: list[np.ndarray] = []
-        count = 0
-        for w in rng.permutation(len(words)):
-            if count >= num_to_predict:
-                break
-            if count + len(words[w]) > num_to_predict:
-                continue  # a word that would not fit is skipped, as the original
-            chosen_words.append(words[w])
-            count += len(words[w])
-        if not chosen_words:
-            return np.zeros([0], np.int64)
-        return np.sort(np.concatenate(chosen_words))
+        # Lookup tables by id (the masking below is vectorised over a batch).
+        self.is_candidate = np.ones(self.vocab_size, bool)
+        self.is_candidate[self.special_ids[self.special_ids < self.vocab_size]] = False
+        self.is_continuation = np.zeros(self.vocab_size, bool)
+        self.is_continuation[[int(i) for i in continuation_ids]] = True
 
     def __call__(self, tokens: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """Masks one sequence.
-
-        Args:
-          tokens: [length] int ids, may end with padding 0s (never chosen).
-          rng: this row's generator (e.g. `masking_rng(seed, step, row)`).
-
-        Returns:
-          'input_ids': [length] int32, the masked sequence;
-          'masked_lm_positions': [max_predictions] int32, ascending, then 0s;
-          'masked_lm_ids': [max_predictions] int32, the original ids there;
-          'masked_lm_weights': [max_predictions] float32, 1.0 for real
-            predictions, 0.0 for padding slots.
-        """
+        """Masks one sequence: [length] int ids, may end with padding 0s (never
+        chosen), and its generator (e.g. `masking_rng(seed, step, row)`); the
+        row of `mask_batch` with the same generator."""
         tokens = np.asarray(tokens)
         if tokens.ndim != 1:
             raise ValueError(f"tokens: expected [length], got shape {tokens.shape}")
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
-            raise ValueError(f"tokens: ids outside [0, {self.vocab_size}): "
-                             f"min {tokens.min()}, max {tokens.max()}")
-        config = self.config
-        positions = self._choose(tokens, rng)
-        n = positions.size
-        draw = rng.random(n)
-        replace_random = (draw >= config.mask_token_prob) & (
-            draw < config.mask_token_prob + config.random_token_prob)
-        input_ids = tokens.astype(np.int32, copy=True)
-        input_ids[positions[draw < config.mask_token_prob]] = self.mask_id
-        num_random = int(np.count_nonzero(replace_random))
-        if num_random:
-            draws = rng.integers(0, self.replacement_ids.size, num_random)
-            input_ids[positions[replace_random]] = self.replacement_ids[draws]
+        return {k: v[0] for k, v in self.mask_batch(tokens[None], [rng]).items()}
 
-        max_predictions = config.max_predictions_per_seq
-        masked_lm_positions = np.zeros([max_predictions], np.int32)
-        masked_lm_ids = np.zeros([max_predictions], np.int32)
-        masked_lm_weights = np.zeros([max_predictions], np.float32)
-        masked_lm_positions[:n] = positions
-        masked_lm_ids[:n] = tokens[positions]
-        masked_lm_weights[:n] = 1.0
-        return {"input_ids": input_ids, "masked_lm_positions": masked_lm_positions,
-                "masked_lm_ids": masked_lm_ids, "masked_lm_weights": masked_lm_weights}
+    def _choose(self, tokens: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """[batch, length] bool: the positions to predict, at most num_to_predict
+        per row. Candidates (whole words with `whole_word`) are taken in the
+        order of their `keys` (a uniform permutation); a word that would not fit
+        is skipped, as the original."""
+        config = self.config
+        num_real = np.count_nonzero(tokens != PAD_ID, axis=1)
+        num_to_predict = np.minimum(config.max_predictions_per_seq,
+                                    np.maximum(1, np.rint(num_real * config.masked_lm_prob)))
+        candidate = self.is_candidate[tokens]
+        if not config.whole_word:
+            rank = np.argsort(np.argsort(np.where(candidate, keys, 2.0), axis=1), axis=1)
+            return candidate & (rank < num_to_predict[:, None])
+        # A '##' piece right after another candidate joins its word, which is
+        # named by (its key is that of) its first piece.
+        joins = self.is_continuation[tokens] & candidate
+        joins[:, 1:] &= candidate[:, :-1]
+        joins[:, 0] = False
+        starts = candidate & ~joins
+        batch, length = tokens.shape
+        start_of = np.maximum.accumulate(np.where(starts, np.arange(length), 0), axis=1)
+        pieces = np.bincount((np.arange(batch)[:, None] * length + start_of).ravel(),
+                             weights=candidate.ravel(), minlength=batch * length
+                             ).reshape(batch, length).astype(np.int64)  # per word start
+        order = np.argsort(np.where(starts, keys, 2.0), axis=1)  # words first, by key
+        ordered_pieces = np.take_along_axis(pieces, order, 1)
+        taken = np.zeros(tokens.shape, bool)                  # by rank of the word
+        count = np.zeros(batch, np.int64)
+        for rank in range(int(starts.sum(axis=1).max(initial=0))):  # greedy, all rows at once
+            n = ordered_pieces[:, rank]
+            taken[:, rank] = fits = (n > 0) & (count + n <= num_to_predict)
+            count += np.where(fits, n, 0)
+            if np.all(count >= num_to_predict):
+                break
+        taken_at_start = np.zeros(tokens.shape, bool)
+        np.put_along_axis(taken_at_start, order, taken, 1)
+        return candidate & np.take_along_axis(taken_at_start, start_of, 1)
 
     def mask_batch(self, tokens: np.ndarray, rngs: Sequence[np.random.Generator]
                    ) -> dict[str, np.ndarray]:
-        """[batch, length] -> the keys of `__call__` with a leading batch axis;
-        row i uses rngs[i]."""
+        """Masks a batch: row i of `tokens` [batch, length] with `rngs[i]`, which
+        draws `[3, length]` uniforms: the order of the candidates, the
+        [MASK]/random/unchanged choice and the random id, per position.
+
+        Returns:
+          'input_ids': [batch, length] int32, the masked sequences;
+          'masked_lm_positions': [batch, max_predictions] int32, ascending, then 0s;
+          'masked_lm_ids': [batch, max_predictions] int32, the original ids there;
+          'masked_lm_weights': [batch, max_predictions] float32, 1.0 for real
+            predictions, 0.0 for padding slots.
+        """
         tokens = np.asarray(tokens)
         if tokens.ndim != 2:
             raise ValueError(f"tokens: expected [batch, length], got shape {tokens.shape}")
         if len(rngs) != tokens.shape[0]:
             raise ValueError(f"{len(rngs)} generators for a batch of {tokens.shape[0]} rows")
-        rows = [self(row, rng) for row, rng in zip(tokens, rngs)]
-        if not rows:
-            max_predictions = self.config.max_predictions_per_seq
-            return {"input_ids": np.zeros(tokens.shape, np.int32),
-                    "masked_lm_positions": np.zeros([0, max_predictions], np.int32),
-                    "masked_lm_ids": np.zeros([0, max_predictions], np.int32),
-                    "masked_lm_weights": np.zeros([0, max_predictions], np.float32)}
-        return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            raise ValueError(f"tokens: ids outside [0, {self.vocab_size}): "
+                             f"min {tokens.min()}, max {tokens.max()}")
+        config = self.config
+        batch, length = tokens.shape
+        uniforms = np.array([rng.random((3, length)) for rng in rngs]).reshape(
+            batch, 3, length)
+        chosen = self._choose(tokens, uniforms[:, 0])
+        draw = uniforms[:, 1]
+        input_ids = tokens.astype(np.int32, copy=True)
+        input_ids[chosen & (draw < config.mask_token_prob)] = self.mask_id
+        replace = chosen & (draw >= config.mask_token_prob) & (
+            draw < config.mask_token_prob + config.random_token_prob)
+        if replace.any():   # then there are replacement ids (checked in __init__)
+            n = self.replacement_ids.size
+            input_ids[replace] = self.replacement_ids[
+                np.minimum((uniforms[:, 2][replace] * n).astype(np.int64), n - 1)]
+
+        max_predictions = config.max_predictions_per_seq
+        positions = np.argsort(~chosen, axis=1, kind="stable")[:, :max_predictions]
+        real = np.arange(positions.shape[1]) < chosen.sum(axis=1, keepdims=True)
+        pad = max_predictions - positions.shape[1]            # a sequence shorter than that
+        positions = np.pad(np.where(real, positions, 0), ((0, 0), (0, pad)))
+        real = np.pad(real, ((0, 0), (0, pad)))
+        return {"input_ids": input_ids,
+                "masked_lm_positions": positions.astype(np.int32),
+                "masked_lm_ids": np.where(real, np.take_along_axis(tokens, positions, 1),
+                                          0).astype(np.int32),
+                "masked_lm_weights": real.astype(np.float32)}

@@ -32,6 +32,10 @@ times sooner, then trains every row of the position table, and a second phase
 at full length (`config.init_from` the first) starts from positions it knows.
 Evaluation reads positions `0..max_seq_length-1`.
 
+`train.input_workers=N` reads and masks the training rows in N processes, each a
+block of the rows (`pipeline.train_iterator`): the same batches and resume;
+docs/RESULTS.md ("Input pipeline at pod speed") sizes N per slice.
+
 Batches: `input_ids`, `token_type_ids` `[batch, max_seq_length]`,
 `masked_lm_positions`, `masked_lm_ids`, `masked_lm_weights` `[batch,
 max_predictions_per_seq]`, `next_sentence_labels` `[batch]`, and with random
@@ -222,7 +226,8 @@ class BertPretrainingTask(Task):
                                           masker=self.train_masker)
                         if static else self._row),
             max_length=self._lengths(self.train_predictions),
-            batch_transform=self._train_transform)
+            batch_transform=self._train_transform,
+            workers=self.config.train.get("input_workers", 0))
 
     def _eval_source(self):
         """The first `data.eval_examples` instances of `data.eval_split` (all of
