@@ -10,13 +10,9 @@ size, the mesh, the evaluators (`config.evals`); an override of the model, its
 vocabulary or its task is refused, naming the key. Restores the parameters of
 step N (default: the latest checkpoint; they must match the model exactly) and
 writes `{"step": N, "eval/...": ...}` as one JSON object to FILE (and the log).
-
-  python launch/evaluate.py --workdir=DIR --average_last=5 --save_average=AVG
-      # or --average_steps=1000,1500,2000
-
-evaluates the mean of those checkpoints' parameters instead, first written to
-the new folder AVG: a workdir that evaluate.py, translate.py and
-`config.init_from` read (bert_jax/training/averaging.py).
+`--average_last=N` (or `--average_steps=A,B,...`) `--save_average=AVG`
+evaluates the mean of those checkpoints' parameters, first written to the new
+folder AVG as a workdir of its own (bert_jax/training/averaging.py).
 """
 
 import json
@@ -33,12 +29,10 @@ from bert_jax.training.averaging import average_workdir  # noqa: E402
 
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the metrics as JSON to this file.")
-_AVERAGE_LAST = flags.DEFINE_integer("average_last", 0, "Evaluate the average of the last "
-                                     "N checkpoints (see --save_average).", lower_bound=0)
-_AVERAGE_STEPS = flags.DEFINE_list("average_steps", [], "Evaluate the average of these "
-                                   "steps' checkpoints (see --save_average).")
-_SAVE_AVERAGE = flags.DEFINE_string("save_average", None, "New folder the average is "
-                                    "written to, as a workdir of its own.")
+_AVERAGE_LAST = flags.DEFINE_integer("average_last", 0, "Average the last N checkpoints.",
+                                     lower_bound=0)
+_AVERAGE_STEPS = flags.DEFINE_list("average_steps", [], "Average these steps.")
+_SAVE_AVERAGE = flags.DEFINE_string("save_average", None, "New folder for the average.")
 
 
 def main(argv):

@@ -1,16 +1,13 @@
-"""Checkpoint averaging: the elementwise mean of the parameters of several
-checkpoints of one run, as the Transformer paper reports its results (Vaswani
-et al. 2017, section 6.1: the last 5 checkpoints, written at 10-minute
-intervals, for the base model, the last 20 for big; fairseq
-scripts/average_checkpoints.py, tensor2tensor/utils/avg_checkpoints.py).
-
-The average is written to a new folder, a workdir of its own that evaluate.py,
-translate.py (`--workdir=OUTPUT`) and `config.init_from=OUTPUT` read like a
-training run's; nothing of the training run is touched:
+"""Checkpoint averaging, as the Transformer paper reports its results (Vaswani
+et al. 2017, section 6.1: the last 5 checkpoints, written every 10 minutes, for
+the base model, the last 20 for big; fairseq scripts/average_checkpoints.py,
+tensor2tensor/utils/avg_checkpoints.py). The average is written to a new
+folder, a workdir of its own that evaluate.py, translate.py and `init_from`
+read; the training run's workdir is not written to:
 
     OUTPUT/config.json, OUTPUT/vocab/     copied from the workdir
-    OUTPUT/checkpoints/<last step>/state  {"params": the average} (no optimizer state)
-    OUTPUT/average.json                   {"workdir": ..., "steps": [the steps averaged]}
+    OUTPUT/checkpoints/<last step>/state  {"params": the average}
+    OUTPUT/average.json                   {"workdir": ..., "steps": [averaged]}
 """
 
 from __future__ import annotations
@@ -34,13 +31,10 @@ from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_st
 
 def average_params(paths: Sequence[str], abstract: Any) -> Any:
     """The mean of the parameters at `paths`, laid out as `abstract` (a tree of
-    ShapeDtypeStructs with shardings).
-
-    Each checkpoint is restored as float32 in the leaves' shardings and added on
-    the devices; the sum is divided once and cast back to each leaf's dtype, so
-    bfloat16 leaves are rounded once, not at every addition. Restores are strict:
-    a checkpoint of another model is a CheckpointError naming the arrays that differ.
-    """
+    ShapeDtypeStructs with shardings): restored as float32 in those shardings,
+    summed on the devices, divided once and cast back to each leaf's dtype
+    (bfloat16 is rounded once). Restores are strict: a checkpoint of another
+    model is a CheckpointError naming the arrays that differ."""
     as_float32 = jax.tree.map(lambda s: s.update(dtype=jnp.float32), abstract)
     total = None
     for path in paths:
