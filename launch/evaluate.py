@@ -10,6 +10,9 @@ size, the mesh, the evaluators (`config.evals`); an override of the model, its
 vocabulary or its task is refused, naming the key. Restores the parameters of
 step N (default: the latest checkpoint; they must match the model exactly) and
 writes `{"step": N, "eval/...": ...}` as one JSON object to FILE (and the log).
+`--average_last=N` (or `--average_steps=A,B,...`) `--save_average=AVG`
+evaluates the mean of those checkpoints' parameters, first written to the new
+folder AVG as a workdir of its own (bert_jax/training/averaging.py).
 """
 
 import json
@@ -18,19 +21,36 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from absl import flags, logging  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 
 import common_flags as launch_flags  # noqa: E402
 from bert_jax.training import evaluation  # noqa: E402
+from bert_jax.training.averaging import average_workdir  # noqa: E402
 
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the metrics as JSON to this file.")
+_AVERAGE_LAST = flags.DEFINE_integer("average_last", 0, "Average the last N checkpoints.",
+                                     lower_bound=0)
+_AVERAGE_STEPS = flags.DEFINE_list("average_steps", [], "Average these steps.")
+_SAVE_AVERAGE = flags.DEFINE_string("save_average", None, "New folder for the average.")
 
 
 def main(argv):
     launch_flags.start(argv)
+    averaging = _AVERAGE_LAST.value or _AVERAGE_STEPS.value or _SAVE_AVERAGE.value
+    if averaging and (not _SAVE_AVERAGE.value or _STEP.value is not None or bool(
+            _AVERAGE_LAST.value) == bool(_AVERAGE_STEPS.value) or not all(
+            s.isdigit() for s in _AVERAGE_STEPS.value)):
+        raise app.UsageError("averaging takes --save_average=NEW_FOLDER and either "
+                             "--average_last=N or --average_steps=STEP,STEP,... (no --step).")
     config, workdir = launch_flags.workdir_experiment()
+    if averaging:
+        _, steps = average_workdir(config, workdir, _SAVE_AVERAGE.value,
+                                   [int(s) for s in _AVERAGE_STEPS.value], _AVERAGE_LAST.value)
+        workdir = _SAVE_AVERAGE.value
     result = evaluation.evaluate_checkpoint(config, workdir, _STEP.value)
+    if averaging:
+        result["averaged_steps"] = steps
     logging.info("%s", json.dumps(result))
     if _OUTPUT.value:
         with open(_OUTPUT.value, "w") as f:

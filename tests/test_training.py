@@ -4,12 +4,14 @@ kill -9, preemption (SIGTERM), two processes, evaluation-only, bad inputs."""
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 
+from flax import traverse_util
 import jax
 import ml_collections
 import numpy as np
@@ -374,6 +376,95 @@ def test_checkpoint_of_another_model_is_refused_naming_the_arrays(trained):
     with pytest.raises(CheckpointError, match=r"(?s)parameters the checkpoint lacks "
                        r"\(\d+\): decoder/layer_2/"):
         evaluation.restore_for_inference(more_layers, workdir, 300)
+
+
+def _copy_with_checkpoint(workdir, folder, step, params) -> str:
+    """A copy of `workdir` with one more checkpoint, `step`, of `params` alone."""
+    import orbax.checkpoint as ocp
+    shutil.copytree(workdir, folder)
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(folder / "checkpoints" / str(step) / "state",
+                          {"params": jax.tree.map(jax.numpy.asarray, params)})
+        checkpointer.wait_until_finished()
+    return str(folder)
+
+
+@pytest.mark.slow
+def test_average_is_the_float32_mean_in_each_leafs_dtype_and_sharding(trained, tmp_path):
+    from bert_jax.training.averaging import average_params, average_workdir
+    from bert_jax.training.checkpoints import restore_params
+    workdir, config, _, _ = trained
+    saved = {step: saved_params(workdir, step) for step in (200, 300)}
+    saved[400] = jax.tree.map(lambda x: x * np.float32(0.3) - np.float32(0.7), saved[300])
+    run = _copy_with_checkpoint(workdir, tmp_path / "run", 400, saved[400])
+    sharded = config.copy_and_resolve_references()
+    sharded.mesh.shape = (2, 2, 2)  # fsdp and tensor axes shard the parameters
+    averaged, steps = average_workdir(sharded, run, str(tmp_path / "avg"), last=3)
+    expected = jax.tree.map(lambda a, b, c: (a + b + c) / np.float32(3), *saved.values())
+    assert steps == [200, 300, 400] and os.listdir(tmp_path / "avg" / "checkpoints") == ["400"]
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(averaged), expected)
+    _, _, abstract = evaluation.abstract_params(sharded, run)
+    assert jax.tree.map(lambda x: x.sharding, averaged) == jax.tree.map(
+        lambda s: s.sharding, abstract)
+    assert any(x.sharding.shard_shape(x.shape) != x.shape for x in jax.tree.leaves(averaged))
+    # What init_from restores from the folder is the average, every parameter.
+    restored, _, missing = restore_params(str(tmp_path / "avg"), abstract)
+    assert missing == []
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), expected)
+    # A bfloat16 leaf is averaged in float32 and rounded once, to bfloat16.
+    kernel = ("encoder", "layer_0", "mlp", "intermediate", "kernel")
+    abstract = traverse_util.flatten_dict(abstract)
+    abstract[kernel] = abstract[kernel].update(dtype=jax.numpy.bfloat16)
+    mixed = traverse_util.flatten_dict(average_params(
+        [os.path.join(run, "checkpoints", str(s)) for s in (300, 400)],
+        traverse_util.unflatten_dict(abstract)))
+    assert mixed[kernel].dtype == jax.numpy.bfloat16
+    mean = (traverse_util.flatten_dict(saved[300])[kernel]
+            + traverse_util.flatten_dict(saved[400])[kernel]) / np.float32(2)
+    np.testing.assert_array_equal(mixed[kernel], mean.astype(jax.numpy.bfloat16))
+
+
+@pytest.mark.slow
+def test_averaging_refuses_a_checkpoint_of_another_model_naming_the_array(trained, tmp_path):
+    from bert_jax.training.averaging import average_workdir
+    workdir, config, _, _ = trained
+    params = traverse_util.flatten_dict(saved_params(workdir, 300))
+    kernel = ("decoder", "layer_1", "mlp", "output", "kernel")
+    params[kernel] = params[kernel][:-1]
+    run = _copy_with_checkpoint(workdir, tmp_path / "run", 400,
+                                traverse_util.unflatten_dict(params))
+    output = tmp_path / "avg"
+    with pytest.raises(CheckpointError, match=r"(?s)checkpoints/400/state.*mis-shaped.*"
+                       r"decoder/layer_1/mlp/output/kernel: checkpoint \(127, 64\)"):
+        average_workdir(config, run, str(output), steps=[300, 400])
+    assert not output.exists()
+    with pytest.raises(CheckpointError,
+                       match=r"steps \[100, 300\] of .* holds steps \[200, 300, 400\]"):
+        average_workdir(config, run, str(output), steps=[100, 300])
+    with pytest.raises(CheckpointError, match="the last 4 checkpoints"):
+        average_workdir(config, run, str(output), last=4)
+    with pytest.raises(CheckpointError, match="--save_average=.*/run is not a new folder outside"):
+        average_workdir(config, run, run, last=2)
+
+
+@pytest.mark.slow
+def test_evaluate_averages_into_a_workdir_that_evaluate_and_translate_read(trained, tmp_path):
+    workdir, _, _, _ = trained
+    average, output = tmp_path / "avg", tmp_path / "eval.json"
+    code, out = finish(launch("evaluate.py", workdir, {"evals": '("loss",)'}, config=None,
+                              extra=["--average_last=2", f"--save_average={average}",
+                                     f"--output={output}"]))
+    assert code == 0, out
+    result = json.loads(output.read_text())
+    assert result["step"] == 300 and result["averaged_steps"] == [200, 300]
+    assert result["eval/accuracy"] > 0.5  # chance: 1/32
+    assert json.load(open(average / "average.json"))["steps"] == [200, 300]
+    # What evaluate.py and translate.py --workdir=AVG restore: the mean.
+    config = evaluation.saved_config(str(average))
+    _, _, params, step = evaluation.restore_for_inference(config, str(average))
+    assert step == 300
+    jax.tree.map(lambda a, b, mean: np.testing.assert_array_equal((a + b) / 2, mean),
+                 saved_params(workdir, 200), saved_params(workdir, 300), jax.device_get(params))
 
 
 @pytest.mark.slow

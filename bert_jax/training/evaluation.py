@@ -204,6 +204,16 @@ def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None 
     return config
 
 
+def abstract_params(config: ml_collections.ConfigDict, workdir: str):
+    """(task, mesh, the model's parameters as ShapeDtypeStructs with their shardings)."""
+    task = build_task(config, workdir)
+    mesh = mesh_from_config(config.mesh)
+    boxed = jax.eval_shape(task.init_variables, jax.random.PRNGKey(0))["params"]
+    return task, mesh, jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        nn.meta.unbox(boxed), logical_shardings(boxed, mesh))
+
+
 def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
                           step: int | None = None):
     """(task, mesh, params, step) for a workdir's checkpoint (default: latest).
@@ -219,13 +229,7 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
     if step not in steps:
         raise CheckpointError(f"no checkpoint for step {step} in {directory}; "
                               f"available: {steps}.")
-    task = build_task(config, workdir)
-    mesh = mesh_from_config(config.mesh)
-    boxed = jax.eval_shape(task.init_variables, jax.random.PRNGKey(0))["params"]
-    shardings = logical_shardings(boxed, mesh)
-    abstract = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        nn.meta.unbox(boxed), shardings)
+    task, mesh, abstract = abstract_params(config, workdir)
     try:
         params, _, _ = restore_params(os.path.join(directory, str(step)), abstract,
                                       strict=True)
