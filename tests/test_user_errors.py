@@ -378,6 +378,17 @@ def test_a_damaged_checkpoint_names_the_file_and_the_step_to_resume_from(run, da
     assert _tensorboard_steps(workdir, "train/loss") == steps
 
 
+@pytest.mark.slow
+def test_evaluate_checks_its_output_folder_before_evaluating(run, tmp_path):
+    output = tmp_path / "none" / "eval.json"
+    code, out = finish(launch("evaluate.py", run, {}, config=None,
+                              extra=[f"--output={output}"]))
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in out, out
+    assert f"--output={output}: the folder {output.parent} " in errors[0]
+    assert "restored" not in out  # before the checkpoint was read
+
+
 def test_evaluating_a_damaged_checkpoint_names_the_file(run, data_dir, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(run, workdir)

@@ -85,14 +85,16 @@ def _write(directory: str, files: dict[str, Any]) -> None:
                 json.dump(content, f, ensure_ascii=False)
 
 
-def make_evaluator(task: Task, mesh) -> Callable[..., dict[str, float]]:
+def make_evaluator(task: Task, mesh, files_dir: str | None = None
+                   ) -> Callable[..., dict[str, float]]:
     """`evaluate(params, step, model_kwargs=None) -> {'eval/<name>': ...}`.
 
     One pass over the evaluation split with the task's prediction function
     sums the evaluation sums and gathers every real row's outputs; the task
     decodes those (`decode_predictions`) once; then each evaluator of
     `evaluator_specs` scores them (generation evaluators decode the split's
-    first examples). Prediction files go to the task's workdir. `model_kwargs`
+    first examples). Prediction files go to `files_dir` (training: its workdir;
+    None: not written, so evaluating a workdir never writes into it). `model_kwargs`
     (e.g. head masks for an ablation) reach the model; generation, which
     decodes incrementally, is then skipped, and no file is written.
     """
@@ -124,8 +126,8 @@ def make_evaluator(task: Task, mesh) -> Callable[..., dict[str, float]]:
             result = evaluators_lib.get(name)(context, **options)
             metrics.update(result.metrics)
             files.update(result.files)
-        if files and model_kwargs is None and jax.process_index() == 0 and task.workdir:
-            _write(task.workdir, files)
+        if files and model_kwargs is None and jax.process_index() == 0 and files_dir:
+            _write(files_dir, files)
         return {f"eval/{k}": v for k, v in metrics.items()}
 
     return evaluate
@@ -242,9 +244,11 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
-                        step: int | None = None) -> dict[str, float]:
-    """Restores the parameters of `step` (default: latest) and evaluates them."""
+                        step: int | None = None, files_dir: str | None = None
+                        ) -> dict[str, float]:
+    """Restores the parameters of `step` (default: latest) and evaluates them;
+    prediction files go to `files_dir` (None: none written)."""
     task, mesh, params, step = restore_for_inference(config, workdir, step)
     with jax.set_mesh(mesh):
-        metrics = make_evaluator(task, mesh)(params, step)
+        metrics = make_evaluator(task, mesh, files_dir)(params, step)
     return {"step": step, **metrics}
