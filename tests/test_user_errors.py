@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bert_jax.data import input_lines, sources
-from bert_jax.errors import UserError
+from bert_jax.errors import DamagedFileError, UserError
 from bert_jax.tasks import build_task
 from bert_jax import auto_dtype
 from bert_jax.training import trainer
@@ -92,6 +93,20 @@ def test_a_workdir_without_a_run_is_named(capsys, tmp_path):
     assert exit_.value.code == cli.EXIT_USER_ERROR and err == (
         f"error: --workdir={tmp_path} holds no config.json: it is not the workdir of a "
         "training run (launch/train.py writes it).\n"), err
+
+
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_a_damaged_config_json_is_named(capsys, tmp_path, data_dir):
+    config_json = tmp_path / "config.json"
+    config_json.write_text('{"task": "translation", "model": {"hidd')  # a write cut short
+    with pytest.raises(DamagedFileError, match=re.escape(str(config_json))):
+        trainer.train_and_evaluate(tiny_config(data_dir), str(tmp_path))
+    argv = ["evaluate.py", f"--config={REPO / 'launch' / 'workdir_config.py'}:{tmp_path}"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_flags(argv, _config_flags(argv))
+    err = capsys.readouterr().err
+    assert exit_.value.code == cli.EXIT_USER_ERROR and len(err.splitlines()) == 1, err
+    assert f" {config_json} is damaged" in err
 
 
 def test_train_py_reports_a_bad_flag_in_one_line(tmp_path):
@@ -387,6 +402,18 @@ def test_evaluate_checks_its_output_folder_before_evaluating(run, tmp_path):
     assert code == 2 and len(errors) == 1 and "Traceback" not in out, out
     assert f"--output={output}: the folder {output.parent} " in errors[0]
     assert "restored" not in out  # before the checkpoint was read
+
+
+@pytest.mark.slow
+def test_a_torn_metrics_line_is_dropped_on_resume(run, data_dir, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(run, workdir)
+    with open(workdir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 21, "train/lo')  # a crash while the line was written
+    trainer.train_and_evaluate(tiny_config(data_dir, **{**RUN, "train.num_steps": 25}),
+                               str(workdir))
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "train/loss" in m] == [5, 10, 15, 20, 25]
 
 
 def test_evaluating_a_damaged_checkpoint_names_the_file(run, data_dir, tmp_path):

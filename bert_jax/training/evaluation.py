@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax.evaluation import evaluators as evaluators_lib
+from bert_jax.file_io import read_json
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import Task, build_task
 from bert_jax.training.checkpoints import (
@@ -156,8 +157,7 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
     if not os.path.isfile(path):
         raise CheckpointError(f"--workdir={workdir} holds no {CONFIG_FILE}: it is not the "
                               "workdir of a training run (launch/train.py writes it).")
-    with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f, object_hook=_tuples))
+    return ml_collections.ConfigDict(read_json(path, object_hook=_tuples))
 
 
 def _tuples(values: dict) -> dict:
