@@ -178,6 +178,10 @@ def test_evaluate_refuses_to_change_the_model(trained):
     changed.data.vocab_size = 64
     with pytest.raises(ConfigError, match=r"config.data.vocab_size \(0 in"):
         evaluation.evaluation_config(workdir, changed)
+    changed = evaluation.saved_config(workdir)
+    changed.train.batch_size = 0
+    with pytest.raises(ConfigError, match=r"config.train.batch_size=0"):
+        evaluation.evaluation_config(workdir, changed)
 
 
 def _parallel_corpus(folder, stems: dict[str, int], seed: int) -> None:

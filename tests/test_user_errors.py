@@ -64,23 +64,36 @@ def test_bad_config_flags_are_one_line(capsys, flag, message):
     assert "Traceback" not in err and len(err.splitlines()) <= 3, err
 
 
-def test_a_missing_config_file_is_named(capsys):
+@pytest.mark.parametrize("overrides", [(), ("--config.train.num_steps=5",)])
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_a_missing_config_file_is_named(capsys, overrides):
     with pytest.raises(SystemExit):
-        argv = ["train.py", "--config=nope.py"]
+        argv = ["train.py", "--config=nope.py", *overrides]
         cli.parse_flags(argv, _config_flags(argv))
     assert capsys.readouterr().err.startswith(
         "error: --config=nope.py: cannot load the config file: [Errno 2] No such file")
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_an_unknown_experiment_variant_is_one_line(capsys):
-    argv = ["train.py", f"--config={REPO / 'experiments' / 'pretrain_bert.py'}:nosuch"]
+def test_a_syntax_error_in_a_config_file_is_named(capsys, tmp_path):
+    (tmp_path / "broken.py").write_text("import ml_collections\ndef get_config(:\n")
+    with pytest.raises(SystemExit) as exit_:
+        argv = ["train.py", f"--config={tmp_path / 'broken.py'}"]
+        cli.parse_flags(argv, _config_flags(argv))
+    err = capsys.readouterr().err
+    assert exit_.value.code == cli.EXIT_USER_ERROR and "Traceback" not in err, err
+    assert err.startswith(f"error: {argv[1]}: ") and "(broken.py, line 2)" in err, err
+
+
+@pytest.mark.parametrize("experiment", ["pretrain_bert.py", "tiny_translate.py"])
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_an_unknown_experiment_variant_is_one_line(capsys, experiment):
+    argv = ["train.py", f"--config={REPO / 'experiments' / experiment}:nosuch"]
     with pytest.raises(SystemExit) as exit_:
         cli.parse_flags(argv, _config_flags(argv))
     err = capsys.readouterr().err
     assert exit_.value.code == cli.EXIT_USER_ERROR and "Traceback" not in err, err
-    assert err.startswith(f"error: flag {argv[1]}: unknown variant 'nosuch'; choose one "
-                          "of ('default', "), err
+    assert err.startswith(f"error: flag {argv[1]}: unknown variant 'nosuch'"), err
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
@@ -259,6 +272,8 @@ def test_a_missing_file_the_user_named_is_a_user_error(tmp_path):
     ({"init_from": "/no/such/checkpoint"},
      "config.init_from='/no/such/checkpoint': no such file or folder"),
     ({"train.eval_every": 0}, "config.train.eval_every=0: must be at least 1."),
+    ({"train.batch_size": 0}, "config.train.batch_size=0: must be at least 1."),
+    ({"train.batch_size": -8}, "config.train.batch_size=-8: must be at least 1."),
     ({"train.profile_steps": (5, 2)}, "config.train.profile_steps=(5, 2): give (START, END)"),
     ({"train.profile_steps": (400, 402)},
      "config.train.profile_steps=(400, 402): the run ends at config.train.num_steps=300"),
@@ -505,6 +520,22 @@ def test_translate_names_a_missing_input_file(run, tmp_path):
     assert result.returncode == 2 and result.stderr.splitlines() == [
         f"error: --input={tmp_path / 'none.txt'}: cannot read it (No such file or "
         "directory); give a file of source sentences, one a line."], result.stderr
+
+
+@pytest.mark.slow
+def test_translate_names_bytes_that_are_not_utf8(run, tmp_path):
+    sources = tmp_path / "sources.txt"
+    sources.write_bytes(b"5 6 7\n5 \xff 7\n")
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict",  # as in a UTF-8 locale
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    for input_flag in ([f"--input={sources}"], []):
+        result = subprocess.run(
+            [sys.executable, str(REPO / "launch" / "translate.py"), f"--workdir={run}",
+             *input_flag], cwd=REPO, capture_output=True, env=env,
+            input=sources.read_bytes())
+        err, name = result.stderr.decode(), str(sources) if input_flag else "stdin"
+        assert result.returncode == 2 and "Traceback" not in err, err
+        assert f"\n  {name}:2: byte 0xff at column 3 " in err, err
 
 
 def test_screen_lines_warns_and_keeps(capsys):

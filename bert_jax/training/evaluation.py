@@ -203,6 +203,9 @@ def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None 
                 target[section] = ml_collections.ConfigDict()
             target = target[section]
         target[name] = source[name]
+    if config.train.batch_size < 1:
+        raise ConfigError(f"config.train.batch_size={config.train.batch_size}: must be "
+                          "at least 1.")
     return config
 
 
