@@ -34,3 +34,9 @@ class SettingsMismatchError(UserError, ValueError):
     """Something already saved (a workdir's vocabulary, a vocabulary folder's
     casing) was made with other settings than the config asks for; the message
     names both and what to do."""
+
+
+class DamagedFileError(UserError, RuntimeError):
+    """A file written earlier (a workdir's config.json) cannot be read: a write
+    cut short, or overwritten; the message names it. (Not a ValueError: config
+    files raise it, and absl would bury those in a flag error.)"""

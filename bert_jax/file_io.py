@@ -1,7 +1,7 @@
 """File helpers every layer shares: writing a file whole or not at all, JSON
 files, and values made JSON-ready (numpy and jax arrays, named tuples,
-non-finite floats). It imports only numpy, so light tools (the sweep runner)
-and every layer may use it."""
+non-finite floats). It imports only numpy and bert_jax.errors, so light tools
+(the sweep runner) and every layer may use it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from bert_jax.errors import DamagedFileError
 
 
 def write_atomically(path: str, data: str | bytes) -> None:
@@ -28,9 +30,15 @@ def write_atomically(path: str, data: str | bytes) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: str) -> Any:
+def read_json(path: str, **load_kwargs: Any) -> Any:
+    """The JSON file at `path`; one that is not JSON is a `DamagedFileError`
+    naming it. `load_kwargs` go to `json.load` (e.g. `object_hook`)."""
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        try:
+            return json.load(f, **load_kwargs)
+        except ValueError as e:  # JSON, and UTF-8 decoding
+            raise DamagedFileError(f"{path} is damaged ({e}): restore it from a copy, "
+                                   "or use a new workdir.") from e
 
 
 def write_json(path: str, value: Any, **dumps_kwargs: Any) -> None:

@@ -13,9 +13,12 @@ BLEU of beam-search outputs on 64 validation examples) is reported too.
 
 import ml_collections
 
+from bert_jax.modeling.configs import ConfigError
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    del arg
+    if arg:
+        raise ConfigError(f"unknown variant {arg!r}; tiny_translate.py has none.")
     config = ml_collections.ConfigDict()
     config.task = "translation"
     config.seed = 0

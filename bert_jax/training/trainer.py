@@ -207,7 +207,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     writer = MetricWriter(workdir, resume_step=first_step)
     step_fn = jit_train_step(make_train_step(task.loss_fn, train.grad_accum_steps),
                              shardings, mesh)
-    evaluate = make_evaluator(task, mesh)
+    evaluate = make_evaluator(task, mesh, workdir)
     progress = Progress(total_steps=train.num_steps, first_step=first_step,
                         flops_per_step=task.flops_per_step(),
                         tokens_per_step=task.tokens_per_step(),

@@ -122,6 +122,8 @@ def _batch_problems(config: ml_collections.ConfigDict, batch_shards: int) -> lis
         return [str(e)]
     field = ("config.data.batch_tokens // row length" if config.data.get("batch_tokens")
              else "config.train.batch_size")
+    if rows < 1:
+        return [f"{field}={rows}: must be at least 1."]
     accum = max(config.train.grad_accum_steps, 1)
     processes = jax.process_count()
     problems = []

@@ -7,6 +7,7 @@ import datetime
 import os
 from typing import Any
 
+from bert_jax.errors import DamagedFileError
 from bert_jax.file_io import read_json
 from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
 
@@ -20,7 +21,7 @@ def read_record(path: str) -> Any:
     """The JSON file at `path`, or None when it is absent or unreadable."""
     try:
         return read_json(path)
-    except (OSError, ValueError):
+    except (OSError, DamagedFileError):
         return None
 
 
