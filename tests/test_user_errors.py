@@ -305,6 +305,12 @@ def test_config_problems_are_named_before_anything_is_written(tmp_path, data_dir
     assert not (tmp_path / "run").exists()
 
 
+def test_warmup_fraction_replaces_warmup_steps(data_dir):
+    config = tiny_config(data_dir, **{"train.num_steps": 20, "optimizer.warmup_steps": 50})
+    config.optimizer.warmup_fraction = 0.3
+    check_training_config(config)  # warmup_steps=50 > 20 steps: not used
+
+
 def test_a_config_that_fails_to_build_leaves_no_config_json(tmp_path, data_dir):
     """Else the corrected rerun in the same workdir is refused as incompatible."""
     config = tiny_config(data_dir)

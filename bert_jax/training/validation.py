@@ -53,13 +53,14 @@ def _step_problems(train: ml_collections.ConfigDict,
     problems = [f"config.train.{name}={train[name]}: must be at least 1."
                 for name in ("num_steps", "log_every", "eval_every", "checkpoint_every",
                              "grad_accum_steps") if train[name] < 1]
-    if not 0 <= optimizer.warmup_steps <= max(train.num_steps, 0):
+    fraction = optimizer.get("warmup_fraction", 0.0)  # > 0: replaces warmup_steps
+    if not fraction and not 0 <= optimizer.warmup_steps <= max(train.num_steps, 0):
         problems.append(
             f"config.optimizer.warmup_steps={optimizer.warmup_steps} is outside 0.."
             f"config.train.num_steps={train.num_steps}: lower warmup_steps or raise "
             "num_steps.")
-    if not 0 <= optimizer.get("warmup_fraction", 0.0) < 1:
-        problems.append(f"config.optimizer.warmup_fraction={optimizer.warmup_fraction}: must "
+    if not 0 <= fraction < 1:
+        problems.append(f"config.optimizer.warmup_fraction={fraction}: must "
                         "be in [0, 1) (0: use warmup_steps).")
     if optimizer.learning_rate < 0:
         problems.append(f"config.optimizer.learning_rate={optimizer.learning_rate}: must not "
