@@ -19,7 +19,7 @@ from bert_jax.modeling.configs import ConfigError
 from bert_jax.training import evaluation, trainer
 from bert_jax.training.checkpoints import CheckpointError, Checkpointer
 from bert_jax.training.evaluation import evaluate_checkpoint
-from bert_jax.training.workdir import read_metrics
+from bert_jax.training.workdir import LOCK_FILE, WorkdirLock, read_metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
@@ -220,6 +220,13 @@ def test_kill_and_resume_is_exact(tmp_path, data_dir):
         assert victim.poll() is None and time.time() < deadline, victim.communicate()[0]
         time.sleep(0.02)
     victim.send_signal(signal.SIGKILL)
+    # A second run on the reference's workdir is refused; the reference goes on unharmed.
+    while not (straight / LOCK_FILE).is_file() or not (straight / LOCK_FILE).read_text():
+        assert reference.poll() is None, reference.communicate()[0]
+        time.sleep(0.02)
+    code, out = finish(launch("train.py", straight, overrides))
+    assert code == 2 and "Traceback" not in out, out
+    assert f"pid {reference.pid} on host {socket.gethostname()}" in out.splitlines()[-1]
     code, _ = finish(victim)
     assert code == -signal.SIGKILL, "the run finished before it could be killed"
     assert not (killed / "checkpoints" / "200").is_dir()
@@ -249,6 +256,22 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, data_dir):
     steps = Checkpointer(str(tmp_path), read_only=True).all_steps()
     assert len(steps) == 1 and 10 <= steps[0] < 100000
     assert "SIGTERM" in out
+    assert (tmp_path / LOCK_FILE).read_text() == ""  # released
+
+
+def test_a_stale_lock_is_taken_over_and_another_hosts_is_named(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock = tmp_path / LOCK_FILE
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid}))
+    with WorkdirLock(str(tmp_path)):  # no process holds its flock: taken over
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+        with pytest.raises(trainer.WorkdirError, match=f"pid {os.getpid()} on host"):
+            WorkdirLock(str(tmp_path))  # held (flock): refused
+    assert lock.read_text() == ""
+    lock.write_text(json.dumps({"host": "elsewhere", "pid": 12}))  # a shared filesystem
+    with pytest.raises(trainer.WorkdirError, match=f"pid 12 on host elsewhere.*delete {lock}"):
+        WorkdirLock(str(tmp_path))
 
 
 @pytest.mark.slow
@@ -398,6 +421,8 @@ def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_dir
     bad = int(error.value.args[0].split("step ")[1].split(";")[0])
     last = Checkpointer(str(tmp_path), read_only=True).latest_step()
     assert last is not None and last < bad
+    with WorkdirLock(str(tmp_path)):  # released by the NaN stop
+        pass
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(saved_params(tmp_path, last)))
 
 
