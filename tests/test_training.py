@@ -400,6 +400,43 @@ def test_corrupted_checkpoint_is_reported_and_kept(tmp_path, data_dir):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
 
 
+FULL_DISK = """
+import resource, runpy, signal, sys
+from bert_jax.training.checkpoints import Checkpointer
+save = Checkpointer.save
+def save_on_a_full_disk(self, step, *args, **kwargs):  # writes after the first save fail
+    if step > 10:
+        self.wait()  # for step 10's files
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.RLIM_INFINITY))
+    return save(self, step, *args, **kwargs)
+Checkpointer.save = save_on_a_full_disk
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_a_failed_save_stops_the_run_with_one_line(tmp_path, data_dir):
+    overrides = {"train.num_steps": 30, "train.checkpoint_every": 10, "train.log_every": 10,
+                 "train.eval_every": 100, "optimizer.warmup_steps": 5,
+                 "data.data_dir": data_dir}
+    result = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(REPO / "launch" / "train.py"),
+         f"--config={REPO / 'experiments' / 'tiny_translate.py'}", f"--workdir={tmp_path}",
+         *flags_for(overrides)], capture_output=True, text=True, cwd=REPO, timeout=240,
+        env={**os.environ, "JAX_PLATFORMS": "cpu",
+             "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    error = [line for line in result.stderr.splitlines() if not line[:1] in ("I", "W")]
+    assert len(error) == 1, error
+    assert error[0].startswith(f"error: cannot save the checkpoint of step 20 in "
+                               f"{tmp_path}/checkpoints") and " free of " in error[0]
+    assert error[0].endswith("resume from step 10.")
+    assert Checkpointer(str(tmp_path), read_only=True).all_steps() == [10]
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(saved_params(tmp_path, 10)))
+
+
 @pytest.mark.slow
 def test_empty_dataset(tmp_path, data_dir):
     config = tiny_config(data_dir)

@@ -252,6 +252,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
     try:
         with jax.set_mesh(mesh):
             for step in range(first_step + 1, train.num_steps + 1):
+                checkpointer.check()  # a failed asynchronous save stops the run here
                 batch = next(train_iter)
                 profiler.before(step)
                 state, metrics = step_fn(state, batch, step_rng)
@@ -292,6 +293,6 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
         profiler.close()
         preemption.close()
         train_iter.close()
-        checkpointer.close()
         writer.close()
+        checkpointer.close()
     return logged
