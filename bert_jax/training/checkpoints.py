@@ -115,7 +115,7 @@ class Checkpointer:
         self.unchecked = None
 
     def _unsaved(self, error: Exception | None) -> SaveError:
-        """A failed save: the error's first line, the free space, what to do."""
+        """A failed save: the folder, its free space, the step to resume from."""
         step, self.unchecked, self.failed = self.unchecked, None, True
         _drop_reports_of_abandoned_io()
         reason = next((f" ({e.strerror})" for e in _chain(error)
