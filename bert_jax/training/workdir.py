@@ -32,8 +32,9 @@ class WorkdirLock:
     process dies, so a lock left by a killed run on this host is free again
     (taken over). flock may not reach across hosts on a shared filesystem, so
     the file also names its holder; a holder on another host is refused even
-    when flock succeeds, until the user deletes the file. The body is emptied
-    on exit, never unlinked (a second process may already have opened it).
+    when flock succeeds, until the user deletes the file. It is deleted on exit
+    (a workdir a run could not start in is left as it was); a process that
+    locked the deleted file meanwhile sees it is no longer the path's and stops.
     """
 
     def __init__(self, workdir: str):
@@ -41,7 +42,8 @@ class WorkdirLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held = False
+            held = not (os.path.exists(self.path) and os.path.samestat(
+                os.fstat(fd), os.stat(self.path)))  # or deleted by its last holder
         except BlockingIOError:
             held = True
         try:
@@ -69,7 +71,7 @@ class WorkdirLock:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        os.ftruncate(self.fd, 0)
+        os.unlink(self.path)  # while locked: no one takes a lock on it in between
         os.close(self.fd)  # releases the flock
 
 
