@@ -48,15 +48,18 @@ def workdir_experiment():
 
 class _QuietLibraries(python_logging.Filter):
     """Drops INFO records from Orbax, grain, tfds, JAX and Beam internals (kept:
-    warnings, errors), and Orbax's warning that a checkpoint item has no
+    warnings, errors), Orbax's warning that a checkpoint item has no
     `_CHECKPOINT_METADATA` (the step folder holds it; every restore of the
-    parameters alone would print it)."""
+    parameters alone would print it), and the tracebacks Orbax logs from its
+    threads (a failed save: hundreds of lines; the error reaches the caller too)."""
 
     NOISY = ("/orbax/", "/grain/", "/tensorflow_datasets/", "/jax/_src/", "/apache_beam/")
 
     def filter(self, record):
         if "/orbax/" in record.pathname and str(record.msg).startswith(
                 "Metadata file does not exist"):
+            return False
+        if "/orbax/" in record.pathname and record.exc_info:
             return False
         return record.levelno >= python_logging.WARNING or not any(
             part in record.pathname for part in self.NOISY)

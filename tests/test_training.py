@@ -22,7 +22,7 @@ from bert_jax.modeling.configs import ConfigError
 from bert_jax.training import evaluation, trainer
 from bert_jax.training.checkpoints import CheckpointError, Checkpointer
 from bert_jax.training.evaluation import evaluate_checkpoint
-from bert_jax.training.workdir import read_metrics
+from bert_jax.training.workdir import LOCK_FILE, WorkdirLock, read_metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
@@ -281,6 +281,13 @@ def test_kill_and_resume_is_exact(tmp_path, data_dir):
         assert victim.poll() is None and time.time() < deadline, victim.communicate()[0]
         time.sleep(0.02)
     victim.send_signal(signal.SIGKILL)
+    # A second run on the reference's workdir is refused; the reference goes on unharmed.
+    while not (straight / LOCK_FILE).is_file() or not (straight / LOCK_FILE).read_text():
+        assert reference.poll() is None, reference.communicate()[0]
+        time.sleep(0.02)
+    code, out = finish(launch("train.py", straight, overrides))
+    assert code == 2 and "Traceback" not in out, out
+    assert f"pid {reference.pid} on host {socket.gethostname()}" in out.splitlines()[-1]
     code, _ = finish(victim)
     assert code == -signal.SIGKILL, "the run finished before it could be killed"
     assert not (killed / "checkpoints" / "200").is_dir()
@@ -310,6 +317,22 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, data_dir):
     steps = Checkpointer(str(tmp_path), read_only=True).all_steps()
     assert len(steps) == 1 and 10 <= steps[0] < 100000
     assert "SIGTERM" in out
+    assert not (tmp_path / LOCK_FILE).exists()  # released
+
+
+def test_a_stale_lock_is_taken_over_and_another_hosts_is_named(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock = tmp_path / LOCK_FILE
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid}))
+    with WorkdirLock(str(tmp_path)):  # no process holds its flock: taken over
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+        with pytest.raises(trainer.WorkdirError, match=f"pid {os.getpid()} on host"):
+            WorkdirLock(str(tmp_path))  # held (flock): refused
+    assert not lock.exists()
+    lock.write_text(json.dumps({"host": "elsewhere", "pid": 12}))  # a shared filesystem
+    with pytest.raises(trainer.WorkdirError, match=f"pid 12 on host elsewhere.*delete {lock}"):
+        WorkdirLock(str(tmp_path))
 
 
 @pytest.mark.slow
@@ -527,6 +550,43 @@ def test_corrupted_checkpoint_is_reported_and_kept(tmp_path, data_dir):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
 
 
+FULL_DISK = """
+import resource, runpy, signal, sys
+from bert_jax.training.checkpoints import Checkpointer
+save = Checkpointer.save
+def save_on_a_full_disk(self, step, *args, **kwargs):  # writes after the first save fail
+    if step > 10:
+        self.wait()  # for step 10's files
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.RLIM_INFINITY))
+    return save(self, step, *args, **kwargs)
+Checkpointer.save = save_on_a_full_disk
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_a_failed_save_stops_the_run_with_one_line(tmp_path, data_dir):
+    overrides = {"train.num_steps": 30, "train.checkpoint_every": 10, "train.log_every": 10,
+                 "train.eval_every": 100, "optimizer.warmup_steps": 5,
+                 "data.data_dir": data_dir}
+    result = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(REPO / "launch" / "train.py"),
+         f"--config={REPO / 'experiments' / 'tiny_translate.py'}", f"--workdir={tmp_path}",
+         *flags_for(overrides)], capture_output=True, text=True, cwd=REPO, timeout=240,
+        env={**os.environ, "JAX_PLATFORMS": "cpu",
+             "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    error = [line for line in result.stderr.splitlines() if not line[:1] in ("I", "W")]
+    assert len(error) == 1, error
+    assert error[0].startswith(f"error: cannot save the checkpoint of step 20 in "
+                               f"{tmp_path}/checkpoints") and " free of " in error[0]
+    assert error[0].endswith("resume from step 10.")
+    assert Checkpointer(str(tmp_path), read_only=True).all_steps() == [10]
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(saved_params(tmp_path, 10)))
+
+
 @pytest.mark.slow
 def test_empty_dataset(tmp_path, data_dir):
     config = tiny_config(data_dir)
@@ -548,6 +608,8 @@ def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_dir
     bad = int(error.value.args[0].split("step ")[1].split(";")[0])
     last = Checkpointer(str(tmp_path), read_only=True).latest_step()
     assert last is not None and last < bad
+    with WorkdirLock(str(tmp_path)):  # released by the NaN stop
+        pass
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(saved_params(tmp_path, last)))
 
 

@@ -22,7 +22,7 @@ from bert_jax.tasks import build_task
 from bert_jax import auto_dtype
 from bert_jax.training import trainer
 from bert_jax.training.checkpoints import (
-    CheckpointError, DamagedCheckpointError, describe_damage)
+    CheckpointError, DamagedCheckpointError, check_integrity, describe_damage, digests)
 from bert_jax.training.evaluation import evaluate_checkpoint
 from bert_jax.training.workdir import read_metrics
 from bert_jax.training.validation import check_training_config
@@ -457,6 +457,50 @@ def test_evaluating_a_damaged_checkpoint_names_the_file(run, data_dir, tmp_path)
         "Nothing was deleted (available: [10, 20]): use step 10, the last earlier "
         "checkpoint, with --step=10.")
     assert error.value.rerun_with == {"step": 10}  # evaluate.py prints the command
+
+
+def test_same_size_damage_is_refused_naming_the_good_step(tmp_path):
+    """Damage that TensorStore reads without error (finite, wrong values) is
+    caught by the checksum saved with each checkpoint: when resuming (the
+    Checkpointer) and when evaluating (restore_params)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from bert_jax.training.checkpoints import Checkpointer, restore_params
+    bits = np.random.default_rng(0).integers(0, 0x7F000000, (256, 1024), np.uint32)
+    state = {"params": {"w": jnp.asarray(bits.view(np.float32))}, "step": jnp.array(3)}
+    checkpointer = Checkpointer(str(tmp_path), async_saves=False)
+    for step in (10, 20):
+        checkpointer.save(step, state, None)
+    checkpointer.close()
+    data = max((p for p in (tmp_path / "checkpoints" / "20").rglob("d/*")),
+               key=lambda p: p.stat().st_size)  # random floats: stored uncompressed
+    damaged = bytearray(data.read_bytes())
+    middle = len(damaged) // 2
+    damaged[middle:middle + 2048] = damaged[middle - 2048:middle]  # finite floats
+    data.write_bytes(bytes(damaged))
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    checkpointer = Checkpointer(str(tmp_path))
+    with pytest.raises(DamagedCheckpointError, match=r"checkpoints/20: array params/w does "
+                       "not match the checksum") as error:
+        checkpointer.restore(20, abstract, None)
+    assert error.value.rerun_with == {"restore_step": 10}
+    np.testing.assert_array_equal(checkpointer.restore(10, abstract, None)["params"]["w"],
+                                  state["params"]["w"])
+    with pytest.raises(DamagedCheckpointError, match=r"array params/w does not match"):
+        restore_params(str(tmp_path / "checkpoints" / "20"), abstract["params"])
+
+
+def test_integrity_check_names_changed_and_non_finite_arrays():
+    import jax.numpy as jnp
+    tree = {"params": {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}}
+    saved, _ = digests(tree)
+    assert check_integrity(tree, saved) is None
+    swapped = {"params": {"w": tree["params"]["w"][::-1], "b": tree["params"]["b"]}}
+    assert check_integrity(swapped, saved).startswith("array params/w does not match")
+    nan = {"params": {"w": tree["params"]["w"], "b": jnp.array([1.0, jnp.nan, 1.0])}}
+    assert check_integrity(nan, None).startswith("array params/b holds NaN or Inf")
 
 
 def test_damage_is_named_from_tensorstore_errors_in_the_chain(tmp_path):

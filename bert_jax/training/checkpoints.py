@@ -4,6 +4,7 @@ Layout of a workdir's checkpoints (one folder per step):
 
     WORKDIR/checkpoints/<step>/state/   the TrainState (sharded arrays)
     WORKDIR/checkpoints/<step>/data/    the input iterator's state, per process
+    WORKDIR/checkpoints/<step>/digest/  a checksum of each array of the state
 
 Kept: the last `keep_last` checkpoints plus the `keep_best` best by an
 evaluation metric. A save interrupted by `kill -9` leaves a
@@ -15,13 +16,17 @@ from __future__ import annotations
 
 import functools
 import glob
+import logging as python_logging
 import os
 import re
 import shutil
+import sys
+import traceback
 from typing import Any, Iterator
 
 import grain
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
@@ -31,10 +36,15 @@ from bert_jax.errors import UserError
 from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
 
 SET_ASIDE_DIR = "checkpoints_set_aside"
+DIGEST_ITEM = "digest"
 
 
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint cannot be read or does not fit; the message names it."""
+
+
+class SaveError(CheckpointError):
+    """A checkpoint could not be written (disk full, permissions, quota)."""
 
 
 class DamagedCheckpointError(CheckpointError):
@@ -64,7 +74,9 @@ class Checkpointer:
             read_only=read_only,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                             item_names=("state", "data"))
+                                             item_names=("state", "data", DIGEST_ITEM))
+        self.unchecked = None  # the step of the last save not yet known to be complete
+        self.failed = False
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -75,11 +87,49 @@ class Checkpointer:
     def save(self, step: int, state: Any, data_iterator: grain.DatasetIterator | None,
              metrics: dict[str, float] | None = None) -> None:
         """Starts an (asynchronous) save of `state` and the iterator position."""
-        items = {"state": ocp.args.StandardSave(state)}
+        items = {"state": ocp.args.StandardSave(state),
+                 DIGEST_ITEM: ocp.args.JsonSave(digests(state)[0])}
         if data_iterator is not None:
             items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
-        self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
-                          force=True)
+        self.check(wait=True)  # the previous save's error is the previous save's
+        self.unchecked = step
+        try:
+            self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
+                              force=True)
+        except Exception as e:
+            raise self._unsaved(e) from e
+
+    def check(self, wait: bool = False) -> None:
+        """Raises SaveError if the last save failed; without `wait`, only once it
+        has finished (cheap: call it at every step) and with one process (several
+        must stop at the same step: the next save's)."""
+        if self.unchecked is None or not wait and (
+                jax.process_count() > 1 or self.manager.is_saving_in_progress()):
+            return
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            raise self._unsaved(e) from e
+        if not os.path.isdir(os.path.join(self.directory, str(self.unchecked))):
+            raise self._unsaved(None)  # Orbax logged why; the step was not finalised
+        self.unchecked = None
+
+    def _unsaved(self, error: Exception | None) -> SaveError:
+        """A failed save: the folder, its free space, the step to resume from."""
+        step, self.unchecked, self.failed = self.unchecked, None, True
+        _drop_reports_of_abandoned_io()
+        reason = next((f" ({e.strerror})" for e in _chain(error)
+                       if isinstance(e, OSError) and e.strerror), "")
+        usage = shutil.disk_usage(self.directory)
+        free, total = (f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+                       for n in (usage.free, usage.total))
+        previous = max((s for s in checkpoint_steps(self.directory) if s < step), default=None)
+        return SaveError(
+            f"cannot save the checkpoint of step {step} in {self.directory}{reason}; "
+            f"{free} free of {total} there (--debug shows Orbax's error). Earlier "
+            "checkpoints are intact: make room or fix the permissions, then rerun the same "
+            "command to " + (f"resume from step {previous}." if previous is not None
+                             else "start again."))
 
     def restore(self, step: int, abstract_state: Any,
                 data_iterator: grain.DatasetIterator | None) -> Any:
@@ -88,19 +138,27 @@ class Checkpointer:
         items = {"state": ocp.args.StandardRestore(abstract_state)}
         if data_iterator is not None:
             items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+        checked = os.path.isdir(os.path.join(self.directory, str(step), DIGEST_ITEM))
+        if checked:  # not in checkpoints written before it was added
+            items[DIGEST_ITEM] = ocp.args.JsonRestore()
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # Orbax/TensorStore raise many types
+            _drop_reports_of_abandoned_io()
             raise self._unrestorable(step, e) from e
+        damage = check_integrity(restored["state"], restored[DIGEST_ITEM] if checked else None)
+        if damage:
+            raise self._unrestorable(step, None, damage)
         return restored["state"]
 
-    def _unrestorable(self, step: int, error: Exception) -> CheckpointError:
-        """The error for a step that cannot be restored: the damaged array and
-        file when TensorStore names them, and the earlier step to resume from."""
+    def _unrestorable(self, step: int, error: Exception | None, damage: str | None = None
+                      ) -> CheckpointError:
+        """The error for a step that cannot be restored: the damaged array (and
+        file when TensorStore names it), and the earlier step to resume from."""
         where = f"cannot restore {self.directory}/{step}: "
         steps = self.all_steps()
         earlier = max((s for s in steps if s < step), default=None)
-        damage = describe_damage(error)
+        damage = damage or describe_damage(error)
         if damage is None:
             return CheckpointError(
                 where + f"{type(error).__name__}: {error}\nThe checkpoint is corrupted or "
@@ -118,8 +176,64 @@ class Checkpointer:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Waits for the last save (SaveError if it failed), then closes."""
+        try:
+            self.check(wait=True)
+        finally:
+            try:
+                self.manager.close()
+            except Exception:  # Orbax raises a failed save again: it was reported
+                if not self.failed:
+                    raise
+
+
+def _leaf_name(path) -> str:
+    """'params/encoder/...' for a key path of a TrainState or of a dict of its fields."""
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+                    for k in path)
+
+
+@jax.jit
+def _checksums(leaves: list) -> list:
+    """(checksum, all finite) of each array, on device and independent of the
+    sharding: the sum, mod 2**32, of its elements' bits times (2 * index + 1)."""
+    out = []
+    for x in leaves:
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        bits = (x.astype(jnp.uint32) if x.dtype == bool else jax.lax.bitcast_convert_type(
+            x, {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
+        ).astype(jnp.uint32))
+        index = jnp.zeros(bits.shape, jnp.uint32)
+        for axis, size in enumerate(bits.shape):  # no reshape: it would gather shards
+            index = index * size + jax.lax.broadcasted_iota(jnp.uint32, bits.shape, axis)
+        finite = jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else True
+        out.append((jnp.sum(bits * (2 * index + 1), dtype=jnp.uint32), finite))
+    return out
+
+
+def digests(tree: Any) -> tuple[dict[str, int], list[str]]:
+    """({array name: checksum}, names of arrays holding NaN or Inf) of `tree`."""
+    named = jax.tree_util.tree_flatten_with_path(tree)[0]
+    results = jax.device_get(_checksums([leaf for _, leaf in named]))
+    names = [_leaf_name(path) for path, _ in named]
+    return ({name: int(total) for name, (total, _) in zip(names, results)},
+            [name for name, (_, finite) in zip(names, results) if not finite])
+
+
+def check_integrity(tree: Any, saved: dict[str, int] | None) -> str | None:
+    """What is wrong with restored `tree`: an array whose checksum differs from
+    the one `saved` with it (same-size damage that TensorStore reads without
+    error), or that holds NaN/Inf (training never saves one); None if nothing."""
+    computed, nonfinite = digests(tree)
+    changed = [name for name, total in computed.items()
+               if saved is not None and name in saved and saved[name] != total]
+    for names, what in ((changed, "does not match the checksum saved with it"),
+                        (nonfinite, "holds NaN or Inf")):
+        if names:
+            more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+            return f"array {names[0]}{more} {what}: the checkpoint is damaged"
+    return None
 
 
 _TENSORSTORE_READ = re.compile(
@@ -150,6 +264,36 @@ def describe_damage(error: BaseException) -> str | None:
         return message + (f"; a data file under {found['database']}*/d/ is damaged or "
                           "missing")
     return None
+
+
+def _through_orbax(error: BaseException | None) -> bool:
+    return any("/orbax/" in frame.f_code.co_filename for cause in _chain(error)
+               for frame, _ in traceback.walk_tb(cause.__traceback__))
+
+
+def _drop_reports_of_abandoned_io() -> None:
+    """Orbax gives up a restore (a save) at its first read (write) error, leaving
+    the other reads pending on an event loop it closes. Each reports the same
+    damage (or full disk) again when it is collected, possibly at exit: an
+    'Exception ignored' or 'exception was never retrieved' of ~70 lines, in the
+    hundreds. Once one failed, this process drops those reports (unraisable
+    errors raised through Orbax's code, asyncio's errors); the caller reports
+    the failure once."""
+    global _dropping_abandoned_io
+    if _dropping_abandoned_io:
+        return
+    _dropping_abandoned_io = True
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not _through_orbax(unraisable.exc_value):
+            previous(unraisable)
+    sys.unraisablehook = hook
+    # Orbax's are the event loops here ("Task exception was never retrieved").
+    python_logging.getLogger("asyncio").addFilter(lambda record: not record.exc_info)
+
+
+_dropping_abandoned_io = False
 
 
 def _chain(error: BaseException | None) -> Iterator[BaseException]:
@@ -190,14 +334,19 @@ def reports_damage(restore: Any) -> Any:
         except CheckpointError:
             raise
         except Exception as e:
+            _drop_reports_of_abandoned_io()
             damage = describe_damage(e)
             if damage is None:
                 raise
-            raise DamagedCheckpointError(
-                f"cannot restore {path}: {damage}\nNothing was deleted: use another of its "
-                "checkpoints (--step=N in evaluate.py and translate.py; as init_from, the "
-                "folder WORKDIR/checkpoints/N) or retrain.") from e
+            raise _damaged(path, damage) from e
     return wrapped
+
+
+def _damaged(path: str, damage: str) -> DamagedCheckpointError:
+    return DamagedCheckpointError(
+        f"cannot restore {path}: {damage}\nNothing was deleted: use another of its "
+        "checkpoints (--step=N in evaluate.py and translate.py; as init_from, the "
+        "folder WORKDIR/checkpoints/N) or retrain.")
 
 
 def _params_location(path: str) -> tuple[str, tuple[str, ...]]:
@@ -317,6 +466,11 @@ def restore_params(path: str, abstract_params: Any, strict: bool = False
                                        dtype=s.dtype), item)
     restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
         item=item, restore_args=restore_args, partial_restore=True))
+    digest = os.path.join(os.path.dirname(directory), DIGEST_ITEM)  # a workdir's step
+    damage = check_integrity(restored, ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(
+        digest) if prefix and os.path.isdir(digest) else None)
+    if damage:
+        raise _damaged(path, damage)
     for key in prefix:
         restored = restored[key]
     logging.info("restored %d parameters from %s; %d initialised: %s",

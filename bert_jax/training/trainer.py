@@ -13,6 +13,7 @@ the first bad step, and the last checkpoint on disk is the last good one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
@@ -38,7 +39,8 @@ from bert_jax.training.metrics import (
 from bert_jax.training.preemption import PreemptionWatcher
 from bert_jax.training.prefetch import DevicePrefetch
 from bert_jax.training.profiling import StepProfiler, profile_range
-from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps
+from bert_jax.training.workdir import (
+    CHECKPOINT_DIR, CONFIG_FILE, WorkdirError, WorkdirLock, checkpoint_steps)
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
     TrainState, create_train_state, jit_train_step, make_train_step)
@@ -48,10 +50,6 @@ PROFILE_DIR = "profile"  # jax.profiler traces of config.train.profile_steps
 # Config sections that define what a workdir's checkpoints are; the rest (step
 # counts, logging, mesh) may change when a run is resumed.
 IDENTITY_SECTIONS = ("task", "model", "data")
-
-
-class WorkdirError(UserError, RuntimeError):
-    """The workdir cannot be used; the message says why and what to do."""
 
 
 class TrainingDiverged(UserError, FloatingPointError):
@@ -178,6 +176,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if config.model.get("dtype") == AUTO:
         config = resolve_model_dtype(config, saved_dtype=_saved_model_dtype(workdir))
     workdir = prepare_workdir(workdir, config)
+    with _lock(workdir):
+        return _train(config, workdir, restore_step)
+
+
+def _lock(workdir: str) -> contextlib.AbstractContextManager:
+    """Process 0's WorkdirLock, held for the run; all processes stop if it is refused."""
+    lock, refused = contextlib.nullcontext(), None
+    if jax.process_index() == 0:
+        try:
+            lock = WorkdirLock(workdir)
+        except WorkdirError as e:
+            refused = e
+    if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(refused is not None):
+        refused = refused or WorkdirError(f"{workdir} is in use by another training run "
+                                          "(process 0 names it).")
+    if refused:
+        raise refused
+    return lock
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | None
+           ) -> dict[str, float]:
     if restore_step is not None:
         _restore_point(workdir, restore_step)
     task = build_task(config, workdir)
@@ -237,6 +257,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     try:
         with jax.set_mesh(mesh):
             for step in range(first_step + 1, train.num_steps + 1):
+                checkpointer.check()  # a failed asynchronous save stops the run here
                 batch = next(train_iter)
                 profiler.before(step)
                 state, metrics = step_fn(state, batch, step_rng)
@@ -277,6 +298,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         profiler.close()
         preemption.close()
         train_iter.close()
-        checkpointer.close()
         writer.close()
+        checkpointer.close()
     return logged

@@ -4,12 +4,75 @@ checkpoint folders `checkpoints/<step>`."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
+import time
+
+from absl import logging
+
+from bert_jax.errors import UserError
 
 CONFIG_FILE = "config.json"     # the resolved config a training run writes
 METRICS_FILE = "metrics.jsonl"  # one JSON object a line: {"step": N, "train/loss": ...}
 CHECKPOINT_DIR = "checkpoints"
+LOCK_FILE = "train.lock"        # {"host", "pid", "started"} of the run writing here; empty: none
+
+
+class WorkdirError(UserError, RuntimeError):
+    """The workdir cannot be used; the message says why and what to do."""
+
+
+class WorkdirLock:
+    """One writer per workdir: `with WorkdirLock(workdir):` (taken when created)
+    around a training run.
+
+    An exclusive `flock` on WORKDIR/train.lock, which the kernel drops when the
+    process dies, so a lock left by a killed run on this host is free again
+    (taken over). flock may not reach across hosts on a shared filesystem, so
+    the file also names its holder; a holder on another host is refused even
+    when flock succeeds, until the user deletes the file. It is deleted on exit
+    (a workdir a run could not start in is left as it was); a process that
+    locked the deleted file meanwhile sees it is no longer the path's and stops.
+    """
+
+    def __init__(self, workdir: str):
+        self.path = os.path.join(workdir, LOCK_FILE)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = not (os.path.exists(self.path) and os.path.samestat(
+                os.fstat(fd), os.stat(self.path)))  # or deleted by its last holder
+        except BlockingIOError:
+            held = True
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:  # torn by a crash mid-write: no holder
+            holder = {}
+        host = socket.gethostname()
+        if held or holder.get("host", host) != host:
+            os.close(fd)
+            who = (f"pid {holder.get('pid')} on host {holder.get('host')} (started "
+                   f"{holder.get('started')})" if holder else "another process")
+            raise WorkdirError(
+                f"{os.path.dirname(self.path)} is in use by another training run: {who}. "
+                "Wait for it to finish or stop it, or use another --workdir; if that run "
+                f"is dead, delete {self.path}.")
+        if holder:
+            logging.warning("%s: took over the lock of pid %s, which is no longer running.",
+                            self.path, holder.get("pid"))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"host": host, "pid": os.getpid(), "started": time.strftime(
+            "%Y-%m-%dT%H:%M:%S%z")}).encode(), 0)
+        self.fd = fd
+
+    def __enter__(self) -> "WorkdirLock":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        os.unlink(self.path)  # while locked: no one takes a lock on it in between
+        os.close(self.fd)  # releases the flock
 
 
 def read_metrics(workdir: str) -> list[dict[str, float]]:
