@@ -281,11 +281,16 @@ def test_kill_and_resume_is_exact(tmp_path, data_dir):
         assert victim.poll() is None and time.time() < deadline, victim.communicate()[0]
         time.sleep(0.02)
     victim.send_signal(signal.SIGKILL)
-    # A second run on the reference's workdir is refused; the reference goes on unharmed.
+    # A second run on the reference's workdir is refused; the reference goes on unharmed
+    # (paused meanwhile, so that it cannot finish before the second run starts).
     while not (straight / LOCK_FILE).is_file() or not (straight / LOCK_FILE).read_text():
         assert reference.poll() is None, reference.communicate()[0]
         time.sleep(0.02)
-    code, out = finish(launch("train.py", straight, overrides))
+    reference.send_signal(signal.SIGSTOP)
+    try:
+        code, out = finish(launch("train.py", straight, overrides, config=config))
+    finally:
+        reference.send_signal(signal.SIGCONT)
     assert code == 2 and "Traceback" not in out, out
     assert f"pid {reference.pid} on host {socket.gethostname()}" in out.splitlines()[-1]
     code, _ = finish(victim)
