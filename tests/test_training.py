@@ -266,12 +266,13 @@ def get_config():
 
 
 @pytest.mark.slow
-def test_kill_and_resume_is_exact(tmp_path, data_dir):
-    """With LAMB, whose state holds AdamW's (moments, counts) and more; AdamW's
-    resume is exercised by test_preemption.py."""
+@pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
+def test_kill_and_resume_is_exact(tmp_path, data_dir, optimizer):
     overrides = {**RESUME, "data.data_dir": data_dir}
-    config = tmp_path / "tiny_lamb.py"
-    config.write_text(LAMB_CONFIG)
+    config = "tiny_translate.py"
+    if optimizer == "lamb":
+        config = tmp_path / "tiny_lamb.py"
+        config.write_text(LAMB_CONFIG)
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     reference = launch("train.py", straight, overrides, config=config)
     # The same run, killed with SIGKILL once its step-100 checkpoint is complete.
