@@ -22,6 +22,7 @@ import re
 import shutil
 import sys
 import traceback
+import warnings
 from typing import Any, Iterator
 
 import grain
@@ -289,8 +290,10 @@ def _drop_reports_of_abandoned_io() -> None:
         if not _through_orbax(unraisable.exc_value):
             previous(unraisable)
     sys.unraisablehook = hook
-    # Orbax's are the event loops here ("Task exception was never retrieved").
+    # Orbax's are the event loops here ("Task exception was never retrieved"), and
+    # the coroutines of its abandoned writes, collected unawaited at exit.
     python_logging.getLogger("asyncio").addFilter(lambda record: not record.exc_info)
+    warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
 
 
 _dropping_abandoned_io = False
