@@ -85,16 +85,23 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.data.builder_kwargs = ml_collections.ConfigDict(dict(
             path=os.path.join(SHARED_DATA, "multi30k"), source_language=source,
             target_language=target))
+        # Training rows of 64 slots pack about 4 pairs each (pairs are at most
+        # 40 pieces a side): 64 rows a step hold about 250 pairs, 1.9 times
+        # the 128 padded rows of 40 they replace, at fewer slots.
         config.data.update(dict(
             builder="parallel_text",
             source_key="source", target_key="target", vocab_size=8000,
-            bleu_examples=1014, max_length=40))
+            bleu_examples=1014, max_length=40, pack_length=64))
         config.model.update(dict(hidden_size=256, num_heads=4, mlp_dim=1024,
                                  num_layers=3, dropout_rate=0.2))
         config.decode.update(dict(max_length=40))
-        config.train.update(dict(batch_size=128, num_steps=20000, eval_every=1500,
-                                 checkpoint_every=1500))
-        config.optimizer.update(dict(learning_rate=1e-3, warmup_steps=1000))
+        # Sized for an hour of a 2-core CPU: 3,000 steps, the learning rate
+        # decayed to 0 by the last; the last 5 checkpoints (250 apart) for
+        # `evaluate.py --average_last=5`, the best by validation BLEU kept too.
+        config.train.update(dict(batch_size=64, num_steps=3000, eval_every=500,
+                                 checkpoint_every=250, keep_last=5))
+        config.optimizer.update(dict(learning_rate=2e-3, schedule="cosine",
+                                     warmup_steps=400))
     elif variant in ("wmt_base", "wmt_big"):
         big = variant == "wmt_big"
         config.data.builder_kwargs = ml_collections.ConfigDict()
