@@ -104,3 +104,29 @@ def test_the_pod_recipes_pass_the_checks_before_training(variant):
     assert (config.optimizer.name, config.data.whole_word_masking) == ("lamb", True)
     assert config.model.to_dict() == phase1.model.to_dict()
     assert config.data.max_seq_length == (512 if variant.endswith("2") else 128)
+
+
+@pytest.mark.parametrize("variant", ["multi30k", "multi30k_en_de"])
+def test_multi30k_is_sized_as_its_docstring_says(variant):
+    """The docstring's steps, rows, schedule and averaging are the config's,
+    and the learning rate has decayed to 0 at the last step."""
+    import re
+    from bert_jax.training.optimizer import learning_rate_schedule
+    module = load("translate.py")
+    doc, config = " ".join(module.__doc__.split()), module.get_config(variant)
+    train, optimizer = config.train, config.optimizer
+    steps, rows, pieces = re.search(r"([\d,]+) steps of (\d+) packed rows of (\d+) pieces",
+                                    doc).groups()
+    assert (int(steps.replace(",", "")), int(rows), int(pieces)) == (
+        train.num_steps, train.batch_size, config.data.pack_length)
+    lr, warmup, schedule = re.search(r"learning rate ([\de.-]+) after (\d+) warmup steps, "
+                                     r"(\w+) decay to 0", doc).groups()
+    assert (float(lr), int(warmup), schedule) == (
+        optimizer.learning_rate, optimizer.warmup_steps, optimizer.schedule)
+    every, kept = re.search(r"checkpoints every (\d+) steps, the last (\d+) kept", doc).groups()
+    assert (int(every), int(kept)) == (train.checkpoint_every, train.keep_last)
+    assert f"--average_last={kept}" in doc and train.num_steps % train.checkpoint_every == 0
+    rate = learning_rate_schedule(optimizer.schedule, optimizer.learning_rate,
+                                  optimizer.warmup_steps, train.num_steps)
+    assert float(rate(optimizer.warmup_steps)) == pytest.approx(optimizer.learning_rate)
+    assert float(rate(train.num_steps)) == pytest.approx(0.0, abs=1e-9)
