@@ -3,18 +3,13 @@ r"""Head and layer ablation of a trained checkpoint, with head importance and pr
   python launch/ablate.py --workdir=DIR --metric=eval/accuracy [--step=N] \
       [--output_dir=DIR/ablation] [--tolerance=1]
 
-Evaluates the checkpoint on the config's evaluation split with every head
-masked alone, with all heads but one of a layer masked, with each layer
-skipped (BERT), computes head importance |dL/dmask| (Michel, Levy and Neubig
-2019) from the evaluation loss, and prunes heads by importance, 10% at a time,
-scoring the metric after each step. Writes `results.json`, `report.md`, the
-heatmaps and `pruning_curve.png` to `--output_dir` (`bert_jax.analysis.ablation`).
-The experiment is the workdir's (`DIR/config.json`), as in evaluate.py.
-
-`--metric` is an evaluation metric where higher is better (e.g. `eval/accuracy`
-of a fine-tuned GLUE task, `eval/accuracy` (per token) of translation; BLEU
-needs decoding, which takes no masks). Translation ablates encoder self-,
-decoder self- and cross-attention heads as separate groups.
+Runs `bert_jax.analysis.ablation.run_ablations` (Michel, Levy and Neubig 2019)
+on the workdir's experiment (`DIR/config.json`, as in evaluate.py) and its
+evaluation split, with the evaluation loss for head importance, and writes
+`write_report`'s files to --output_dir. `--metric` is an evaluation metric
+where higher is better (e.g. `eval/accuracy`; BLEU needs decoding, which takes
+no masks). Translation ablates encoder self-, decoder self- and cross-attention
+heads as separate groups.
 """
 
 import json
@@ -61,8 +56,7 @@ def main(argv):
         def metric_fn(masks):
             metrics = evaluate(params, step, model_kwargs(masks))
             if _METRIC.value not in metrics:
-                raise app.UsageError(f"--metric={_METRIC.value} is not among the "
-                                     f"evaluation metrics {sorted(metrics)}.")
+                raise app.UsageError(f"--metric={_METRIC.value}: use one of {sorted(metrics)}")
             return metrics[_METRIC.value]
 
         def loss_fn(masks):

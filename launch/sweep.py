@@ -6,30 +6,15 @@ r"""Sweeps an experiment over a grid of config values, then tabulates and plots.
       [--launcher=local|print|tpu_vm|slurm] [--report_only] \
       [--config.train.num_steps=1000 ...]
 
-Without --sweep, the config file's `get_sweep()` gives the points (a list of
-override dicts built with `sweeps.sweep`/`product`/`zip`; e.g.
-experiments/translate.py). --sweep is the one-line form
-(bert_jax/analysis/sweeps/points.py): `KEY=V1,V2,...` axes; ` x ` makes a
-product, ` + ` zips axes of equal length (zips bind tighter:
-`a=1,2 + b=3,4 x c=5,6` is 4 runs); values are Python literals, or strings
-without quotes. --config.KEY=VALUE overrides apply to every run (a swept key
-wins).
-
-Each point trains in DIR/<run name>/ (e.g. DIR/num_heads=2,num_layers=1/).
-- local (default): the runs train here one after another; finished runs are
-  skipped and an interrupted one resumes, so re-running the same command
-  continues a sweep. At the end DIR/results.csv, DIR/results.md and PNGs
-  (heatmap of --metric over --x/--y, metric against parameters, training
-  curves) are written and the Markdown table is printed.
-- print, tpu_vm, slurm: one shell-quoted command per unfinished run is printed
-  (and written to DIR/commands.sh): `python launch/train.py ...`,
-  `python launch/tpu_vm.py train NAME [--launcher_flags] -- ...` (NAME from
-  --tpu_name, e.g. bert-jax-{index}; the workdir must be under /gcs/ unless
-  --launcher_flags=--allow_local_workdir) or
-  `sbatch --job-name=RUN [--launcher_flags] launch/slurm_train.sbatch ...`.
-  --submit runs them too. Afterwards `--report_only` (with DIR readable here,
-  e.g. a gcsfuse mount or shared filesystem; --command_workdir if the jobs see
-  DIR under another path) tabulates whatever has finished so far.
+Without --sweep the config file's `get_sweep()` gives the points;
+--config.KEY=VALUE applies to every run (a swept key wins). Each point trains
+in DIR/<run name>/. Locally, re-running the command skips finished runs and
+resumes an interrupted one, then writes DIR/results.csv, results.md and the
+PNGs and prints the Markdown table. The other launchers print (and write to
+DIR/commands.sh) one command per unfinished run; for tpu_vm the workdir must
+be under /gcs/ unless --launcher_flags=--allow_local_workdir. `--report_only`
+later tabulates whatever has finished (--command_workdir if the jobs see DIR
+under another path). See docs/SWEEPS.md.
 """
 
 import os
@@ -87,14 +72,6 @@ def default_metric(config, rows) -> str | None:
 
 
 def main(argv):
-    try:
-        return run(argv)
-    except sweeps.SweepError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-def run(argv):
     launch_flags.start(argv)
     config = launch_flags.CONFIG.value
     workdir = launch_flags.WORKDIR.value

@@ -1,8 +1,8 @@
 """Attention probabilities of a BERT or translation Transformer, and their plots.
 
 Every MultiHeadAttention sows its probabilities `[batch, heads, q, k]` in the
-`intermediates` collection when that collection is mutable (the einsum path;
-the fused kernel cannot expose them, so such calls use einsum):
+`intermediates` collection when it is mutable (einsum only: the fused kernel
+cannot expose them, so these calls switch to einsum):
 
     probs = attention_probabilities(BertModel(config), params, input_ids,
                                     token_type_ids=types)    # [layers, heads, q, k]
@@ -14,8 +14,8 @@ For the Transformer the decoder's queries are its inputs: the targets shifted
 right (`[BOS] t_1 ... t_{n-1}`). Probabilities are after the head mask (if one
 is passed) and without dropout (`deterministic=True`).
 
-`plot_heads`, `plot_head` and `plot_token_attention` draw them with
-matplotlib (Agg) and token labels; `launch/visualize_attention.py` uses them.
+`plot_heads`, `plot_head` and `plot_token_attention` draw them with token
+labels (`launch/visualize_attention.py`).
 """
 
 from __future__ import annotations
@@ -38,14 +38,6 @@ _GROUPS = {("encoder", "attention"): "encoder",
 _LAYER = re.compile(r"layer_(\d+)$")
 
 
-def _variables(params: Mapping[str, Any]) -> dict[str, Any]:
-    """`{'params': tree}` from a bare parameter tree or a variables dict."""
-    params = nn.meta.unbox(params)
-    if "params" in params:
-        return {"params": params["params"]}
-    return {"params": params}
-
-
 _TRACED = "<traced>"
 
 
@@ -57,17 +49,6 @@ def _compiled(model: nn.Module, method, template: tuple, static_kwargs: tuple):
         return model.apply(variables, *full, method=method, mutable=["intermediates"],
                            **dict(static_kwargs), **dynamic_kwargs)[1]
     return jax.jit(run)
-
-
-def _is_array(value: Any) -> bool:
-    return isinstance(value, (jax.Array, np.ndarray))
-
-
-def _einsum_model(model: nn.Module) -> nn.Module:
-    config = getattr(model, "config", None)
-    if config is not None and getattr(config, "attention_impl", "einsum") != "einsum":
-        return model.clone(config=config.replace(attention_impl="einsum"))
-    return model
 
 
 def attention_probabilities_by_group(model: nn.Module, params: Mapping[str, Any], *args,
@@ -82,12 +63,15 @@ def attention_probabilities_by_group(model: nn.Module, params: Mapping[str, Any]
     (`layer_<i>`) and scanned (`layers/layer`) parameter layouts, and for any
     BERT task model (the encoder under `bert`).
     """
-    model = _einsum_model(model)
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "attention_impl", "einsum") != "einsum":
+        model = model.clone(config=config.replace(attention_impl="einsum"))
     kwargs.setdefault("deterministic", True)
     # Compiled (faster than op-by-op on CPU) and cached for repeated calls:
     # arrays are traced, anything else (flags, None) is static.
-    traced_args = {i: a for i, a in enumerate(args) if _is_array(a)}
-    traced_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
+    arrays = (jax.Array, np.ndarray)
+    traced_args = {i: a for i, a in enumerate(args) if isinstance(a, arrays)}
+    traced_kwargs = {k: v for k, v in kwargs.items() if isinstance(v, arrays)}
     template = tuple(_TRACED if i in traced_args else a for i, a in enumerate(args))
     static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items()
                                  if k not in traced_kwargs))
@@ -95,7 +79,8 @@ def attention_probabilities_by_group(model: nn.Module, params: Mapping[str, Any]
         run = _compiled(model, method, template, static_kwargs)
     except TypeError:  # an unhashable static argument
         run = _compiled.__wrapped__(model, method, template, static_kwargs)
-    state = run(_variables(params), traced_args, traced_kwargs)
+    params = nn.meta.unbox(params)
+    state = run({"params": params.get("params", params)}, traced_args, traced_kwargs)
     flat = traverse_util.flatten_dict(nn.meta.unbox(state.get("intermediates", {})))
     found: dict[str, dict[int, np.ndarray]] = {}
     for path, value in flat.items():
@@ -115,10 +100,8 @@ def attention_probabilities_by_group(model: nn.Module, params: Mapping[str, Any]
         group = _GROUPS.get((stack, module), f"{stack}/{module}")
         found.setdefault(group, {})[int(_LAYER.match(path[index]).group(1))] = weights
     if not found:
-        raise ValueError(
-            "the model sowed no attention probabilities: is it a bert_jax BERT or "
-            "Transformer (MultiHeadAttention sows 'attention_weights' in "
-            "'intermediates')?")
+        raise ValueError(f"the model sowed no {SOWN_NAME!r}: not a bert_jax BERT or "
+                         "Transformer?")
     result = {}
     for group, layers in found.items():
         stacked = np.stack([layers[i] for i in sorted(layers)])  # [L, batch, H, q, k]
@@ -140,13 +123,9 @@ def attention_probabilities(model: nn.Module, params: Mapping[str, Any], input_i
                                               batch_index=batch_index, method=method,
                                               **kwargs)
     if len(groups) != 1:
-        raise ValueError(f"the model has several attention groups {sorted(groups)}: "
-                         "use attention_probabilities_by_group.")
+        raise ValueError(f"attention groups {sorted(groups)}: use "
+                         "attention_probabilities_by_group")
     return next(iter(groups.values()))
-
-
-# ----------------------------------------------------------------------------
-# Plots.
 
 
 def _pyplot():

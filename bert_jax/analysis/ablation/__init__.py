@@ -31,35 +31,17 @@ attention probabilities (0 removes the head, see `bert_jax.modeling.attention`).
     results = run_ablations(metric_fn, loss_fn, shapes, num_layers=config.num_layers)
     write_report(results, "ablation_report", metric_name="accuracy")
 
-Results (`write_report`): JSON, a Markdown summary with tables, heatmaps
-`[layers x heads]` of each score and the pruning curve (metric vs fraction of
-heads pruned).
-
-One job a module:
-
-    masks    the head groups of a model, their shapes, all-ones masks, and
-             masks as the model's keyword arguments
-    scores   the algorithms: one head or layer removed, one head kept, head
-             importance, iterative pruning, and `run_ablations` (all of them)
-    report   the results as JSON, a Markdown summary with tables, heatmaps
-             and the pruning curve
+One job a module: `masks` (head groups, their shapes, masks as the model's
+keyword arguments), `scores` (one head or layer removed, one head kept, head
+importance, iterative pruning, `run_ablations`), `report` (`write_report`:
+JSON, Markdown tables, heatmaps `[layers x heads]` and the pruning curve).
 """
 
-from bert_jax.analysis.ablation.masks import (
+from bert_jax.analysis.ablation.masks import (  # noqa: F401
     BERT_GROUP, LAYER_GROUP, TRANSFORMER_GROUPS, LossFn, Masks, MetricFn, Shapes,
     bert_shapes, model_kwargs, model_shapes, ones_masks, transformer_mask_kwargs,
     transformer_shapes)
-from bert_jax.analysis.ablation.scores import (
+from bert_jax.analysis.ablation.scores import (  # noqa: F401
     PruningStep, head_importance, iterative_pruning, keep_one_head, largest_prunable_fraction,
     layer_ablation, normalize_per_layer, run_ablations, single_head_ablation)
-from bert_jax.analysis.ablation.report import write_report
-
-__all__ = [
-    "BERT_GROUP", "LAYER_GROUP", "TRANSFORMER_GROUPS", "LossFn", "Masks", "MetricFn",
-    "Shapes", "bert_shapes", "model_kwargs", "model_shapes", "ones_masks",
-    "transformer_mask_kwargs", "transformer_shapes",
-    "PruningStep", "head_importance", "iterative_pruning", "keep_one_head",
-    "largest_prunable_fraction", "layer_ablation", "normalize_per_layer", "run_ablations",
-    "single_head_ablation",
-    "write_report",
-]
+from bert_jax.analysis.ablation.report import write_report  # noqa: F401
