@@ -44,9 +44,6 @@ def main(argv):
     evaluate = make_evaluator(task, mesh)
     predict = jax.jit(task.predict)
 
-    def model_kwargs(masks):
-        return ablation.model_kwargs(task.model_config, masks)
-
     with jax.set_mesh(mesh):
         batches = [global_batch(b, mesh)
                    for b in task.eval_batches(jax.process_index(), jax.process_count())]
@@ -54,7 +51,7 @@ def main(argv):
             batches = batches[:_IMPORTANCE_BATCHES.value]
 
         def metric_fn(masks):
-            metrics = evaluate(params, step, model_kwargs(masks))
+            metrics = evaluate(params, step, ablation.model_kwargs(task.model_config, masks))
             if _METRIC.value not in metrics:
                 raise app.UsageError(f"--metric={_METRIC.value}: use one of {sorted(metrics)}")
             return metrics[_METRIC.value]
@@ -63,7 +60,8 @@ def main(argv):
             """Mean evaluation loss (`loss`, or `nll` where the loss is smoothed)."""
             total = weight = 0.0
             for batch in batches:
-                sums = predict(params, batch, model_kwargs(masks))["sums"]
+                kwargs = ablation.model_kwargs(task.model_config, masks)
+                sums = predict(params, batch, kwargs)["sums"]
                 total = total + sums.get("loss", sums.get("nll"))
                 weight = weight + sums["weight"]
             return total / weight

@@ -30,45 +30,25 @@ import common_flags as launch_flags  # noqa: E402
 from bert_jax.analysis import sweeps  # noqa: E402
 
 flags.mark_flags_as_required(["config", "workdir"])
-SWEEP = flags.DEFINE_string(
-    "sweep", None, "Sweep spec, e.g. 'model.num_heads=1,2,4 x model.num_layers=1,2' "
-    "(default: the config file's get_sweep()).")
-METRIC = flags.DEFINE_string(
-    "metric", None, "Metric of the heatmap and plots (default: train.best_metric if it "
-    "is logged, else the first eval/* metric).")
-METRICS = flags.DEFINE_list(
-    "metrics", None, "Metric columns of the tables (default: every eval/* metric).")
+SWEEP = flags.DEFINE_string("sweep", None, "Sweep spec (default: the config's get_sweep()).")
+METRIC = flags.DEFINE_string("metric", None, "Metric of the plots (default: "
+                             "train.best_metric if logged, else the first eval/* one).")
+METRICS = flags.DEFINE_list("metrics", None, "Table columns (default: every eval/* metric).")
 LAUNCHER = flags.DEFINE_enum("launcher", "local", list(sweeps.LAUNCHERS),
                              "Train here (local) or print/submit one command per run.")
-REPORT_ONLY = flags.DEFINE_bool(
-    "report_only", False, "Train nothing: tabulate and plot DIR as it is (partial "
-    "sweeps included).")
-X = flags.DEFINE_string("x", None, "Swept key on the heatmap's columns (default: the "
-                        "first swept key).")
-Y = flags.DEFINE_string("y", None, "Swept key on the heatmap's rows (default: the "
-                        "second swept key).")
-SUBMIT = flags.DEFINE_bool("submit", False, "With --launcher=tpu_vm or slurm: also run "
-                           "the printed commands.")
+REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Train nothing: tabulate and plot DIR.")
+X = flags.DEFINE_string("x", None, "Swept key of the heatmap's columns (default: the first).")
+Y = flags.DEFINE_string("y", None, "Swept key of the heatmap's rows (default: the second).")
+SUBMIT = flags.DEFINE_bool("submit", False, "tpu_vm or slurm: also run the commands.")
 LAUNCHER_FLAGS = flags.DEFINE_string(
-    "launcher_flags", "", "Extra arguments for `tpu_vm.py train` (e.g. '--zone=Z') or "
-    "`sbatch` (e.g. '--nodes=1 --gpus-per-node=1 --ntasks-per-node=1'), shell syntax.")
+    "launcher_flags", "", "Extra arguments for `tpu_vm.py train` or `sbatch`, shell syntax.")
 TPU_NAME = flags.DEFINE_string("tpu_name", "bert-jax-{index}",
                                "TPU VM per run: a format string of {index} and {name}.")
-COMMAND_WORKDIR = flags.DEFINE_string(
-    "command_workdir", None, "The sweep directory as the launched jobs see it (default: "
-    "--workdir).")
+COMMAND_WORKDIR = flags.DEFINE_string("command_workdir", None,
+                                      "DIR as the launched jobs see it (default: --workdir).")
 STOP_ON_ERROR = flags.DEFINE_bool("stop_on_error", False,
                                   "Local: stop at the first failed run (default: record "
                                   "it in its run.json and go on).")
-
-
-def default_metric(config, rows) -> str | None:
-    logged = {k for row in rows for k in row["metrics"]}
-    best = config.train.get("best_metric") if "train" in config else None
-    if best and best in logged:
-        return best
-    evals = sorted(k for k in logged if k.startswith("eval/"))
-    return evals[0] if evals else None
 
 
 def main(argv):
@@ -96,12 +76,16 @@ def main(argv):
     rows = sweeps.collect(workdir)
     if not rows:
         raise app.UsageError(f"{workdir} holds no sweep runs (no */overrides.json).")
-    metric = METRIC.value or default_metric(config, rows)
+    metric = METRIC.value
+    if not metric:  # train.best_metric if logged, else the first eval/* metric
+        logged = {k for row in rows for k in row["metrics"]}
+        best = config.train.get("best_metric") if "train" in config else None
+        metric = best if best in logged else min(
+            (k for k in logged if k.startswith("eval/")), default=None)
     table = sweeps.write_tables(rows, workdir, METRICS.value)
     if metric:
-        mode = None
-        if metric == config.train.get("best_metric"):
-            mode = config.train.get("best_mode")
+        best = metric == config.train.get("best_metric")
+        mode = config.train.get("best_mode") if best else None
         paths = sweeps.plot(rows, workdir, metric, x=X.value, y=Y.value, mode=mode)
         print(f"wrote {os.path.join(workdir, 'results.csv')}, results.md, "
               + ", ".join(os.path.basename(p) for p in paths.values()), file=sys.stderr)

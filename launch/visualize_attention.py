@@ -114,7 +114,6 @@ def visualize(model_dir: str, output_dir: str, *, sentence: str,
                 raise app.UsageError(f"--{name}: {value} is not in 0..{count - 1}.")
     os.makedirs(output_dir, exist_ok=True)
     written = []
-    text = sentence + (f" | {sentence_b}" if sentence_b else "")
     for layer in layers:
         path = os.path.join(output_dir, f"layer{layer}_heads.png")
         plot_heads(probs[layer], tokens, None, path,
@@ -133,7 +132,7 @@ def visualize(model_dir: str, output_dir: str, *, sentence: str,
         path = os.path.join(output_dir, f"token_{word}.png")
         plot_token_attention(probs, query, tokens, path,
                              title=f"Attention of '{tokens[query]}' (position {query})\n"
-                                   f"{text}")
+                                   + sentence + (f" | {sentence_b}" if sentence_b else ""))
         written.append(path)
         top = [(tokens[k], float(probs[:, :, query, k].mean()))
                for k in np.argsort(-probs[:, :, query, :].mean(axis=(0, 1)))[:5]]

@@ -87,18 +87,15 @@ def attention_probabilities_by_group(model: nn.Module, params: Mapping[str, Any]
         if SOWN_NAME not in path:
             continue
         path = path[:path.index(SOWN_NAME)]
-        module = path[-1]
         weights = np.asarray(value[0] if isinstance(value, (tuple, list)) else value,
                              np.float32)
         if "layers" in path:  # scanned: [layers, batch, heads, q, k]
-            stack = path[path.index("layers") - 1]
-            group = _GROUPS.get((stack, module), f"{stack}/{module}")
-            found.setdefault(group, {}).update(enumerate(weights))
-            continue
-        index = next(i for i, p in enumerate(path) if _LAYER.match(str(p)))
-        stack = path[index - 1] if index else ""
-        group = _GROUPS.get((stack, module), f"{stack}/{module}")
-        found.setdefault(group, {})[int(_LAYER.match(path[index]).group(1))] = weights
+            index, layers = path.index("layers"), dict(enumerate(weights))
+        else:
+            index = next(i for i, p in enumerate(path) if _LAYER.match(str(p)))
+            layers = {int(_LAYER.match(path[index]).group(1)): weights}
+        stack, module = (path[index - 1] if index else ""), path[-1]
+        found.setdefault(_GROUPS.get((stack, module), f"{stack}/{module}"), {}).update(layers)
     if not found:
         raise ValueError(f"the model sowed no {SOWN_NAME!r}: not a bert_jax BERT or "
                          "Transformer?")
@@ -128,13 +125,6 @@ def attention_probabilities(model: nn.Module, params: Mapping[str, Any], input_i
     return next(iter(groups.values()))
 
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def _label_axes(ax, x_tokens: Sequence[str], y_tokens: Sequence[str], fontsize: float):
     ax.set_xticks(range(len(x_tokens)))
     ax.set_xticklabels(x_tokens, rotation=90, fontsize=fontsize)
@@ -146,11 +136,12 @@ def plot_head(weights: np.ndarray, query_tokens: Sequence[str],
               key_tokens: Sequence[str] | None, path: str, *, title: str = "") -> None:
     """One head's `[q, k]` probabilities: queries down, keys across, token
     labels on both axes, a colour bar."""
-    plt = _pyplot()
+    from matplotlib.figure import Figure
     key_tokens = query_tokens if key_tokens is None else key_tokens
     q, k = weights.shape
     size = max(4.0, 0.32 * max(q, k) + 2.0)
-    fig, ax = plt.subplots(figsize=(size + 1.2, size))
+    fig = Figure(figsize=(size + 1.2, size))
+    ax = fig.subplots()
     image = ax.imshow(weights, cmap="viridis", vmin=0.0, aspect="auto")
     _label_axes(ax, key_tokens, query_tokens, fontsize=10)
     ax.set_xlabel("key (attended to)")
@@ -159,7 +150,6 @@ def plot_head(weights: np.ndarray, query_tokens: Sequence[str],
     fig.colorbar(image, ax=ax, label="attention probability", fraction=0.046, pad=0.04)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot_heads(weights: np.ndarray, query_tokens: Sequence[str],
@@ -167,14 +157,14 @@ def plot_heads(weights: np.ndarray, query_tokens: Sequence[str],
                columns: int = 4) -> None:
     """All heads of a layer, `[heads, q, k]`, in a grid, token labels on both
     axes of every panel, one shared colour bar (0 .. the layer's maximum)."""
-    plt = _pyplot()
+    from matplotlib.figure import Figure
     key_tokens = query_tokens if key_tokens is None else key_tokens
     heads, q, k = weights.shape
     columns = min(columns, heads)
     rows = -(-heads // columns)
     panel = max(3.0, 0.22 * max(q, k) + 1.2)
-    fig, axes = plt.subplots(rows, columns, figsize=(panel * columns + 1.5, panel * rows + 0.6),
-                             squeeze=False)
+    fig = Figure(figsize=(panel * columns + 1.5, panel * rows + 0.6))
+    axes = fig.subplots(rows, columns, squeeze=False)
     vmax = float(weights.max()) or 1.0
     fontsize = 8 if max(q, k) <= 24 else 6
     image = None
@@ -191,7 +181,6 @@ def plot_heads(weights: np.ndarray, query_tokens: Sequence[str],
     colorbar_axes = fig.add_axes((0.945, 0.15, 0.015, 0.7))
     fig.colorbar(image, cax=colorbar_axes, label="attention probability")
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def plot_token_attention(weights: np.ndarray, query: int, key_tokens: Sequence[str],
@@ -200,7 +189,7 @@ def plot_token_attention(weights: np.ndarray, query: int, key_tokens: Sequence[s
     every layer: `weights` `[layers, heads, q, k]` -> a `[layers * heads, k]`
     heatmap (rows 'L<l> H<h>', lines between layers) beside the per-layer mean
     over heads `[layers, k]`; a colour bar each."""
-    plt = _pyplot()
+    from matplotlib.figure import Figure
     layers, heads, _, k = weights.shape
     rows = weights[:, :, query, :]  # [L, H, k]
     all_heads = rows.reshape(layers * heads, k)
@@ -208,9 +197,9 @@ def plot_token_attention(weights: np.ndarray, query: int, key_tokens: Sequence[s
     width = max(7.0, 0.4 * k + 3.0)
     height_all = max(4.0, 0.17 * layers * heads + 1.5)
     height_mean = max(2.0, 0.3 * layers + 1.5)
-    fig, (ax_mean, ax_all) = plt.subplots(
-        2, 1, figsize=(width, height_all + height_mean),
-        gridspec_kw={"height_ratios": [height_mean, height_all]})
+    fig = Figure(figsize=(width, height_all + height_mean))
+    ax_mean, ax_all = fig.subplots(2, 1, gridspec_kw={"height_ratios": [height_mean,
+                                                                        height_all]})
     for ax, data, labels, sub in (
             (ax_mean, mean, [f"L{l}" for l in range(layers)], "mean over heads"),
             (ax_all, all_heads, [f"L{l} H{h}" for l in range(layers) for h in range(heads)],
@@ -228,4 +217,3 @@ def plot_token_attention(weights: np.ndarray, query: int, key_tokens: Sequence[s
     fig.suptitle(title, fontsize=12)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
     fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -36,20 +36,13 @@ def _markdown_table(array: np.ndarray, row_label: str = "layer",
     return "\n".join([header, rule, *rows])
 
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def _heatmap(array: np.ndarray, path: str, title: str, *, diverging: bool,
              colorbar_label: str, xlabel: str | None = "head") -> None:
-    plt = _pyplot()
+    from matplotlib.figure import Figure
     array = np.atleast_2d(np.asarray(array, np.float64))
     layers, heads = array.shape
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * heads + 2.5),
-                                    max(2.5, 0.5 * layers + 1.5)))
+    fig = Figure(figsize=(max(4.0, 0.7 * heads + 2.5), max(2.5, 0.5 * layers + 1.5)))
+    ax = fig.subplots()
     if diverging:
         bound = float(np.abs(array).max()) or 1.0
         image = ax.imshow(array, cmap="RdBu", vmin=-bound, vmax=bound, aspect="auto")
@@ -73,7 +66,6 @@ def _heatmap(array: np.ndarray, path: str, title: str, *, diverging: bool,
     fig.colorbar(image, ax=ax, label=colorbar_label)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def write_report(results: Mapping[str, Any], directory: str, *,
@@ -122,8 +114,9 @@ def write_report(results: Mapping[str, Any], directory: str, *,
                  PruningStep(s["fraction"], s["heads_remaining"], s["metric"])
                  for s in results["pruning_curve"]]
         name = "pruning_curve.png"
-        plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(6, 4))
+        from matplotlib.figure import Figure
+        fig = Figure(figsize=(6, 4))
+        ax = fig.subplots()
         ax.plot([100 * s.fraction for s in curve], [s.metric for s in curve], marker="o",
                 label="pruned by importance")
         if baseline is not None:
@@ -138,7 +131,6 @@ def write_report(results: Mapping[str, Any], directory: str, *,
         fig.tight_layout()
         written[name] = os.path.join(directory, name)
         fig.savefig(written[name], dpi=120)
-        plt.close(fig)
         lines += ["## Iterative pruning", "", f"![pruning curve]({name})", "",
                   f"| pruned (%) | heads remaining | {metric_name} |", "|---|---|---|"]
         lines += [f"| {100 * s.fraction:.1f} | {s.heads_remaining} | {_fmt(s.metric)} |"

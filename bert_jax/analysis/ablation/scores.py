@@ -1,7 +1,4 @@
-"""The ablation algorithms (Michel, Levy and Neubig 2019): the metric with one
-head or layer removed, or one head of a layer kept; head importance from the
-gradient of the loss with respect to the masks; iterative pruning by
-importance; and `run_ablations`, all of them at once. The model is reached
+"""The ablation algorithms (Michel, Levy and Neubig 2019). The model is reached
 only through the caller's `metric_fn(masks)` and `loss_fn(masks)` (see the
 package docstring)."""
 

@@ -42,17 +42,12 @@ from bert_jax.modeling.configs import BertConfig
 class FeatureExtractor:
     """Contextual word features from a frozen BERT encoder.
 
-    Args:
-      config: the encoder's BertConfig.
-      params: its parameters: a tree with a `bert` entry (as `load_hf_bert`
-        returns, heads ignored) or the BertModel parameters themselves; boxed
-        or not.
-      vocab: the WordPiece vocabulary (needed for `hidden_states`; not for
-        `hidden_states_from_ids`).
-      batch_size: sequences per encoder call.
-      bucket: sequences are padded to a multiple of this many tokens.
-      max_length: longest sequence fed to the encoder, `[CLS]`/`[SEP]`
-        included; default (and at most) `config.max_len`.
+    `params`: a tree with a `bert` entry (as `load_hf_bert` returns, heads
+    ignored) or the BertModel parameters themselves, boxed or not. `vocab` is
+    needed by `hidden_states`, not by `hidden_states_from_ids`. `batch_size`
+    sequences go to each encoder call, padded to a multiple of `bucket`
+    tokens; `max_length` (`[CLS]`/`[SEP]` included) is at most, and by default,
+    `config.max_len`.
     """
 
     def __init__(self, config: BertConfig, params: Any, vocab: WordPiece | None = None, *,

@@ -29,17 +29,6 @@ def _run_dirs(directory: str) -> list[str]:
             if os.path.exists(os.path.join(directory, n, OVERRIDES_FILE))]
 
 
-def _estimated_seconds(lines: list[dict]) -> float | None:
-    """Training seconds from the logged steps/s (no evaluation time)."""
-    total, previous = 0.0, 0
-    for line in lines:
-        rate = line.get("perf/steps_per_second")
-        if rate:
-            total += (line["step"] - previous) / rate
-            previous = line["step"]
-    return total or None
-
-
 def collect(directory: str) -> list[dict[str, Any]]:
     """One row per run of the sweep directory, whatever state it is in.
 
@@ -78,8 +67,13 @@ def collect(directory: str) -> list[dict[str, Any]]:
             metrics_file = os.path.join(workdir, METRICS_FILE)
             last = os.path.getmtime(metrics_file) if os.path.exists(metrics_file) else start
             wall = (wall or 0.0) + max(0.0, last - start)
-        if wall is None:
-            wall, source = _estimated_seconds(lines), "metrics"
+        if wall is None:  # training seconds from the logged steps/s (no evaluation)
+            wall, previous, source = 0.0, 0, "metrics"
+            for line in lines:
+                if line.get("perf/steps_per_second"):
+                    wall += (line["step"] - previous) / line["perf/steps_per_second"]
+                    previous = line["step"]
+            wall = wall or None
         rows.append({
             "name": record.get("name", name), "workdir": workdir,
             "overrides": record.get("overrides", {}), "status": status, "step": step,
@@ -186,7 +180,6 @@ def plot(rows: Sequence[dict], directory: str, metric: str, x: str | None = None
     - curves: train/loss and `metric` against the step, one line per run.
     """
     import matplotlib
-    matplotlib.use("Agg")
     from matplotlib.figure import Figure
     import numpy as np
 
