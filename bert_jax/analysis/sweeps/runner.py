@@ -60,6 +60,8 @@ def short_keys(keys: Iterable[str]) -> dict[str, str]:
 
 def format_value(value: Any) -> str:
     """A short text form of a value (names, tables, plot labels)."""
+    if isinstance(value, float):  # numpy floats too, as run names always had them
+        return repr(value)
     if isinstance(value, (tuple, list)):
         return "(" + ",".join(format_value(v) for v in value) + ")"
     if isinstance(value, dict):
