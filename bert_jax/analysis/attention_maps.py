@@ -1,8 +1,8 @@
 """Attention probabilities of a BERT or translation Transformer, and their plots.
 
 Every MultiHeadAttention sows its probabilities `[batch, heads, q, k]` in the
-`intermediates` collection when that collection is mutable (the einsum path;
-the fused kernel cannot expose them, so such calls use einsum):
+`intermediates` collection when it is mutable (einsum only: the fused kernel
+cannot expose them, so these calls switch to einsum):
 
     probs = attention_probabilities(BertModel(config), params, input_ids,
                                     token_type_ids=types)    # [layers, heads, q, k]
@@ -14,8 +14,8 @@ For the Transformer the decoder's queries are its inputs: the targets shifted
 right (`[BOS] t_1 ... t_{n-1}`). Probabilities are after the head mask (if one
 is passed) and without dropout (`deterministic=True`).
 
-`plot_heads`, `plot_head` and `plot_token_attention` draw them with
-matplotlib (Agg) and token labels; `launch/visualize_attention.py` uses them.
+`plot_heads`, `plot_head` and `plot_token_attention` draw them with token
+labels (`launch/visualize_attention.py`).
 """
 
 from __future__ import annotations
@@ -38,14 +38,6 @@ _GROUPS = {("encoder", "attention"): "encoder",
 _LAYER = re.compile(r"layer_(\d+)$")
 
 
-def _variables(params: Mapping[str, Any]) -> dict[str, Any]:
-    """`{'params': tree}` from a bare parameter tree or a variables dict."""
-    params = nn.meta.unbox(params)
-    if "params" in params:
-        return {"params": params["params"]}
-    return {"params": params}
-
-
 _TRACED = "<traced>"
 
 
@@ -57,17 +49,6 @@ def _compiled(model: nn.Module, method, template: tuple, static_kwargs: tuple):
         return model.apply(variables, *full, method=method, mutable=["intermediates"],
                            **dict(static_kwargs), **dynamic_kwargs)[1]
     return jax.jit(run)
-
-
-def _is_array(value: Any) -> bool:
-    return isinstance(value, (jax.Array, np.ndarray))
-
-
-def _einsum_model(model: nn.Module) -> nn.Module:
-    config = getattr(model, "config", None)
-    if config is not None and getattr(config, "attention_impl", "einsum") != "einsum":
-        return model.clone(config=config.replace(attention_impl="einsum"))
-    return model
 
 
 def attention_probabilities_by_group(model: nn.Module, params: Mapping[str, Any], *args,
@@ -82,12 +63,15 @@ def attention_probabilities_by_group(model: nn.Module, params: Mapping[str, Any]
     (`layer_<i>`) and scanned (`layers/layer`) parameter layouts, and for any
     BERT task model (the encoder under `bert`).
     """
-    model = _einsum_model(model)
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "attention_impl", "einsum") != "einsum":
+        model = model.clone(config=config.replace(attention_impl="einsum"))
     kwargs.setdefault("deterministic", True)
     # Compiled (faster than op-by-op on CPU) and cached for repeated calls:
     # arrays are traced, anything else (flags, None) is static.
-    traced_args = {i: a for i, a in enumerate(args) if _is_array(a)}
-    traced_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
+    arrays = (jax.Array, np.ndarray)
+    traced_args = {i: a for i, a in enumerate(args) if isinstance(a, arrays)}
+    traced_kwargs = {k: v for k, v in kwargs.items() if isinstance(v, arrays)}
     template = tuple(_TRACED if i in traced_args else a for i, a in enumerate(args))
     static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items()
                                  if k not in traced_kwargs))
@@ -95,30 +79,26 @@ def attention_probabilities_by_group(model: nn.Module, params: Mapping[str, Any]
         run = _compiled(model, method, template, static_kwargs)
     except TypeError:  # an unhashable static argument
         run = _compiled.__wrapped__(model, method, template, static_kwargs)
-    state = run(_variables(params), traced_args, traced_kwargs)
+    params = nn.meta.unbox(params)
+    state = run({"params": params.get("params", params)}, traced_args, traced_kwargs)
     flat = traverse_util.flatten_dict(nn.meta.unbox(state.get("intermediates", {})))
     found: dict[str, dict[int, np.ndarray]] = {}
     for path, value in flat.items():
         if SOWN_NAME not in path:
             continue
         path = path[:path.index(SOWN_NAME)]
-        module = path[-1]
         weights = np.asarray(value[0] if isinstance(value, (tuple, list)) else value,
                              np.float32)
         if "layers" in path:  # scanned: [layers, batch, heads, q, k]
-            stack = path[path.index("layers") - 1]
-            group = _GROUPS.get((stack, module), f"{stack}/{module}")
-            found.setdefault(group, {}).update(enumerate(weights))
-            continue
-        index = next(i for i, p in enumerate(path) if _LAYER.match(str(p)))
-        stack = path[index - 1] if index else ""
-        group = _GROUPS.get((stack, module), f"{stack}/{module}")
-        found.setdefault(group, {})[int(_LAYER.match(path[index]).group(1))] = weights
+            index, layers = path.index("layers"), dict(enumerate(weights))
+        else:
+            index = next(i for i, p in enumerate(path) if _LAYER.match(str(p)))
+            layers = {int(_LAYER.match(path[index]).group(1)): weights}
+        stack, module = (path[index - 1] if index else ""), path[-1]
+        found.setdefault(_GROUPS.get((stack, module), f"{stack}/{module}"), {}).update(layers)
     if not found:
-        raise ValueError(
-            "the model sowed no attention probabilities: is it a bert_jax BERT or "
-            "Transformer (MultiHeadAttention sows 'attention_weights' in "
-            "'intermediates')?")
+        raise ValueError(f"the model sowed no {SOWN_NAME!r}: not a bert_jax BERT or "
+                         "Transformer?")
     result = {}
     for group, layers in found.items():
         stacked = np.stack([layers[i] for i in sorted(layers)])  # [L, batch, H, q, k]
@@ -140,20 +120,9 @@ def attention_probabilities(model: nn.Module, params: Mapping[str, Any], input_i
                                               batch_index=batch_index, method=method,
                                               **kwargs)
     if len(groups) != 1:
-        raise ValueError(f"the model has several attention groups {sorted(groups)}: "
-                         "use attention_probabilities_by_group.")
+        raise ValueError(f"attention groups {sorted(groups)}: use "
+                         "attention_probabilities_by_group")
     return next(iter(groups.values()))
-
-
-# ----------------------------------------------------------------------------
-# Plots.
-
-
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
 
 
 def _label_axes(ax, x_tokens: Sequence[str], y_tokens: Sequence[str], fontsize: float):
@@ -167,11 +136,12 @@ def plot_head(weights: np.ndarray, query_tokens: Sequence[str],
               key_tokens: Sequence[str] | None, path: str, *, title: str = "") -> None:
     """One head's `[q, k]` probabilities: queries down, keys across, token
     labels on both axes, a colour bar."""
-    plt = _pyplot()
+    from matplotlib.figure import Figure
     key_tokens = query_tokens if key_tokens is None else key_tokens
     q, k = weights.shape
     size = max(4.0, 0.32 * max(q, k) + 2.0)
-    fig, ax = plt.subplots(figsize=(size + 1.2, size))
+    fig = Figure(figsize=(size + 1.2, size))
+    ax = fig.subplots()
     image = ax.imshow(weights, cmap="viridis", vmin=0.0, aspect="auto")
     _label_axes(ax, key_tokens, query_tokens, fontsize=10)
     ax.set_xlabel("key (attended to)")
@@ -180,7 +150,6 @@ def plot_head(weights: np.ndarray, query_tokens: Sequence[str],
     fig.colorbar(image, ax=ax, label="attention probability", fraction=0.046, pad=0.04)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot_heads(weights: np.ndarray, query_tokens: Sequence[str],
@@ -188,14 +157,14 @@ def plot_heads(weights: np.ndarray, query_tokens: Sequence[str],
                columns: int = 4) -> None:
     """All heads of a layer, `[heads, q, k]`, in a grid, token labels on both
     axes of every panel, one shared colour bar (0 .. the layer's maximum)."""
-    plt = _pyplot()
+    from matplotlib.figure import Figure
     key_tokens = query_tokens if key_tokens is None else key_tokens
     heads, q, k = weights.shape
     columns = min(columns, heads)
     rows = -(-heads // columns)
     panel = max(3.0, 0.22 * max(q, k) + 1.2)
-    fig, axes = plt.subplots(rows, columns, figsize=(panel * columns + 1.5, panel * rows + 0.6),
-                             squeeze=False)
+    fig = Figure(figsize=(panel * columns + 1.5, panel * rows + 0.6))
+    axes = fig.subplots(rows, columns, squeeze=False)
     vmax = float(weights.max()) or 1.0
     fontsize = 8 if max(q, k) <= 24 else 6
     image = None
@@ -212,7 +181,6 @@ def plot_heads(weights: np.ndarray, query_tokens: Sequence[str],
     colorbar_axes = fig.add_axes((0.945, 0.15, 0.015, 0.7))
     fig.colorbar(image, cax=colorbar_axes, label="attention probability")
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def plot_token_attention(weights: np.ndarray, query: int, key_tokens: Sequence[str],
@@ -221,7 +189,7 @@ def plot_token_attention(weights: np.ndarray, query: int, key_tokens: Sequence[s
     every layer: `weights` `[layers, heads, q, k]` -> a `[layers * heads, k]`
     heatmap (rows 'L<l> H<h>', lines between layers) beside the per-layer mean
     over heads `[layers, k]`; a colour bar each."""
-    plt = _pyplot()
+    from matplotlib.figure import Figure
     layers, heads, _, k = weights.shape
     rows = weights[:, :, query, :]  # [L, H, k]
     all_heads = rows.reshape(layers * heads, k)
@@ -229,9 +197,9 @@ def plot_token_attention(weights: np.ndarray, query: int, key_tokens: Sequence[s
     width = max(7.0, 0.4 * k + 3.0)
     height_all = max(4.0, 0.17 * layers * heads + 1.5)
     height_mean = max(2.0, 0.3 * layers + 1.5)
-    fig, (ax_mean, ax_all) = plt.subplots(
-        2, 1, figsize=(width, height_all + height_mean),
-        gridspec_kw={"height_ratios": [height_mean, height_all]})
+    fig = Figure(figsize=(width, height_all + height_mean))
+    ax_mean, ax_all = fig.subplots(2, 1, gridspec_kw={"height_ratios": [height_mean,
+                                                                        height_all]})
     for ax, data, labels, sub in (
             (ax_mean, mean, [f"L{l}" for l in range(layers)], "mean over heads"),
             (ax_all, all_heads, [f"L{l} H{h}" for l in range(layers) for h in range(heads)],
@@ -249,4 +217,3 @@ def plot_token_attention(weights: np.ndarray, query: int, key_tokens: Sequence[s
     fig.suptitle(title, fontsize=12)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
     fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -1,15 +1,10 @@
 """A BERT encoder to analyse (attention maps, features), from wherever it lives.
 
-`load_encoder(path)` takes
-  - a Hugging Face BERT folder (`config.json`, `model.safetensors`, usually
-    `vocab.txt`, casing from `tokenizer_config.json`'s `do_lower_case`, see
-    `wordpiece.declared_casings`);
-  - a bert_jax pretrained folder (`launch/convert.py` output,
-    `model_config.json`; a `vocab.txt` beside it or `vocab_file`);
-  - the workdir of a BERT training run (pretraining or fine-tuning), restored as
-    `launch/evaluate.py` restores it (`training.evaluation.restore_for_inference`
-    with the workdir's `config.json`: the checkpoint must hold exactly the
-    model's arrays), with the run's vocabulary.
+`load_encoder(path)` takes a Hugging Face BERT folder (casing from
+`tokenizer_config.json`, `wordpiece.declared_casings`), a bert_jax pretrained
+folder (`launch/convert.py` output), or the workdir of a BERT training run,
+restored as `launch/evaluate.py` restores it (the checkpoint must hold exactly
+the model's arrays), with the run's vocabulary.
 """
 
 from __future__ import annotations
@@ -39,11 +34,6 @@ class Encoder:
     vocab: WordPiece | None
 
 
-def is_workdir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, CONFIG_FILE)) and os.path.isdir(
-        os.path.join(path, CHECKPOINT_DIR))
-
-
 def load_encoder(path: str, *, vocab_file: str | None = None,
                  lowercase: bool | None = None, step: int | None = None) -> Encoder:
     """The BERT encoder at `path` (see the module docstring); `step`: the
@@ -51,7 +41,8 @@ def load_encoder(path: str, *, vocab_file: str | None = None,
     replace the vocabulary found beside the weights."""
     path = os.path.abspath(path)
     vocab = None
-    if is_workdir(path):
+    if (os.path.isfile(os.path.join(path, CONFIG_FILE))
+            and os.path.isdir(os.path.join(path, CHECKPOINT_DIR))):
         from bert_jax.training import evaluation   # tasks, data builders: heavy imports
 
         task, _, params, _ = evaluation.restore_for_inference(
@@ -70,9 +61,8 @@ def load_encoder(path: str, *, vocab_file: str | None = None,
         vocab_file = beside
     if vocab_file:
         if not os.path.isfile(vocab_file):
-            raise MissingFileError(f"{vocab_file} does not exist: give the vocabulary "
-                                   "the encoder was trained with (--vocab_file, or "
-                                   "--vocab in visualize_attention.py).")
+            raise MissingFileError(f"{vocab_file} does not exist: give the encoder's "
+                                   "vocabulary (--vocab_file, --vocab)")
         casing = (next((d for *_, d in declared_casings(os.path.dirname(vocab_file))), True)
                   if lowercase is None else lowercase)
         vocab = WordPiece.from_vocab_file(vocab_file, lowercase=casing)

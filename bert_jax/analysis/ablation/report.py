@@ -1,11 +1,9 @@
-"""The report of `run_ablations`' results: JSON, a Markdown summary with
-tables, annotated heatmaps `[layers x heads]` of each score and the pruning
-curve (metric vs fraction of heads pruned)."""
+"""The report of `run_ablations`' results (`write_report`)."""
 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -40,14 +38,11 @@ def _markdown_table(array: np.ndarray, row_label: str = "layer",
 
 def _heatmap(array: np.ndarray, path: str, title: str, *, diverging: bool,
              colorbar_label: str, xlabel: str | None = "head") -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    from matplotlib.figure import Figure
     array = np.atleast_2d(np.asarray(array, np.float64))
     layers, heads = array.shape
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * heads + 2.5),
-                                    max(2.5, 0.5 * layers + 1.5)))
+    fig = Figure(figsize=(max(4.0, 0.7 * heads + 2.5), max(2.5, 0.5 * layers + 1.5)))
+    ax = fig.subplots()
     if diverging:
         bound = float(np.abs(array).max()) or 1.0
         image = ax.imshow(array, cmap="RdBu", vmin=-bound, vmax=bound, aspect="auto")
@@ -71,41 +66,15 @@ def _heatmap(array: np.ndarray, path: str, title: str, *, diverging: bool,
     fig.colorbar(image, ax=ax, label=colorbar_label)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _pruning_plot(curve: Sequence[PruningStep], path: str, *, metric_name: str,
-                  baseline: float | None, tolerance: float | None) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fractions = [100 * s[0] for s in curve]
-    metrics = [s[2] for s in curve]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(fractions, metrics, marker="o", label="pruned by importance")
-    if baseline is not None:
-        ax.axhline(baseline, color="gray", linestyle="--", label="all heads")
-        if tolerance is not None:
-            ax.axhline(baseline - tolerance, color="red", linestyle=":",
-                       label=f"baseline - {tolerance:g}")
-    ax.set_xlabel("heads pruned (%)")
-    ax.set_ylabel(metric_name)
-    ax.set_title(f"{metric_name} vs fraction of heads pruned")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def write_report(results: Mapping[str, Any], directory: str, *,
                  metric_name: str) -> dict[str, str]:
     """Writes the results of `run_ablations` (or any subset of its keys) to
-    `directory`: `results.json`, `report.md` (tables), one heatmap
-    `<analysis>_<group>.png` per `[layers, heads]` score (annotated, with a
-    colour bar), `layer_ablation_<group>.png` and `pruning_curve.png`.
-    Returns name -> path of every file written.
+    `directory`: `results.json`, `report.md` (tables), one annotated heatmap
+    `<analysis>_<group>.png` per `[layers, heads]` score,
+    `layer_ablation_<group>.png` and `pruning_curve.png` (metric vs fraction
+    of heads pruned). Returns name -> path of every file written.
     """
     os.makedirs(directory, exist_ok=True)
     written: dict[str, str] = {}
@@ -145,9 +114,23 @@ def write_report(results: Mapping[str, Any], directory: str, *,
                  PruningStep(s["fraction"], s["heads_remaining"], s["metric"])
                  for s in results["pruning_curve"]]
         name = "pruning_curve.png"
-        _pruning_plot(curve, os.path.join(directory, name), metric_name=metric_name,
-                      baseline=baseline, tolerance=tolerance)
+        from matplotlib.figure import Figure
+        fig = Figure(figsize=(6, 4))
+        ax = fig.subplots()
+        ax.plot([100 * s.fraction for s in curve], [s.metric for s in curve], marker="o",
+                label="pruned by importance")
+        if baseline is not None:
+            ax.axhline(baseline, color="gray", linestyle="--", label="all heads")
+            if tolerance is not None:
+                ax.axhline(baseline - tolerance, color="red", linestyle=":",
+                           label=f"baseline - {tolerance:g}")
+        ax.set(xlabel="heads pruned (%)", ylabel=metric_name,
+               title=f"{metric_name} vs fraction of heads pruned")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
         written[name] = os.path.join(directory, name)
+        fig.savefig(written[name], dpi=120)
         lines += ["## Iterative pruning", "", f"![pruning curve]({name})", "",
                   f"| pruned (%) | heads remaining | {metric_name} |", "|---|---|---|"]
         lines += [f"| {100 * s.fraction:.1f} | {s.heads_remaining} | {_fmt(s.metric)} |"

@@ -1,7 +1,4 @@
-"""The ablation algorithms (Michel, Levy and Neubig 2019): the metric with one
-head or layer removed, or one head of a layer kept; head importance from the
-gradient of the loss with respect to the masks; iterative pruning by
-importance; and `run_ablations`, all of them at once. The model is reached
+"""The ablation algorithms (Michel, Levy and Neubig 2019). The model is reached
 only through the caller's `metric_fn(masks)` and `loss_fn(masks)` (see the
 package docstring)."""
 
@@ -14,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.analysis.ablation.masks import (
-    LAYER_GROUP, LossFn, MetricFn, Shapes, check_shapes, ones_masks, total_heads)
+    LAYER_GROUP, LossFn, MetricFn, Shapes, check_shapes, ones_masks)
 
 
 class PruningStep(NamedTuple):
@@ -28,10 +25,6 @@ class PruningStep(NamedTuple):
 
 def _as_float(value: Any) -> float:
     return float(np.asarray(value))
-
-
-# ----------------------------------------------------------------------------
-# Ablations.
 
 
 def single_head_ablation(metric_fn: MetricFn, shape_by_group: Shapes, *,
@@ -115,9 +108,7 @@ def layer_ablation(metric_fn: MetricFn, num_layers: int | Mapping[str, int], *,
     return result
 
 
-# ----------------------------------------------------------------------------
 # Head importance (Michel et al. 2019, section 4.1).
-
 
 def normalize_per_layer(scores: np.ndarray, exponent: float = 2.0) -> np.ndarray:
     """Divides each layer's (row's) scores by their L`exponent` norm, as the
@@ -154,28 +145,22 @@ def head_importance(loss_fn: LossFn, shapes: Shapes, *,
     point = ones_masks(shapes) if at is None else {
         g: np.asarray(at[g], np.float32) for g in shapes}
     point = {g: jnp.asarray(m) for g, m in point.items()}
-    if batches is None:
-        grads = jax.grad(lambda m: jnp.asarray(loss_fn(m), jnp.float32))(point)
-        scores = {g: np.abs(np.asarray(grads[g], np.float64)) for g in shapes}
-    else:
-        grad_fn = jax.grad(lambda m, b: jnp.asarray(loss_fn(m, b), jnp.float32))
-        scores = {g: np.zeros(s) for g, s in shapes.items()}
-        count = 0
-        for batch in batches:
-            grads = grad_fn(point, batch)
-            for g in shapes:
-                scores[g] += np.abs(np.asarray(grads[g], np.float64))
-            count += 1
-        if not count:
-            raise ValueError("batches is empty.")
+    grad_fn = jax.grad(lambda m, b: jnp.asarray(loss_fn(m, *b), jnp.float32))
+    scores = {g: np.zeros(s) for g, s in shapes.items()}
+    empty = True
+    for batch in [()] if batches is None else ((b,) for b in batches):
+        grads = grad_fn(point, batch)
+        for g in shapes:
+            scores[g] += np.abs(np.asarray(grads[g], np.float64))
+        empty = False
+    if empty:
+        raise ValueError("batches is empty.")
     if normalize:
         scores = {g: normalize_per_layer(s) for g, s in scores.items()}
     return scores
 
 
-# ----------------------------------------------------------------------------
 # Iterative pruning (Michel et al. 2019, section 4.2).
-
 
 def iterative_pruning(metric_fn: MetricFn, loss_fn: LossFn, shapes: Shapes, *,
                       fraction_per_step: float = 0.1, recompute_importance: bool = True,
@@ -205,7 +190,7 @@ def iterative_pruning(metric_fn: MetricFn, loss_fn: LossFn, shapes: Shapes, *,
     shapes = check_shapes(shapes)
     if not 0.0 < fraction_per_step <= 1.0:
         raise ValueError(f"fraction_per_step={fraction_per_step}: must be in (0, 1].")
-    total = total_heads(shapes)
+    total = sum(l * h for l, h in shapes.values())
     per_step = max(1, int(round(fraction_per_step * total)))
     masks = ones_masks(shapes)
 
@@ -255,10 +240,6 @@ def largest_prunable_fraction(curve: Sequence[tuple[float, int, float]], baselin
             break
         best = max(best, float(fraction))
     return best
-
-
-# ----------------------------------------------------------------------------
-# Everything at once.
 
 
 def run_ablations(metric_fn: MetricFn, loss_fn: LossFn | None, shapes: Shapes, *,

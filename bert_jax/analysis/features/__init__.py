@@ -14,19 +14,13 @@ the project reads (UD UPOS tags, CoNLL-2003 NER tags scored by entity F1).
                        num_classes=17, strategy="sum_last_four", steps=300)
     result.accuracy, tag_scores(result.eval_predictions, eval_tags, tags)
 
-One job a module:
-
-    strategies   the layer strategies (`combine_layers`, `STRATEGIES`)
-    extraction   first-sub-token features of a frozen BERT (`FeatureExtractor`)
-    probe        the linear probe (`fit_probe`) and its tagging scores
+One job a module: `strategies` (the layer strategies, `combine_layers`),
+`extraction` (first-sub-token features of a frozen BERT, `FeatureExtractor`),
+`probe` (the linear probe, `fit_probe`, and its tagging scores).
 """
 
-from bert_jax.analysis.features.strategies import (
+from bert_jax.analysis.features.strategies import (  # noqa: F401
     STRATEGIES, check_strategy, combine_layers, feature_dim)
-from bert_jax.analysis.features.extraction import FeatureExtractor
-from bert_jax.analysis.features.probe import (
+from bert_jax.analysis.features.extraction import FeatureExtractor  # noqa: F401
+from bert_jax.analysis.features.probe import (  # noqa: F401
     ProbeResult, fit_probe, probe, stack_words, tag_ids, tag_scores)
-
-__all__ = ["STRATEGIES", "check_strategy", "combine_layers", "feature_dim",
-           "FeatureExtractor",
-           "ProbeResult", "fit_probe", "probe", "stack_words", "tag_ids", "tag_scores"]

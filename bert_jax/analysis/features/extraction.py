@@ -42,17 +42,12 @@ from bert_jax.modeling.configs import BertConfig
 class FeatureExtractor:
     """Contextual word features from a frozen BERT encoder.
 
-    Args:
-      config: the encoder's BertConfig.
-      params: its parameters: a tree with a `bert` entry (as `load_hf_bert`
-        returns, heads ignored) or the BertModel parameters themselves; boxed
-        or not.
-      vocab: the WordPiece vocabulary (needed for `hidden_states`; not for
-        `hidden_states_from_ids`).
-      batch_size: sequences per encoder call.
-      bucket: sequences are padded to a multiple of this many tokens.
-      max_length: longest sequence fed to the encoder, `[CLS]`/`[SEP]`
-        included; default (and at most) `config.max_len`.
+    `params`: a tree with a `bert` entry (as `load_hf_bert` returns, heads
+    ignored) or the BertModel parameters themselves, boxed or not. `vocab` is
+    needed by `hidden_states`, not by `hidden_states_from_ids`. `batch_size`
+    sequences go to each encoder call, padded to a multiple of `bucket`
+    tokens; `max_length` (`[CLS]`/`[SEP]` included) is at most, and by default,
+    `config.max_len`.
     """
 
     def __init__(self, config: BertConfig, params: Any, vocab: WordPiece | None = None, *,
@@ -66,8 +61,8 @@ class FeatureExtractor:
             raise ValueError(f"params has entries {sorted(params)}; expected BertModel "
                              "parameters (embeddings, encoder, pooler) or a tree with 'bert'.")
         if vocab is not None and vocab.size > config.vocab_size:
-            raise ValueError(f"the vocabulary has {vocab.size} tokens but the model only "
-                             f"{config.vocab_size} embeddings: wrong vocab file?")
+            raise ValueError(f"vocabulary of {vocab.size} tokens for {config.vocab_size} "
+                             "embeddings: give the encoder's own vocab file")
         self.config = config
         self.params = jax.device_put(params)
         self.vocab = vocab
@@ -107,18 +102,11 @@ class FeatureExtractor:
         """layers + 1 (the embeddings and each layer's output)."""
         return self.config.num_layers + 1
 
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    # -- words -> sequences ----------------------------------------------------
-
     def word_pieces(self, words: Sequence[str]) -> list[list[int]]:
         """The WordPiece ids of each word (`[UNK]` for a word that tokenizes to
         nothing)."""
         if self.vocab is None:
-            raise ValueError("this FeatureExtractor has no vocabulary; pass vocab= (or "
-                             "use hidden_states_from_ids).")
+            raise ValueError("no vocab: pass vocab= or use hidden_states_from_ids")
         if not words:
             return []
         ids, word_index = self.vocab.encode_words(list(words))
@@ -153,8 +141,6 @@ class FeatureExtractor:
             self.stats["extra_chunks"] += len(chunks) - 1
         cls_id, sep_id = self.vocab.cls_id, self.vocab.sep_id
         return [([cls_id] + c + [sep_id], f) for c, f in chunks]
-
-    # -- the encoder -----------------------------------------------------------
 
     def _padded_length(self, length: int) -> int:
         return min(-(-length // self.bucket) * self.bucket, self.max_length)
@@ -220,7 +206,7 @@ class FeatureExtractor:
                          "split into windows (%d extra); %d sub-token(s) of over-long "
                          "words were dropped.", chunked, self.max_length - 2,
                          self.stats["extra_chunks"] - before["extra_chunks"], truncated)
-        empty = np.zeros((self.num_states, 0, self.hidden_size), np.float32)
+        empty = np.zeros((self.num_states, 0, self.config.hidden_size), np.float32)
         return [np.concatenate(parts, axis=1) if parts else empty for parts in out]
 
     def features(self, words_batch: Sequence[Sequence[str]], strategy: str,

@@ -81,7 +81,28 @@ def fit_probe(train_features, train_labels, eval_features, eval_labels, *,
               num_classes: int, strategy: str, steps: int = 300, lr: float = 1e-2,
               seed: int = 0, batch_size: int | None = None, weight_decay: float = 0.0,
               standardize: bool = False, ignore: int = -100) -> ProbeResult:
-    """Trains a linear softmax classifier on fixed features; see `probe`."""
+    """Trains a linear softmax classifier on frozen features.
+
+    Args:
+      train_features, eval_features: the stacked hidden states of every word,
+        `[layers + 1, words, hidden]`, or a list of per-sentence
+        `[layers + 1, n_i, hidden]` arrays (as `FeatureExtractor.hidden_states`
+        returns).
+      train_labels, eval_labels: a class id per word: `[words]` or a list of
+        per-sentence id lists; `ignore` marks a word to leave out.
+      strategy: the layer strategy the probe sees (`combine_layers`); for
+        `weighted_sum` the scalar-mix logits and gamma are trained with it.
+      steps, lr: Adam steps (full-batch unless `batch_size`) and learning rate.
+      seed: initialization (small normal kernel) and mini-batch sampling; the
+        same seed gives the same result.
+      batch_size: words per step, drawn with replacement; None: all of them.
+      weight_decay: L2 penalty on the kernel.
+      standardize: scale the features to zero mean, unit variance with the
+        training statistics (per state for weighted_sum, as ELMo's optional
+        layer norm). It does not change what a linear probe can express; off
+        by default: BERT's states are LayerNorm outputs of similar scale, and on
+        MiniLM + UD-EWT (200 training sentences) it overfits slightly more.
+    """
     start = time.perf_counter()
     check_strategy(strategy)
     if steps < 1:
@@ -162,40 +183,9 @@ def fit_probe(train_features, train_labels, eval_features, eval_labels, *,
         seconds=time.perf_counter() - start)
 
 
-def probe(train_features, train_labels, eval_features, eval_labels, *, num_classes: int,
-          strategy: str, steps: int = 300, lr: float = 1e-2, seed: int = 0,
-          batch_size: int | None = None, weight_decay: float = 0.0,
-          standardize: bool = False) -> float:
-    """Accuracy of a linear softmax probe on frozen features.
-
-    Args:
-      train_features, eval_features: the stacked hidden states of every word,
-        `[layers + 1, words, hidden]`, or a list of per-sentence
-        `[layers + 1, n_i, hidden]` arrays (as `FeatureExtractor.hidden_states`
-        returns).
-      train_labels, eval_labels: a class id per word: `[words]` or a list of
-        per-sentence id lists; -100 marks a word to leave out.
-      num_classes: the number of classes.
-      strategy: the layer strategy the probe sees (`combine_layers`); for
-        `weighted_sum` the scalar-mix logits and gamma are trained with it.
-      steps, lr: Adam steps (full-batch unless `batch_size`) and learning rate.
-      seed: initialization (small normal kernel) and mini-batch sampling; the
-        same seed gives the same result.
-      batch_size: words per step, drawn with replacement; None: all of them.
-      weight_decay: L2 penalty on the kernel.
-      standardize: scale the features to zero mean, unit variance with the
-        training statistics (per state for weighted_sum, as ELMo's optional
-        layer norm). It does not change what a linear probe can express; off
-        by default: BERT's states are LayerNorm outputs of similar scale, and on
-        MiniLM + UD-EWT (200 training sentences) it overfits slightly more.
-
-    Returns:
-      Accuracy on the eval words (`tagging_accuracy`).
-    """
-    return fit_probe(train_features, train_labels, eval_features, eval_labels,
-                     num_classes=num_classes, strategy=strategy, steps=steps, lr=lr,
-                     seed=seed, batch_size=batch_size, weight_decay=weight_decay,
-                     standardize=standardize).accuracy
+def probe(*args, **kwargs) -> float:
+    """The eval accuracy (`tagging_accuracy`) of `fit_probe(*args, **kwargs)`."""
+    return fit_probe(*args, **kwargs).accuracy
 
 
 def tag_ids(sentences_tags: Sequence[Sequence[str]], tags: Sequence[str],

@@ -36,18 +36,15 @@ def check_strategy(strategy: str, num_states: int | None = None) -> None:
     (and, given `num_states` = layers + 1, valid for that many states)."""
     match = _LAYER.fullmatch(strategy) if isinstance(strategy, str) else None
     if strategy not in STRATEGIES and match is None:
-        raise ValueError(f"strategy={strategy!r}: unknown; choose one of "
-                         f"{list(STRATEGIES)} or layer_<i> (0 = embeddings).")
+        raise ValueError(f"strategy={strategy!r} unknown: use {list(STRATEGIES)} or layer_<i>")
     if num_states is None:
         return
     if match is not None and int(match.group(1)) >= num_states:
-        raise ValueError(f"strategy={strategy!r}: the model has layers 0..{num_states - 1} "
-                         f"(0 = embeddings).")
+        raise ValueError(f"strategy={strategy!r}: use layers 0..{num_states - 1}")
     if strategy.endswith("_last_four") and num_states < 5:
-        raise ValueError(f"strategy={strategy!r} needs at least 4 layers; the model has "
-                         f"{num_states - 1}.")
+        raise ValueError(f"strategy={strategy!r}: needs at least 4 layers, not {num_states - 1}")
     if strategy == "second_to_last" and num_states < 2:
-        raise ValueError("strategy='second_to_last' needs at least 1 layer.")
+        raise ValueError("strategy='second_to_last': needs at least 1 layer")
 
 
 def feature_dim(strategy: str, hidden_size: int) -> int:

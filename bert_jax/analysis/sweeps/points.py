@@ -1,27 +1,12 @@
 r"""Sweep points: lists of override dicts (dotted config key -> value).
 
-The main form is Python: an experiment config's `get_sweep()` builds the
-points with `sweep`, `product` and `zip` (the convention of big_vision and
-Google's `hyper`)::
-
-    def get_sweep():
-        from bert_jax.analysis import sweeps
-        return sweeps.product(sweeps.sweep("model.num_heads", [1, 2, 4, 8]),
-                              sweeps.sweep("model.num_layers", [1, 2]))   # 8 runs
-
-For the common case `launch/sweep.py --sweep=SPEC` takes the same in one line
-(`parse_sweep`)::
-
-    model.num_heads=1,2,4,8 x model.num_layers=1,2      product: 8 runs
-    optimizer.learning_rate=1e-3,3e-3 + train.batch_size=32,64
-                                                        zip: 2 runs, paired
-    a=1,2 + b=3,4 x c=5,6                               (a+b) x c: 4 runs
-
-Values are Python literals (`1e-3`, `True`, `'a b'`, `(1, 4, 1)`); otherwise
-the text itself (`data.vocab_type=unigram,bpe`; `true`/`false` are booleans,
-as on absl command lines). Anything the one-line form cannot say (a value
-holding ` x ` or ` + `, points that are not a grid) goes in `get_sweep()`.
-A point is applied with `ConfigDict.update_from_flattened_dict`.
+A config's `get_sweep()` builds them with `sweep`, `product` and `zip` (the
+convention of big_vision and Google's `hyper`); `--sweep` takes the same in one
+line (`parse_sweep`): ` x ` is a product, ` + ` zips axes of equal length and
+binds tighter (`a=1,2 + b=3,4 x c=5,6` is 4 runs). Values are Python literals,
+`true`/`false`, or else the text itself. Anything the one-line form cannot say
+(a value holding ` x ` or ` + `, points that are not a grid) goes in
+`get_sweep()`. See docs/SWEEPS.md.
 """
 
 from __future__ import annotations
@@ -35,13 +20,17 @@ import inspect
 import itertools
 import re
 from typing import Any, Iterable, Sequence
+
+from flax import traverse_util
+
 from bert_jax.errors import UserError
 
 Point = dict[str, Any]
+_NOT_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
 
 
 class SweepError(UserError, ValueError):
-    """A bad sweep spec, point or key; the message names it and the fix."""
+    """A bad sweep spec, point or key."""
 
 
 def sweep(key: str, values: Iterable[Any]) -> list[Point]:
@@ -53,8 +42,7 @@ def sweep(key: str, values: Iterable[Any]) -> list[Point]:
 
 
 def product(*axes: Sequence[Point]) -> list[Point]:
-    """Every combination of the axes' points, the last axis varying fastest
-    (as `itertools.product`)."""
+    """Every combination, the last axis varying fastest (`itertools.product`)."""
     _check_disjoint(axes)
     return [_merge(combo) for combo in itertools.product(*axes)]
 
@@ -64,14 +52,10 @@ def zip(*axes: Sequence[Point]) -> list[Point]:  # noqa: A001 - hyper's name
     _check_disjoint(axes)
     lengths = [len(axis) for axis in axes]
     if len(set(lengths)) > 1:
-        raise SweepError(f"zip of axes of unequal lengths {lengths} "
-                         f"({'; '.join(_keys(axes))}): "
-                         "'+' pairs values one to one; use ' x ' for every combination")
+        keys = [", ".join(dict.fromkeys(k for p in axis for k in p)) for axis in axes]
+        raise SweepError(f"zip of axes of unequal lengths {lengths} ({'; '.join(keys)}); "
+                         "use ' x ' for every combination")
     return [_merge(combo) for combo in builtins.zip(*axes)]
-
-
-def _keys(axes: Sequence[Sequence[Point]]) -> list[str]:
-    return [", ".join(dict.fromkeys(k for p in axis for k in p)) for axis in axes]
 
 
 def _check_disjoint(axes: Sequence[Sequence[Point]]) -> None:
@@ -92,33 +76,30 @@ def parse_value(text: str) -> Any:
         return text == "true"
     try:
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+    except _NOT_LITERAL:
         return text
 
 
 def _parse_axis(text: str) -> list[Point]:
     key, equals, values = (part.strip() for part in text.partition("="))
     if not equals or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key):
-        raise SweepError(f"{text!r}: write an axis as KEY=V1,V2,... with KEY a dotted "
-                         "config key such as model.num_heads")
+        raise SweepError(f"{text!r}: write an axis as KEY=V1,V2,... (e.g. model.num_heads=1,2)")
     try:  # literals, quoted strings holding commas and tuples included
         return sweep(key, ast.literal_eval(f"({values},)"))
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+    except _NOT_LITERAL:
         pass
     texts = [v.strip() for v in values.split(",")]
     for value in texts:
         if not value or re.search(r"\s", value):
-            raise SweepError(f"{text!r}: bad value {value!r} of {key}; separate axes with "
-                             "' x ' (product) or ' + ' (zip) and quote values holding "
-                             "spaces or commas")
+            raise SweepError(f"bad value {value!r} of {key}; separate axes with ' x ' or "
+                             "' + ' and quote values holding spaces or commas")
     return sweep(key, map(parse_value, texts))
 
 
 def parse_sweep(spec: str) -> list[Point]:
     """The points of a one-line spec (` x ` product, ` + ` zip, zip first)."""
     if not spec or not spec.strip():
-        raise SweepError("empty sweep spec: expected e.g. "
-                         "'model.num_heads=1,2,4 x model.num_layers=1,2'")
+        raise SweepError("empty sweep spec: give e.g. 'model.num_heads=1,2 x model.num_layers=1'")
     factors = re.split(r"\s+[x*\u00d7]\s+", spec.strip())
     return product(*(zip(*map(_parse_axis, re.split(r"\s+\+\s+", factor)))
                      for factor in factors))
@@ -136,34 +117,22 @@ def as_points(points: str | Iterable[Point]) -> list[Point]:
 
 def load_sweep(config_file: str) -> list[Point]:
     """The points of a config file's `get_sweep()` (`get_sweep(arg)` for
-    `path.py:arg`); it may return a list of override dicts or a spec."""
+    `path.py:arg`): a list of override dicts or a spec."""
     path, _, arg = config_file.partition(":")
     spec = importlib.util.spec_from_file_location("_bert_jax_sweep_config", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     get_sweep = getattr(module, "get_sweep", None)
     if get_sweep is None:
-        raise SweepError(f"no --sweep given and {path} defines no get_sweep(): pass "
-                         "--sweep='KEY=V1,V2 x ...' or add get_sweep() to the config file")
+        raise SweepError(f"{path} defines no get_sweep(); pass --sweep='KEY=V1,V2 x ...'")
     takes_arg = bool(inspect.signature(get_sweep).parameters)
     return as_points(get_sweep(arg or None) if takes_arg else get_sweep())
 
 
-def _leaf_keys(config: Any, prefix: str = "") -> list[str]:
-    keys = []
-    for name, value in config.items():
-        if hasattr(value, "items"):
-            keys += _leaf_keys(value, f"{prefix}{name}.")
-        else:
-            keys.append(prefix + name)
-    return keys
-
-
 def apply_overrides(config: Any, overrides: Point) -> Any:
-    """A copy of `config` (a ConfigDict) with `overrides` set; a key the config
-    lacks fails with the nearest existing keys, a value of the wrong type names
-    the key."""
-    keys = _leaf_keys(config)
+    """A copy of `config` (a ConfigDict) with `overrides` set; an unknown key
+    fails naming the nearest existing keys."""
+    keys = [".".join(k) for k in traverse_util.flatten_dict(config.to_dict())]
     for key in overrides:
         if key not in keys:
             near = difflib.get_close_matches(key, keys, n=5, cutoff=0.6)

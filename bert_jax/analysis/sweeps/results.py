@@ -1,5 +1,5 @@
-"""Results: one row per run of a sweep directory (whatever state it is in),
-and the tables (results.csv, results.md) made of them."""
+"""A sweep directory's results, whatever state it is in: one row per run
+(`collect`), the tables (results.csv, results.md) and the plots."""
 
 from __future__ import annotations
 
@@ -9,34 +9,24 @@ import os
 import re
 from typing import Any, Sequence
 
-from bert_jax.analysis.sweeps.files import (
-    OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, is_finished, read_record, run_checkpoint_steps)
-from bert_jax.analysis.sweeps.names import format_value, short_keys
-from bert_jax.training.workdir import CONFIG_FILE, read_metrics
+from bert_jax.analysis.sweeps.points import SweepError
+from bert_jax.analysis.sweeps.runner import (
+    OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, format_value, is_finished, read_record,
+    run_checkpoint_steps, short_keys)
+from bert_jax.training.workdir import CONFIG_FILE, METRICS_FILE, read_metrics
+
+_LOWER_IS_BETTER = ("loss", "nll", "perplexity", "ppl", "error", "wer", "cer")
 
 
 def _run_dirs(directory: str) -> list[str]:
-    sweep = read_record(os.path.join(directory, SWEEP_FILE)) or {}
-    names = [n for n in sweep.get("runs", [])
-             if os.path.exists(os.path.join(directory, n, OVERRIDES_FILE))]
+    """sweep.json's runs first, in its order, then any other run folders."""
+    listed = (read_record(os.path.join(directory, SWEEP_FILE)) or {}).get("runs", [])
     try:
-        others = sorted(d for d in os.listdir(directory)
-                        if d not in names
-                        and os.path.exists(os.path.join(directory, d, OVERRIDES_FILE)))
+        others = sorted(set(os.listdir(directory)) - set(listed))
     except OSError:
         others = []
-    return names + others
-
-
-def _estimated_seconds(lines: list[dict]) -> float | None:
-    """Training seconds from the logged steps/s (no evaluation time)."""
-    total, previous = 0.0, 0
-    for line in lines:
-        rate = line.get("perf/steps_per_second")
-        if rate:
-            total += (line["step"] - previous) / rate
-            previous = line["step"]
-    return total or None
+    return [n for n in [*listed, *others]
+            if os.path.exists(os.path.join(directory, n, OVERRIDES_FILE))]
 
 
 def collect(directory: str) -> list[dict[str, Any]]:
@@ -44,9 +34,9 @@ def collect(directory: str) -> list[dict[str, Any]]:
 
     Row keys: name, workdir, overrides, status ('not started', 'unfinished',
     'interrupted', 'failed', or 'done': a DONE marker or a checkpoint of the
-    final step), step, num_steps, params, wall_seconds
-    (wall_source: 'run.json' or 'metrics' (training time from steps/s, no
-    evaluation)), start_time, end_time, metrics (each key's last logged value),
+    final step), step, num_steps, params, wall_seconds (wall_source:
+    'run.json', or 'metrics': training time from steps/s, no evaluation),
+    start_time, end_time, metrics (each key's last logged value),
     metrics_step, config (config.json, or None), error."""
     rows = []
     for name in _run_dirs(directory):
@@ -55,10 +45,8 @@ def collect(directory: str) -> list[dict[str, Any]]:
         info = read_record(os.path.join(workdir, RUN_FILE)) or {}
         config = read_record(os.path.join(workdir, CONFIG_FILE))
         lines = read_metrics(workdir)
-        num_steps = None
-        if isinstance(config, dict):
-            num_steps = config.get("train", {}).get("num_steps")
-        num_steps = record.get("num_steps") or info.get("num_steps") or num_steps
+        num_steps = (record.get("num_steps") or info.get("num_steps") or (
+            config.get("train", {}).get("num_steps") if isinstance(config, dict) else None))
         metrics: dict[str, float] = {}
         for line in lines:
             metrics.update({k: v for k, v in line.items() if k != "step"})
@@ -75,12 +63,17 @@ def collect(directory: str) -> list[dict[str, Any]]:
         sessions = info.get("sessions") or []
         if sessions and "seconds" not in sessions[-1] and status != "done":
             # Running now (or killed): count the open session up to the last write.
-            last = max([os.path.getmtime(p) for p in
-                        (os.path.join(workdir, "metrics.jsonl"),) if os.path.exists(p)]
-                       or [sessions[-1]["start_time"]])
-            wall = (wall or 0.0) + max(0.0, last - sessions[-1]["start_time"])
-        if wall is None:
-            wall, source = _estimated_seconds(lines), "metrics"
+            start = sessions[-1]["start_time"]
+            metrics_file = os.path.join(workdir, METRICS_FILE)
+            last = os.path.getmtime(metrics_file) if os.path.exists(metrics_file) else start
+            wall = (wall or 0.0) + max(0.0, last - start)
+        if wall is None:  # training seconds from the logged steps/s (no evaluation)
+            wall, previous, source = 0.0, 0, "metrics"
+            for line in lines:
+                if line.get("perf/steps_per_second"):
+                    wall += (line["step"] - previous) / line["perf/steps_per_second"]
+                    previous = line["step"]
+            wall = wall or None
         rows.append({
             "name": record.get("name", name), "workdir": workdir,
             "overrides": record.get("overrides", {}), "status": status, "step": step,
@@ -97,17 +90,10 @@ def _override_keys(rows: Sequence[dict]) -> list[str]:
     return list(dict.fromkeys(k for row in rows for k in row["overrides"]))
 
 
-def _metric_columns(rows: Sequence[dict], metrics: Sequence[str] | None) -> list[str]:
-    if metrics:
-        return list(metrics)
-    return sorted({k for row in rows for k in row["metrics"] if k.startswith("eval/")})
-
-
-def _human_seconds(seconds: float | None, estimated: bool = False) -> str:
+def _human_seconds(seconds: float | None, estimated: bool) -> str:
     if seconds is None:
         return ""
-    prefix = "~" if estimated else ""
-    seconds = float(seconds)
+    prefix, seconds = "~" if estimated else "", float(seconds)
     if seconds < 60:
         return f"{prefix}{seconds:.1f}s"
     if seconds < 3600:
@@ -116,58 +102,9 @@ def _human_seconds(seconds: float | None, estimated: bool = False) -> str:
 
 
 def _number(value: Any) -> str:
-    if value is None:
-        return ""
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.4g}"
-    return str(value)
-
-
-def table(rows: Sequence[dict], metrics: Sequence[str] | None = None
-          ) -> tuple[list[str], list[list[Any]], list[str], list[list[str]]]:
-    """(csv header, csv rows, markdown header, markdown rows)."""
-    keys = _override_keys(rows)
-    names = short_keys(keys)
-    columns = _metric_columns(rows, metrics)
-    csv_header = ["run", "status", *keys, "params", *columns, "step", "num_steps",
-                  "wall_seconds"]
-    md_header = ["run", "status", *(names[k] for k in keys), "params", *columns, "steps",
-                 "wall time"]
-    csv_rows, md_rows = [], []
-    for row in rows:
-        values = [row["overrides"].get(k) for k in keys]
-        found = [row["metrics"].get(c) for c in columns]
-        csv_rows.append([row["name"], row["status"],
-                         *(format_value(v) if isinstance(v, (list, tuple, dict)) else v
-                           for v in values),
-                         row["params"], *found, row["step"], row["num_steps"],
-                         None if row["wall_seconds"] is None
-                         else round(row["wall_seconds"], 3)])
-        md_rows.append([row["name"], row["status"],
-                        *("" if k not in row["overrides"] else format_value(v)
-                          for k, v in zip(keys, values)),
-                        "" if row["params"] is None else f"{row['params']:,}",
-                        *(_number(v) for v in found),
-                        f"{row['step']}/{row['num_steps'] or '?'}",
-                        _human_seconds(row["wall_seconds"], row["wall_source"] == "metrics")])
-    return csv_header, csv_rows, md_header, md_rows
-
-
-def markdown(rows: Sequence[dict], metrics: Sequence[str] | None = None) -> str:
-    """The results as a Markdown table (one line per run)."""
-    _, _, header, body = table(rows, metrics)
-
-    def line(cells):
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-    numeric = [all(_looks_numeric(r[i]) for r in body if r[i] != "") and
-               any(r[i] != "" for r in body) for i in range(len(header))]
-    rule = "|" + "|".join("---:" if n else "---" for n in numeric) + "|"
-    return "\n".join([line(header), rule, *(line(r) for r in body)]) + "\n"
-
-
-def _looks_numeric(text: str) -> bool:
-    return bool(re.fullmatch(r"~?[-+0-9.,e/hms]+|nan|True|False", str(text)))
+    return "" if value is None else str(value)
 
 
 def write_tables(rows: Sequence[dict], directory: str,
@@ -175,13 +112,173 @@ def write_tables(rows: Sequence[dict], directory: str,
     """Writes DIR/results.csv and DIR/results.md; returns the Markdown table.
     Columns: run, status, the overrides, params, the final value of each metric
     in `metrics` (default: every eval/* metric), steps, wall time."""
-    header, body, _, _ = table(rows, metrics)
+    keys = _override_keys(rows)
+    names = short_keys(keys)
+    columns = list(metrics or sorted({k for row in rows for k in row["metrics"]
+                                      if k.startswith("eval/")}))
+    csv_rows = [["run", "status", *keys, "params", *columns, "step", "num_steps",
+                 "wall_seconds"]]
+    header = ["run", "status", *(names[k] for k in keys), "params", *columns, "steps",
+              "wall time"]
+    body = []
+    for row in rows:
+        values = [row["overrides"].get(k) for k in keys]
+        found = [row["metrics"].get(c) for c in columns]
+        wall = row["wall_seconds"]
+        csv_rows.append([row["name"], row["status"],
+                         *(format_value(v) if isinstance(v, (list, tuple, dict)) else v
+                           for v in values),
+                         row["params"], *found, row["step"], row["num_steps"],
+                         None if wall is None else round(wall, 3)])
+        body.append([row["name"], row["status"],
+                     *("" if k not in row["overrides"] else format_value(v)
+                       for k, v in zip(keys, values)),
+                     "" if row["params"] is None else f"{row['params']:,}",
+                     *(_number(v) for v in found),
+                     f"{row['step']}/{row['num_steps'] or '?'}",
+                     _human_seconds(wall, row["wall_source"] == "metrics")])
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "results.csv"), "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows([["" if v is None else v for v in r] for r in body])
-    text = markdown(rows, metrics)
+        csv.writer(f).writerows([["" if v is None else v for v in r] for r in csv_rows])
+
+    def line(cells):
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    # Right-align the columns whose every filled cell looks like a number.
+    numeric = [any(r[i] != "" for r in body) and all(
+        re.fullmatch(r"~?[-+0-9.,e/hms]+|nan|True|False", str(r[i]))
+        for r in body if r[i] != "") for i in range(len(header))]
+    rule = "|" + "|".join("---:" if n else "---" for n in numeric) + "|"
+    text = "\n".join([line(header), rule, *(line(r) for r in body)]) + "\n"
     with open(os.path.join(directory, "results.md"), "w") as f:
         f.write(text)
     return text
+
+
+def _axis_values(rows: Sequence[dict], key: str | None) -> list[Any]:
+    if key is None:
+        return [None]
+    values = []
+    for row in rows:
+        value = row["overrides"].get(key)
+        if value not in values:
+            values.append(value)
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        values.sort()
+    return values
+
+
+def plot(rows: Sequence[dict], directory: str, metric: str, x: str | None = None,
+         y: str | None = None, mode: str | None = None) -> dict[str, str]:
+    """Writes PNGs under `directory` and returns {kind: path}:
+
+    - heatmap: `metric` over the swept keys `x` (columns) and `y` (rows)
+      (default: the first two swept keys), each cell annotated, with a colour
+      bar; other swept keys are reduced to the best run (`mode` 'max'/'min',
+      default 'min' for losses and error rates), runs without the metric blank;
+    - scatter: `metric` against the parameter count (runs with both);
+    - curves: train/loss and `metric` against the step, one line per run.
+    """
+    import matplotlib
+    from matplotlib.figure import Figure
+    import numpy as np
+
+    mode = mode or ("min" if any(w in metric.lower() for w in _LOWER_IS_BETTER) else "max")
+    best = max if mode == "max" else min
+    keys = _override_keys(rows)
+    names = short_keys(keys)
+    if x is None:
+        x = keys[0] if keys else None
+    if y is None:
+        y = next((k for k in keys if k != x), None)
+    for key in (x, y):
+        if key is not None and key not in keys:
+            raise SweepError(f"plot axis {key!r} is not a swept key; swept: "
+                             f"{', '.join(keys) or 'none'}")
+    os.makedirs(directory, exist_ok=True)
+    paths = {}
+    tag = re.sub(r"[^A-Za-z0-9._-]+", "_", metric).strip("_")
+
+    # Heatmap.
+    xs, ys = _axis_values(rows, x), _axis_values(rows, y)
+    grid = np.full((len(ys), len(xs)), np.nan)
+    counts = np.zeros_like(grid, dtype=int)
+    for row in rows:
+        value = row["metrics"].get(metric)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        i = ys.index(row["overrides"].get(y) if y else None)
+        j = xs.index(row["overrides"].get(x) if x else None)
+        grid[i, j] = value if counts[i, j] == 0 else best(grid[i, j], value)
+        counts[i, j] += 1
+    fig = Figure(figsize=(max(4.0, 1.1 * len(xs) + 2.5), max(2.5, 0.8 * len(ys) + 1.8)))
+    ax = fig.add_subplot()
+    cmap = matplotlib.colormaps["viridis" if mode == "max" else "viridis_r"] \
+        .with_extremes(bad="#dddddd")
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, aspect="auto")
+    colorbar = fig.colorbar(image, ax=ax)
+    colorbar.set_label(f"{metric} ({'higher' if mode == 'max' else 'lower'} is better)")
+    finite = grid[np.isfinite(grid)]
+    low, high = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
+    for i in range(len(ys)):
+        for j in range(len(xs)):
+            if not np.isfinite(grid[i, j]):
+                ax.text(j, i, "n/a", ha="center", va="center", color="#666666", fontsize=8)
+                continue
+            level = 0.5 if high == low else (grid[i, j] - low) / (high - low)
+            if mode == "min":
+                level = 1 - level
+            ax.text(j, i, f"{grid[i, j]:.4g}", ha="center", va="center",
+                    color="black" if level > 0.6 else "white", fontsize=9)
+    ax.set_xticks(range(len(xs)), [format_value(v) for v in xs])
+    ax.set_yticks(range(len(ys)), [format_value(v) for v in ys] if y else [""])
+    ax.set_xlabel(x or "")
+    ax.set_ylabel(y or "")
+    others = [names[k] for k in keys if k not in (x, y)]
+    ax.set_title(metric + (f" (best over {', '.join(others)})"
+                           if others and counts.max() > 1 else ""))
+    fig.tight_layout()
+    paths["heatmap"] = os.path.join(directory, f"heatmap_{tag}.png")
+    fig.savefig(paths["heatmap"], dpi=100)
+
+    # Metric against parameters.
+    points = [(row["params"], row["metrics"][metric], row["name"]) for row in rows
+              if row.get("params") and row["metrics"].get(metric) is not None]
+    if points:
+        fig = Figure(figsize=(6, 4))
+        ax = fig.add_subplot()
+        sizes = [p[0] for p in points]
+        ax.scatter(sizes, [p[1] for p in points])
+        for params, value, name in points:
+            ax.annotate(name, (params, value), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+        if max(sizes) > 10 * min(sizes):
+            ax.set_xscale("log")
+        ax.margins(x=0.3, y=0.1)
+        ax.set(xlabel="parameters", ylabel=metric, title=f"{metric} against model size")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        paths["scatter"] = os.path.join(directory, f"params_{tag}.png")
+        fig.savefig(paths["scatter"], dpi=100)
+
+    # Training curves.
+    fig = Figure(figsize=(11, 4))
+    axes = fig.subplots(1, 2)
+    drawn = False
+    for row in rows:
+        lines = read_metrics(row["workdir"])
+        for ax, key in zip(axes, ("train/loss", metric)):
+            steps = [l["step"] for l in lines if key in l]
+            if steps:
+                ax.plot(steps, [l[key] for l in lines if key in l], marker="." if
+                        len(steps) < 30 else None, label=row["name"])
+                drawn = True
+    for ax, key in zip(axes, ("train/loss", metric)):
+        ax.set(xlabel="step", ylabel=key, title=key)
+        ax.grid(alpha=0.3)
+    if drawn:
+        axes[1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    paths["curves"] = os.path.join(directory, f"curves_{tag}.png")
+    fig.savefig(paths["curves"], dpi=100)
+    return paths

@@ -1,46 +1,138 @@
-"""The runner: a sweep's runs over a base config, trained here one after
-another or written out as launcher commands (print, tpu_vm, slurm)."""
+r"""A sweep's runs: their names, their directories' files, and `Sweep`, which
+trains them here one after another or writes launcher commands.
+
+A sweep directory holds one workdir per point, named by `run_name`::
+
+    DIR/sweep.json            the sweep: config file, base overrides, points, runs
+    DIR/<run>/overrides.json  the point's overrides (written before it runs)
+    DIR/<run>/run.json        parameters, status, sessions (start/end, steps), wall time
+    DIR/<run>/DONE            written when a local run finished its steps
+    DIR/<run>/config.json, metrics.jsonl, checkpoints/ ...   the trainer's
+    DIR/results.csv, results.md, *.png                        `results`
+    DIR/commands.sh           launcher commands (print/tpu_vm/slurm)
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import hashlib
+import json
 import os
+import re
 import shlex
 import socket
 import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from bert_jax.analysis.sweeps.files import (
-    DONE_FILE, OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, _now, count_parameters, is_finished,
-    read_record, run_checkpoint_steps)
-from bert_jax.analysis.sweeps.names import run_name
 from bert_jax.analysis.sweeps.points import SweepError, apply_overrides, as_points, validate
-from bert_jax.file_io import jsonable, write_json
-from bert_jax.training.workdir import read_metrics
+from bert_jax.errors import DamagedFileError
+from bert_jax.file_io import jsonable, read_json, write_json
+from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps, read_metrics
 
-LAUNCHERS = ("local", "print", "tpu_vm", "slurm")
+SWEEP_FILE = "sweep.json"
+OVERRIDES_FILE = "overrides.json"
+RUN_FILE = "run.json"
+DONE_FILE = "DONE"
 COMMANDS_FILE = "commands.sh"
+LAUNCHERS = ("local", "print", "tpu_vm", "slurm")
+MAX_NAME_LENGTH = 80
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=,+-]")
 
 
-def flag_text(value: Any) -> str:
-    """A value as `--config.KEY=` text that ml_collections' config_flags parses
-    back to it (bools as true/false, tuples and lists as literals)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
+def short_keys(keys: Iterable[str]) -> dict[str, str]:
+    """Each key's shortest dotted suffix that no other key shares."""
+    keys = list(dict.fromkeys(keys))
+    out = {}
+    for key in keys:
+        parts = key.split(".")
+        out[key] = key
+        for n in range(1, len(parts)):
+            suffix = ".".join(parts[-n:])
+            if not any(o == suffix or o.endswith("." + suffix) for o in keys if o != key):
+                out[key] = suffix
+                break
+    return out
+
+
+def format_value(value: Any) -> str:
+    """A short text form of a value (names, tables, plot labels)."""
+    if isinstance(value, float):  # numpy floats too, as run names always had them
         return repr(value)
     if isinstance(value, (tuple, list)):
-        return repr(tuple(value))
-    if isinstance(value, (dict, type(None))):
-        return repr(value)
+        return "(" + ",".join(format_value(v) for v in value) + ")"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{format_value(v)}" for k, v in value.items()) + "}"
     return str(value)
 
 
-def override_flags(overrides: dict[str, Any]) -> list[str]:
-    return [f"--config.{k}={flag_text(v)}" for k, v in overrides.items()]
+def run_name(overrides: dict[str, Any]) -> str:
+    """A stable, readable, filesystem-safe name: `num_heads=2,num_layers=1`
+    (keys sorted, shortened by `short_keys`). Values that need other
+    characters, or names longer than MAX_NAME_LENGTH, get an 8-hex hash of the
+    exact overrides as a suffix, so different points never share a name."""
+    if not overrides:
+        return "base"
+    names = short_keys(sorted(overrides))
+    texts = {k: format_value(overrides[k]) for k in overrides}
+    readable = ",".join(f"{names[k]}={texts[k]}" for k in sorted(overrides))
+    safe = _UNSAFE.sub("_", readable.replace("(", "").replace(")", ""))
+    lossy = safe != readable or any("," in t or "=" in t for t in texts.values())
+    if lossy or len(safe) > MAX_NAME_LENGTH:
+        canonical = json.dumps([[k, repr(overrides[k])] for k in sorted(overrides)])
+        digest = hashlib.sha1(canonical.encode()).hexdigest()[:8]
+        safe = safe[:MAX_NAME_LENGTH - 9].rstrip("_") + "-" + digest
+    return safe
+
+
+def read_record(path: str) -> Any:
+    """The JSON file at `path`, or None when it is absent or unreadable."""
+    try:
+        return read_json(path)
+    except (OSError, DamagedFileError):
+        return None
+
+
+def run_checkpoint_steps(workdir: str) -> list[int]:
+    return checkpoint_steps(os.path.join(workdir, CHECKPOINT_DIR))
+
+
+def is_finished(workdir: str, num_steps: int) -> bool:
+    """A DONE marker for at least `num_steps`, or a checkpoint of that step."""
+    done = read_record(os.path.join(workdir, DONE_FILE))
+    if isinstance(done, dict) and int(done.get("num_steps", -1)) >= num_steps:
+        return True
+    return any(step >= num_steps for step in run_checkpoint_steps(workdir))
+
+
+def count_parameters(config: Any, workdir: str) -> int:
+    """The model's parameter count from shapes only (`jax.eval_shape`; nothing
+    is allocated). The task may write its vocabulary into `workdir`."""
+    import jax
+    import numpy as np
+    from bert_jax.tasks import build_task
+
+    task = build_task(config, workdir)
+    shapes = jax.eval_shape(task.init_variables, jax.random.PRNGKey(0))
+    params = shapes["params"] if "params" in shapes else shapes
+    return int(sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params)))
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def flag_text(value: Any) -> str:
+    """`value` as `--config.KEY=` text that ml_collections' config_flags parses
+    back to it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return repr(tuple(value))
+    return str(value)
 
 
 @dataclasses.dataclass
@@ -53,26 +145,12 @@ class Run:
 
 
 class Sweep:
-    """The runs of a sweep over a base config.
-
-    Args:
-      config: the base ConfigDict (base overrides already applied).
-      directory: the sweep directory.
-      points: a list of override dicts or a one-line spec string.
-      config_file: `experiments/X.py[:ARG]`, for launcher commands.
-      base_overrides: flat overrides applied to every run (recorded, and
-        repeated in launcher commands; a point's own value wins).
-      launcher: 'local' (train here, one after another) or 'print',
-        'tpu_vm', 'slurm' (commands).
-      command_directory: the sweep directory as the launched jobs see it
-        (default: `directory` as given).
-      launcher_flags: extra arguments for `tpu_vm.py train` (e.g. --zone=Z) or
-        `sbatch` (e.g. --nodes=1 --gpus-per-node=1 --ntasks-per-node=1).
-      tpu_name: TPU VM name, a format string of {index} and {name}.
-      train_fn: `train_fn(config, workdir)`, default the trainer's
-        train_and_evaluate (tests pass a counting wrapper).
-      log: where progress lines go (default stderr).
-    """
+    """The runs of `points` (override dicts or a spec) over `config` (base
+    overrides already applied). `base_overrides` are recorded and repeated in
+    launcher commands (a point's own value wins); `config_file`
+    (`experiments/X.py[:ARG]`) is for launcher commands; `command_directory`
+    is `directory` as the launched jobs see it; `tpu_name` formats {index} and
+    {name}; `train_fn(config, workdir)` defaults to the trainer's."""
 
     def __init__(self, config: Any, directory: str, points, *,
                  config_file: str | None = None,
@@ -104,12 +182,10 @@ class Sweep:
             name = run_name(point)
             if name in names:
                 raise SweepError(f"points {names[name]} and {point} share the run name "
-                                 f"{name!r} (a repeated point?)", token=name)
+                                 f"{name!r}; remove the repeated point")
             names[name] = point
             self.runs.append(Run(i, name, dict(point), os.path.join(directory, name),
                                  os.path.join(command_directory, name)))
-
-    # Files.
 
     def num_steps(self, run: Run) -> int:
         return int(apply_overrides(self.config, run.overrides).train.num_steps)
@@ -119,14 +195,14 @@ class Sweep:
         os.makedirs(self.directory, exist_ok=True)
         sweep_file = os.path.join(self.directory, SWEEP_FILE)
         previous = read_record(sweep_file) or {}
-        names = list(dict.fromkeys([*previous.get("runs", []),
-                                    *(r.name for r in self.runs)]))
         write_json(sweep_file, jsonable({
             "config_file": self.config_file,
             "spec": self.spec,
             "base_overrides": self.base_overrides,
             "points": list(self.points),
-            "runs": names,   # this sweep's runs after any earlier ones in DIR
+            # This sweep's runs after any earlier ones in DIR.
+            "runs": list(dict.fromkeys([*previous.get("runs", []),
+                                        *(r.name for r in self.runs)])),
             "launcher": self.launcher,
             "updated": _now(),
         }))
@@ -140,10 +216,8 @@ class Sweep:
                                "num_steps": self.num_steps(run)})
             if saved and saved.get("overrides") != record["overrides"]:
                 raise SweepError(f"{path} holds other overrides ({saved.get('overrides')}) "
-                                 f"than this point ({run.overrides})", token=run.name)
+                                 f"than this point ({run.overrides}); use another --workdir")
             write_json(path, record)
-
-    # Local runs.
 
     def run(self, *, stop_on_error: bool = False) -> dict[str, str]:
         """Trains every unfinished point here, one after another, stopping
@@ -155,7 +229,7 @@ class Sweep:
         outcome = {}
         for run in self.runs:
             outcome[run.name] = self.run_one(run, stop_on_error=stop_on_error)
-            if outcome[run.name] == "interrupted":   # preempted: stop here
+            if outcome[run.name] == "interrupted":
                 break
         return outcome
 
@@ -163,16 +237,16 @@ class Sweep:
         config = apply_overrides(self.config, run.overrides)
         num_steps = int(config.train.num_steps)
         run_file = os.path.join(run.workdir, RUN_FILE)
+        done_file = os.path.join(run.workdir, DONE_FILE)
+        counter = f"sweep: [{run.index + 1}/{len(self.runs)}] {run.name}:"
         if is_finished(run.workdir, num_steps):
-            self.log(f"sweep: [{run.index + 1}/{len(self.runs)}] {run.name}: finished "
-                     f"({num_steps} steps), skipped")
-            if not os.path.exists(os.path.join(run.workdir, DONE_FILE)):
-                write_json(os.path.join(run.workdir, DONE_FILE), {"num_steps": num_steps})
+            self.log(f"{counter} finished ({num_steps} steps), skipped")
+            if not os.path.exists(done_file):
+                write_json(done_file, {"num_steps": num_steps})
             return "skipped"
-        train_fn = self.train_fn
-        if train_fn is None:
+        if self.train_fn is None:
             from bert_jax.training.trainer import train_and_evaluate
-            train_fn = train_and_evaluate
+            self.train_fn = train_and_evaluate
         info = read_record(run_file) or {}
         info.update({"name": run.name, "overrides": jsonable(run.overrides),
                      "num_steps": num_steps, "status": "running"})
@@ -189,23 +263,20 @@ class Sweep:
             session["seconds"] = session["end_time"] - session["start_time"]
             session["last_step"] = max([*run_checkpoint_steps(run.workdir),
                                         *(m["step"] for m in read_metrics(run.workdir)), 0])
-            info["status"] = status
-            info["end_time"] = session["end"]
-            info["wall_seconds"] = sum(s.get("seconds", 0.0) for s in info["sessions"])
+            info.update(status=status, end_time=session["end"],
+                        wall_seconds=sum(s.get("seconds", 0.0) for s in info["sessions"]))
+            info.pop("error", None)
             if error:
                 info["error"] = error
-            else:
-                info.pop("error", None)
             write_json(run_file, info)
 
         try:
             if info.get("params") is None:  # shapes only; a bad config fails here
                 info["params"] = count_parameters(config, run.workdir)
                 write_json(run_file, info)
-            self.log(f"sweep: [{run.index + 1}/{len(self.runs)}] {run.name}: "
-                     + (f"resuming from step {resume}" if resume else "starting")
+            self.log(f"{counter} " + (f"resuming from step {resume}" if resume else "starting")
                      + f" ({info['params']:,} parameters, {num_steps} steps)")
-            train_fn(config, run.workdir)
+            self.train_fn(config, run.workdir)
         except KeyboardInterrupt:
             finish("interrupted")
             raise
@@ -215,32 +286,27 @@ class Sweep:
             if stop_on_error:
                 raise
             return "failed"
-        if not any(step >= num_steps for step in run_checkpoint_steps(run.workdir)):
+        if not is_finished(run.workdir, num_steps):
             # The trainer returns early after a preemption (SIGTERM) checkpoint.
             finish("interrupted")
             self.log(f"sweep: {run.name}: stopped before step {num_steps} (preempted); "
                      "relaunch the sweep to resume it")
             return "interrupted"
         finish("done")
-        write_json(os.path.join(run.workdir, DONE_FILE),
-                   {"num_steps": num_steps, "time": _now()})
+        write_json(done_file, {"num_steps": num_steps, "time": _now()})
         self.log(f"sweep: {run.name}: done in {info['wall_seconds']:.1f}s")
         return "done"
-
-    # Launcher commands.
 
     def train_flags(self, run: Run) -> list[str]:
         if not self.config_file:
             raise SweepError("launcher commands need config_file (experiments/X.py[:ARG])")
         overrides = {**self.base_overrides, **run.overrides}
         return [f"--config={self.config_file}", f"--workdir={run.command_workdir}",
-                *override_flags(overrides)]
+                *(f"--config.{k}={flag_text(v)}" for k, v in overrides.items())]
 
     def command(self, run: Run) -> list[str]:
         """The argv that trains `run` with this sweep's launcher."""
         flags = self.train_flags(run)
-        if self.launcher in ("print", "local"):
-            return [self.python, "launch/train.py", *flags]
         if self.launcher == "tpu_vm":
             name = self.tpu_name.format(index=run.index, name=run.name)
             return [self.python, "launch/tpu_vm.py", "train", name, *self.launcher_flags,
@@ -251,27 +317,26 @@ class Sweep:
                 job.append(f"--output={run.command_workdir}/slurm-%j.out")
             return ["sbatch", *job, *self.launcher_flags, "launch/slurm_train.sbatch",
                     *flags]
-        raise AssertionError(self.launcher)
+        return [self.python, "launch/train.py", *flags]
 
     def commands(self) -> list[list[str]]:
         return [self.command(run) for run in self.runs]
 
     def launch(self, *, submit: bool = False, out=None) -> list[str]:
-        """Writes DIR/commands.sh and prints one shell-quoted command per run
-        (finished runs are left out); with `submit`, also runs each one."""
+        """Writes DIR/commands.sh and prints one shell-quoted command per
+        unfinished run; with `submit`, also runs each one."""
         self.prepare()
-        out = out or sys.stdout
         lines = []
         for run in self.runs:
             if is_finished(run.workdir, self.num_steps(run)):
                 self.log(f"sweep: {run.name}: finished, no command")
-                continue
-            lines.append(shlex.join(self.command(run)))
+            else:
+                lines.append(shlex.join(self.command(run)))
         with open(os.path.join(self.directory, COMMANDS_FILE), "w") as f:
             f.write("#!/bin/bash\n# One command per run of the sweep; run from the "
                     "repository root.\n" + "".join(line + "\n" for line in lines))
         for line in lines:
-            print(line, file=out, flush=True)
+            print(line, file=out or sys.stdout, flush=True)
         if submit:
             for line in lines:
                 rc = subprocess.run(shlex.split(line)).returncode
