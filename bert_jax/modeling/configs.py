@@ -50,8 +50,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_token_id(field: str, value: Any, vocab_size: int, vocab: str) -> None:
-    if not (_is_number(value) and isinstance(value, int) and 0 <= value < vocab_size):
+    if not (_is_int(value) and 0 <= value < vocab_size):
         raise _invalid(field, value, f"must be a token id in [0, {vocab_size}) ({vocab}).")
 
 
@@ -118,7 +122,7 @@ class StackConfig:
             value = getattr(self, field)
             if value is None and field in self._optional_ints:
                 continue
-            if not (_is_number(value) and isinstance(value, int) and value > 0):
+            if not (_is_int(value) and value > 0):
                 raise _invalid(field, value, "must be a positive integer.")
         if self.hidden_size % self.num_heads:
             divisors = [h for h in range(1, self.hidden_size + 1)
