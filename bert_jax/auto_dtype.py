@@ -12,12 +12,11 @@ is faster only where the hardware has bfloat16 arithmetic:
                           77: slower, not faster.
 Everywhere else 'auto' means float32. The choice and its reason are logged.
 
-'auto' is resolved once, when a run is set up, and the concrete dtype is what
-the workdir's config.json records (so a resumed run, evaluation and
-translation keep it, on whatever machine): the trainer resolves it before
-writing config.json (keeping the dtype of a run already in the workdir),
-`launch/compile.py` for its target topology, not for the CPU it runs on, and
-`build_task` for the local devices when nothing did before.
+'auto' is resolved once, when a run is set up, and the workdir's config.json
+records the concrete dtype, so a resumed run, evaluation and translation keep
+it on any machine. The trainer resolves it (keeping the dtype of a run already
+in the workdir), `launch/compile.py` for its target topology, and `build_task`
+for the local devices when nothing did before.
 """
 
 from __future__ import annotations
@@ -65,7 +64,6 @@ def choose_dtype(hardware: Hardware) -> tuple[str, str]:
 
 
 def local_hardware(devices: Sequence[jax.Device] | None = None) -> Hardware:
-    """The `Hardware` of `devices` (default: this process's devices)."""
     device = (devices or jax.local_devices())[0]
     if device.platform == "tpu":
         return Hardware("tpu", device.device_kind)

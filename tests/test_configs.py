@@ -45,12 +45,10 @@ def test_tiny_configs_are_valid():
 
 @pytest.mark.parametrize("cls, base", CONFIGS)
 def test_hidden_size_not_divisible_by_heads(cls, base):
-    with pytest.raises(ConfigError,
-                       match=r"hidden_size=30 is not divisible by num_heads=4.*"
-                             r"choose num_heads dividing hidden_size"):
+    with pytest.raises(ConfigError, match=r"config\.model\.num_heads=4: .*hidden_size=30"):
         cls(**{**base, "hidden_size": 30, "num_heads": 4})
-    # The suggested head count really divides hidden_size.
-    with pytest.raises(ConfigError, match=r"the nearest is 8;"):
+    # The suggested head count (the nearest divisor) really divides hidden_size.
+    with pytest.raises(ConfigError, match=r"num_heads=7: .*\b8\b"):
         cls(**{**base, "hidden_size": 200, "num_heads": 7})
 
 
@@ -60,15 +58,13 @@ def test_hidden_size_not_divisible_by_heads(cls, base):
 @pytest.mark.parametrize("value", [0, -4, 32.0, True], ids=["zero", "negative",
                                                              "float", "bool"])
 def test_non_positive_or_non_int_sizes(cls, base, field, value):
-    with pytest.raises(ConfigError,
-                       match=rf"{cls.__name__}\.{field}={re.escape(repr(value))}: "
-                             r"must be a positive integer"):
+    with pytest.raises(ConfigError, match=rf"config\.model\.{field}={re.escape(repr(value))}:"):
         cls(**{**base, field: value})
 
 
 @pytest.mark.parametrize("value", [0, -1, 2.0, True])
 def test_bert_type_vocab_size_must_be_positive_int(value):
-    with pytest.raises(ConfigError, match=r"type_vocab_size=.*positive integer"):
+    with pytest.raises(ConfigError, match=r"type_vocab_size="):
         BertConfig(**{**TINY_BERT, "type_vocab_size": value})
 
 
@@ -79,7 +75,7 @@ def test_transformer_optional_sizes(field):
                                field: None})
     assert cfg.output_vocab_size == 50 and cfg.decoder_layers == 1
     for bad in (0, -2, 1.5):
-        with pytest.raises(ConfigError, match=rf"{field}=.*positive integer"):
+        with pytest.raises(ConfigError, match=rf"{field}={bad}:"):
             TransformerConfig(**{**TINY_TRANSFORMER, "share_embeddings": False,
                                  field: bad})
     cfg = TransformerConfig(**{**TINY_TRANSFORMER, "share_embeddings": False,
@@ -98,15 +94,14 @@ def test_transformer_optional_sizes(field):
     ("param_dtype", "float64", "bfloat16"),
 ])
 def test_unknown_choice(cls, base, field, bad, a_valid_choice):
-    with pytest.raises(ConfigError,
-                       match=rf"{field}='{bad}': unknown; choose one of .*"
-                             rf"'{a_valid_choice}'"):
+    # The message names the field and offers the valid choices.
+    with pytest.raises(ConfigError, match=rf"{field}='{bad}':.*'{a_valid_choice}'"):
         cls(**{**base, field: bad})
     assert getattr(cls(**{**base, field: a_valid_choice}), field) == a_valid_choice
 
 
 def test_unknown_position_kind():
-    with pytest.raises(ConfigError, match=r"position='rotary'.*choose one of.*learned"):
+    with pytest.raises(ConfigError, match=r"position='rotary':.*'learned'"):
         TransformerConfig(**TINY_TRANSFORMER, position="rotary")
 
 
@@ -114,8 +109,7 @@ def test_unknown_position_kind():
 @pytest.mark.parametrize("field", ["dropout_rate", "attention_dropout_rate"])
 @pytest.mark.parametrize("value", [-0.1, 1.0, 1.5])
 def test_dropout_outside_unit_interval(cls, base, field, value):
-    with pytest.raises(ConfigError,
-                       match=rf"{cls.__name__}\.{field}={value!r}: must be in \[0, 1\)"):
+    with pytest.raises(ConfigError, match=rf"config\.model\.{field}={value!r}:"):
         cls(**{**base, field: value})
 
 
@@ -129,14 +123,12 @@ def test_dropout_boundaries_accepted(cls, base, field):
 @pytest.mark.parametrize("field", ["layer_norm_eps", "initializer_range"])
 @pytest.mark.parametrize("value", [0.0, -1e-6])
 def test_positive_floats(field, value):
-    with pytest.raises(ConfigError, match=rf"{field}=.*must be > 0"):
+    with pytest.raises(ConfigError, match=rf"{field}={value!r}:"):
         BertConfig(**TINY_BERT, **{field: value})
 
 
 def test_share_embeddings_needs_one_vocabulary():
-    with pytest.raises(ConfigError,
-                       match=r"share_embeddings=True.*vocab_size=50.*"
-                             r"target_vocab_size=60.*set share_embeddings=False"):
+    with pytest.raises(ConfigError, match=r"share_embeddings=True:.*target_vocab_size=60"):
         TransformerConfig(**TINY_TRANSFORMER, target_vocab_size=60)
     # The fixes the message suggests both work.
     cfg = TransformerConfig(**TINY_TRANSFORMER, target_vocab_size=60,
@@ -147,13 +139,13 @@ def test_share_embeddings_needs_one_vocabulary():
 
 @pytest.mark.parametrize("field", ["pad_id", "bos_id", "eos_id"])
 def test_special_token_ids_must_be_in_target_vocabulary(field):
-    token_id = rf"{field}=%s: must be an integer token id in \[0, %d\)"
+    token_id = rf"{field}=%s: .*\[0, %d\)"  # the field and the range it must lie in
     with pytest.raises(ConfigError, match=token_id % ("-1", 50)):
         TransformerConfig(**TINY_TRANSFORMER, **{field: -1})
     with pytest.raises(ConfigError, match=token_id % ("50", 50)):
         TransformerConfig(**TINY_TRANSFORMER, **{field: 50})
     for not_an_int in (True, 0.5):
-        with pytest.raises(ConfigError, match=rf"{field}={not_an_int!r}: must be an integer"):
+        with pytest.raises(ConfigError, match=rf"{field}={not_an_int!r}:"):
             TransformerConfig(**TINY_TRANSFORMER, **{field: not_an_int})
     # bos/eos live in the target vocabulary; pad marks padding on both sides.
     with pytest.raises(ConfigError, match=rf"{field}=12: .*\[0, 12\)"):
@@ -167,29 +159,28 @@ def test_special_token_ids_must_be_in_target_vocabulary(field):
 
 
 def test_bert_pad_token_id_is_validated():
-    with pytest.raises(ConfigError, match=r"BertConfig.pad_token_id=-7"):
+    with pytest.raises(ConfigError, match=r"config\.model\.pad_token_id=-7:"):
         BertConfig(**TINY_BERT, pad_token_id=-7)
 
 
 def test_non_numeric_rates_are_config_errors():
-    with pytest.raises(ConfigError, match=r"dropout_rate='0.1': must be in \[0, 1\)"):
+    with pytest.raises(ConfigError, match=r"dropout_rate='0.1':"):
         TransformerConfig(**TINY_TRANSFORMER, dropout_rate="0.1")
-    with pytest.raises(ConfigError, match=r"layer_norm_eps=None"):
+    with pytest.raises(ConfigError, match=r"layer_norm_eps=None:"):
         BertConfig(**TINY_BERT, layer_norm_eps=None)
 
 
 def test_unknown_presets():
-    with pytest.raises(ConfigError, match=r"unknown BERT preset 'huge'.*'tiny'.*'large'"):
+    with pytest.raises(ConfigError, match=r"'huge'.*'tiny'.*'large'"):  # and the choices
         bert_preset("huge")
-    with pytest.raises(ConfigError,
-                       match=r"unknown Transformer preset 'small'.*'base'.*'big'"):
+    with pytest.raises(ConfigError, match=r"'small'.*'base'.*'big'"):
         transformer_preset("small")
 
 
 def test_from_dict_rejects_unknown_key():
-    with pytest.raises(ConfigError, match=r"unknown field\(s\) \['hidden_sise'\]"):
+    with pytest.raises(ConfigError, match=r"\['hidden_sise'\]"):
         BertConfig.from_dict({**TINY_BERT, "hidden_sise": 32})
-    with pytest.raises(ConfigError, match=r"TransformerConfig.*\['d_model'\].*hidden_size"):
+    with pytest.raises(ConfigError, match=r"\['d_model'\].*'hidden_size'"):
         TransformerConfig.from_dict({"d_model": 512})
 
 
@@ -197,7 +188,7 @@ def test_from_dict_rejects_unknown_key():
 def test_dict_round_trip(cls, base):
     cfg = cls(**base, activation="gelu_tanh", dropout_rate=0.25)
     assert cls.from_dict(cfg.to_dict()) == cfg
-    with pytest.raises(ConfigError, match=r"hidden_size=30 is not divisible"):
+    with pytest.raises(ConfigError, match=r"num_heads=4:"):
         cls.from_dict({**cfg.to_dict(), "hidden_size": 30, "num_heads": 4})
 
 
@@ -235,7 +226,7 @@ def test_bert_defaults_are_base():
 def test_bert_preset_overrides_are_validated():
     cfg = bert_preset("tiny", vocab_size=100, max_len=64)
     assert (cfg.vocab_size, cfg.max_len, cfg.hidden_size) == (100, 64, 128)
-    with pytest.raises(ConfigError, match=r"hidden_size=768 is not divisible by num_heads=5"):
+    with pytest.raises(ConfigError, match=r"num_heads=5: .*hidden_size=768"):
         bert_preset("base", num_heads=5)
 
 
@@ -274,11 +265,11 @@ def test_transformer_defaults_are_base():
 @pytest.mark.parametrize("cls, base", CONFIGS)
 def test_replace_revalidates(cls, base):
     cfg = cls(**base)
-    with pytest.raises(ConfigError, match=r"hidden_size=32 is not divisible by num_heads=3"):
+    with pytest.raises(ConfigError, match=r"num_heads=3: .*hidden_size=32"):
         cfg.replace(num_heads=3)
-    with pytest.raises(ConfigError, match=r"activation='tanh'"):
+    with pytest.raises(ConfigError, match=r"activation='tanh':"):
         dataclasses.replace(cfg, activation="tanh")
-    with pytest.raises(ConfigError, match=r"dropout_rate=1.0"):
+    with pytest.raises(ConfigError, match=r"dropout_rate=1\.0:"):
         cfg.replace(dropout_rate=1.0)
     new = cfg.replace(num_heads=8, dropout_rate=0.0)
     assert (new.num_heads, new.head_dim, new.dropout_rate) == (8, 4, 0.0)
@@ -290,9 +281,9 @@ def test_replace_revalidates(cls, base):
 def test_transformer_replace_revalidates_cross_field_rules():
     cfg = TransformerConfig(**TINY_TRANSFORMER, share_embeddings=False,
                             target_vocab_size=60)
-    with pytest.raises(ConfigError, match=r"share_embeddings=True"):
+    with pytest.raises(ConfigError, match=r"share_embeddings=True:"):
         cfg.replace(share_embeddings=True)
-    with pytest.raises(ConfigError, match=r"eos_id=55.*\[0, 50\)"):
+    with pytest.raises(ConfigError, match=r"eos_id=55: .*\[0, 50\)"):
         cfg.replace(eos_id=55, target_vocab_size=None)
 
 
@@ -309,9 +300,7 @@ def test_bert_model_rejects_sequences_longer_than_max_len():
     variables = jax.eval_shape(model.init, rng, ids)  # exactly max_len is fine
     out = jax.eval_shape(model.apply, variables, ids)
     assert out.sequence_output.shape == (1, 8, 32)
-    with pytest.raises(ConfigError,
-                       match=r"input length 9 exceeds BertConfig\.max_len"
-                             r" \(max_position_embeddings\)=8: truncate"):
+    with pytest.raises(ConfigError, match=r"\b9\b.*config\.model\.max_len=8"):
         jax.eval_shape(model.apply, variables, jnp.full((1, 9), 5, jnp.int32))
     with pytest.raises(ConfigError, match=r"max_len"):
         jax.eval_shape(model.init, rng, jnp.full((1, 9), 5, jnp.int32))
@@ -325,9 +314,7 @@ def test_transformer_rejects_sequences_longer_than_max_len():
     variables = jax.eval_shape(model.init, jax.random.PRNGKey(0), src, tgt)
     encode = functools.partial(model.apply, method=model.encode)
     assert jax.eval_shape(encode, variables, src).shape == (1, 8, 32)
-    with pytest.raises(ConfigError,
-                       match=r"source length 9 exceeds TransformerConfig\.max_len=8"):
+    with pytest.raises(ConfigError, match=r"source length 9 .*config\.model\.max_len=8"):
         jax.eval_shape(encode, variables, jnp.full((1, 9), 5, jnp.int32))
-    with pytest.raises(ConfigError,
-                       match=r"target length 9 exceeds TransformerConfig\.max_len=8"):
+    with pytest.raises(ConfigError, match=r"target length 9 .*config\.model\.max_len=8"):
         jax.eval_shape(model.apply, variables, src, jnp.full((1, 9), 6, jnp.int32))

@@ -172,7 +172,7 @@ def test_decoding_misuse_fails_loudly(translation_batch):
     encoded = incremental.apply(variables, src, method=incremental.encode)
     token = tgt[:, :1]
     # No cache passed: an error, not a silent one-token "init".
-    with pytest.raises(ValueError, match="no 'cache' collection|no key/value cache"):
+    with pytest.raises(ValueError, match="'cache'"):
         incremental.apply(variables, encoded, src, token, method=incremental.decode,
                           mutable=["cache"])
     # Past the cache length: NaN logits, not silently overwritten slots.
@@ -192,7 +192,7 @@ def test_packed_targets_need_source_segments_and_positions(translation_batch):
     model = Transformer(TRANSFORMER)
     variables = random_variables(model, src, tgt)
     segments = jnp.ones_like(tgt)
-    with pytest.raises(ValueError, match="needs inputs_segmentation"):
+    with pytest.raises(ValueError, match="inputs_segmentation"):
         model.apply(variables, src, tgt, None, segments)
     with pytest.raises(ValueError, match="targets_positions"):
         model.apply(variables, src, tgt, jnp.ones_like(src), segments)
@@ -202,7 +202,7 @@ def test_out_of_range_position_ids_are_rejected():
     model = BertModel(BERT)
     ids = jnp.ones((1, 4), jnp.int32)
     variables = random_variables(model, ids)
-    with pytest.raises(ValueError, match=r"position ids must lie in \[0, 16\)"):
+    with pytest.raises(ValueError, match=r"\[0, 16\].*config\.model\.max_len=16"):
         model.apply(variables, ids, position_ids=jnp.array([[0, 1, 2, 16]]))
 
 

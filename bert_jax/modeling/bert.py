@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.modeling.masks import AttentionMask
-from bert_jax.modeling.configs import BertConfig, ConfigError
+from bert_jax.modeling.configs import ACTIVATIONS, BertConfig, ConfigError
 from bert_jax.modeling.embeddings import PositionEmbedding, token_embedding
 from bert_jax.modeling.initializers import partitioned
-from bert_jax.modeling.layers import ACTIVATION_FNS, EncoderStack, dense, layer_norm
+from bert_jax.modeling.layers import EncoderStack, dense, layer_norm
 
 Array = jax.Array
 
@@ -97,14 +97,9 @@ class BertModel(nn.Module):
                  *, head_mask: Array | None = None, layer_mask: Array | None = None,
                  deterministic: bool = True,
                  output_hidden_states: bool = False) -> BertOutput:
-        """Encodes `[batch, length]` ids.
-
-        Args:
-          head_mask: `[layers, heads]` multipliers of attention probabilities.
-          layer_mask: `[layers]` bool; False skips that layer (identity).
-          output_hidden_states: also return embeddings and every layer's output.
-        Attention probabilities are sown in `intermediates` (see attention.py).
-        """
+        """Encodes `[batch, length]` ids; `head_mask`, `layer_mask` and
+        `output_hidden_states` as in `EncoderStack`. Attention probabilities are
+        sown in `intermediates` (see attention.py)."""
         self.config.check_length(input_ids.shape[1])
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
@@ -128,11 +123,6 @@ class BertModel(nn.Module):
         return self.embeddings.attend(x)
 
 
-def gather_positions(sequence: Array, positions: Array) -> Array:
-    """`[batch, length, hidden]`, `[batch, predictions]` -> `[batch, predictions, hidden]`."""
-    return jnp.take_along_axis(sequence, positions[..., None], axis=1)
-
-
 class MaskedLMHead(nn.Module):
     """transform (Dense + activation + LayerNorm), then logits against the word
     embeddings plus an output bias (the decoder is tied, as in BERT)."""
@@ -144,7 +134,7 @@ class MaskedLMHead(nn.Module):
         """`[..., hidden]` -> float32 `[..., vocab]`; `attend` maps to vocabulary."""
         cfg = self.config
         h = dense(cfg, cfg.hidden_size, ("embed", "mlp"), "transform")(hidden)
-        h = ACTIVATION_FNS[cfg.activation](h)
+        h = ACTIVATIONS[cfg.activation](h)
         h = layer_norm(cfg, "transform_norm")(h)
         bias = self.param("output_bias", partitioned(nn.initializers.zeros, ("vocab",)),
                           (cfg.vocab_size,), cfg.params_dtype)
@@ -152,7 +142,7 @@ class MaskedLMHead(nn.Module):
 
 
 class _BertWithHead(nn.Module):
-    """A BertModel named `bert`, for task models to add heads to."""
+    """A BertModel named `bert` (and dropout), for task models to add heads to."""
 
     config: BertConfig
 
@@ -183,8 +173,8 @@ class BertForPreTraining(_BertWithHead):
         out = self.encode(input_ids, attention_mask, token_type_ids,
                           deterministic=deterministic, **bert_kwargs)
         hidden = out.sequence_output
-        if masked_positions is not None:
-            hidden = gather_positions(hidden, masked_positions)
+        if masked_positions is not None:  # -> [batch, predictions, hidden]
+            hidden = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
         mlm_logits = self.mlm(hidden, self.bert.attend)
         nsp_logits = self.nsp(out.pooled_output).astype(jnp.float32)
         return PreTrainingOutput(mlm_logits, nsp_logits, out)
@@ -218,7 +208,8 @@ class BertForSequenceClassification(_BertWithHead):
     def setup(self):
         super().setup()
         if self.pooling not in POOLINGS:
-            raise ConfigError(f"pooling={self.pooling!r}: choose one of {POOLINGS}.")
+            raise ConfigError(f"config.head.pooling={self.pooling!r}: unknown; choose one "
+                              f"of {list(POOLINGS)}.")
         self.classifier = dense(self.config, self.num_labels, ("embed", "classes"))
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *,

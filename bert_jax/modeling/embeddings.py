@@ -35,23 +35,16 @@ def token_embedding(config: StackConfig, vocab_size: int, name: str | None = Non
                     axis_name: str = "vocab") -> nn.Embed:
     """An `[vocab, embed]` table; `.attend(x)` gives tied output logits."""
     return nn.Embed(
-        num_embeddings=vocab_size,
-        features=config.hidden_size,
+        num_embeddings=vocab_size, features=config.hidden_size,
         embedding_init=partitioned(embedding_init(config), (axis_name, "embed")),
-        dtype=config.compute_dtype,
-        param_dtype=config.params_dtype,
-        name=name,
-    )
+        dtype=config.compute_dtype, param_dtype=config.params_dtype, name=name)
 
 
 class PositionEmbedding(nn.Module):
-    """Position embeddings looked up at given positions.
-
-    `kind='learned'` owns a parameter `embedding` `[max_len, embed]`;
-    `kind='sinusoidal'` uses the fixed table and has no parameters.
-    With `decode=True` the positions come from a counter in the `cache`
-    collection (the number of tokens fed so far) instead of the argument.
-    """
+    """`kind='learned'` owns a parameter `embedding` `[max_len, embed]`;
+    `kind='sinusoidal'` uses the fixed table and has no parameters. With
+    `decode=True` the positions come from a counter in the `cache` collection
+    (the number of tokens fed so far) instead of the argument."""
 
     config: StackConfig
     kind: str = "learned"
@@ -66,11 +59,10 @@ class PositionEmbedding(nn.Module):
         elif not isinstance(positions, jax.core.Tracer) and positions.size:
             # Concrete inputs are checked here; under jit an out-of-range
             # position reads NaN (jnp.take's fill), never a clipped row.
-            largest = int(np.max(positions))
-            if largest >= cfg.max_len or int(np.min(positions)) < 0:
-                raise ValueError(
-                    f"position ids must lie in [0, {cfg.max_len}) "
-                    f"({type(cfg).__name__}.max_len), got up to {largest}.")
+            low, high = int(np.min(positions)), int(np.max(positions))
+            if low < 0 or high >= cfg.max_len:
+                raise ValueError(f"position ids span [{low}, {high}]; config.model.max_len="
+                                 f"{cfg.max_len} allows [0, {cfg.max_len}).")
         if self.kind == "sinusoidal":
             table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.hidden_size))
         else:
@@ -85,9 +77,8 @@ class PositionEmbedding(nn.Module):
     def _decode_positions(self, positions: Array) -> Array:
         initialized = self.has_variable("cache", "index")
         if not initialized and not self.is_initializing():
-            raise ValueError(
-                f"{self.path}: decode=True but no 'cache' collection was passed: call "
-                "`init` with a full-length target first (mutable=['cache']).")
+            raise ValueError(f"{self.path}: decode=True needs the 'cache' collection of "
+                             "an `init` with a full-length target (mutable=['cache']).")
         index = self.variable("cache", "index", lambda: jnp.array(0, jnp.int32))
         if not initialized:  # `init` call: shapes only.
             return positions

@@ -52,14 +52,13 @@ def platform() -> str:
 def resolve(impl: str) -> str:
     """`impl` with 'flash' replaced by the platform's kernel."""
     if impl not in IMPLS:
-        raise AttentionKernelError(f"attention_impl={impl!r}: choose one of {IMPLS}.")
+        raise AttentionKernelError(
+            f"config.model.attention_impl={impl!r}: unknown; choose one of {list(IMPLS)}.")
     if impl != "flash":
         return impl
-    here = platform()
-    if here not in FLASH_KERNELS:
-        raise AttentionKernelError(
-            f"attention_impl='flash': no flash kernel is known for platform {here!r}; "
-            "use 'xla' or 'einsum'.")
+    if (here := platform()) not in FLASH_KERNELS:
+        raise AttentionKernelError(f"config.model.attention_impl='flash': no flash kernel "
+                                   f"for platform {here!r}; use 'xla' or 'einsum'.")
     return FLASH_KERNELS[here]
 
 
@@ -74,12 +73,17 @@ def attend(query: Array, key: Array, value: Array, mask: Mask, *, scale: float,
         return jax.nn.dot_product_attention(
             query, key, value, mask=dense_mask(mask, query.shape[1], key.shape[1]),
             scale=scale, implementation="xla")
-    mask = _structured(mask, impl)
+    if mask is None:
+        mask = AttentionMask()
+    elif not isinstance(mask, AttentionMask):
+        raise AttentionKernelError(
+            f"config.model.attention_impl={impl!r} takes an AttentionMask (masks.py), not "
+            "a dense boolean mask; or use 'xla' or 'einsum'.")
     if impl == "cudnn":
         if query.dtype not in CUDNN_DTYPES:
             raise AttentionKernelError(
-                f"attention_impl='cudnn' (or 'flash' on GPU) needs bfloat16 or float16 "
-                f"inputs, got {query.dtype}: set model.dtype='bfloat16', or use 'xla'.")
+                f"config.model.attention_impl='cudnn' (or 'flash' on GPU) needs bfloat16 or "
+                f"float16, not {query.dtype}: set config.model.dtype='bfloat16' or use 'xla'.")
         return length_masked_attention(query, key, value, mask, scale=scale,
                                        implementation="cudnn")
     if impl == "splash":
@@ -92,22 +96,6 @@ def attend(query: Array, key: Array, value: Array, mask: Mask, *, scale: float,
     raise AttentionKernelError(f"attend: {impl!r} is not a fused kernel.")
 
 
-def _structured(mask: Mask, impl: str) -> AttentionMask:
-    if mask is None:
-        return AttentionMask()
-    if not isinstance(mask, AttentionMask):
-        raise AttentionKernelError(
-            f"attention_impl={impl!r} takes an AttentionMask (padding, segments, "
-            "causality), not a dense boolean mask: build the mask with "
-            "bert_jax.modeling.masks.AttentionMask, or use 'xla' or 'einsum'.")
-    return mask
-
-
-def _lengths(valid: Array | None) -> Array | None:
-    """`[batch, length]` bool, valid tokens first -> `[batch]` int32 lengths."""
-    return None if valid is None else jnp.sum(valid, axis=-1, dtype=jnp.int32)
-
-
 def length_masked_attention(query: Array, key: Array, value: Array,
                             mask: AttentionMask, *, scale: float,
                             implementation: str) -> Array:
@@ -116,13 +104,16 @@ def length_masked_attention(query: Array, key: Array, value: Array,
     it runs anywhere, which is how the mapping is tested on CPU."""
     if mask.query_segments is not None:
         raise AttentionKernelError(
-            "attention_impl='cudnn' (or 'flash' on GPU) cannot take packed segments: "
-            "jax.nn.dot_product_attention has no segment ids. Train without packing "
-            "(data.pack_length=0), or use attention_impl='xla' or 'einsum'.")
+            "config.model.attention_impl='cudnn' (or 'flash' on GPU) takes no packed "
+            "segments: set config.data.pack_length=0, or attention_impl 'xla' or 'einsum'.")
+
+    def lengths(valid):  # [batch, length] bool, valid tokens first -> [batch] int32
+        return None if valid is None else jnp.sum(valid, axis=-1, dtype=jnp.int32)
+
     return jax.nn.dot_product_attention(
         query, key, value, scale=scale, is_causal=mask.causal,
-        query_seq_lengths=_lengths(mask.query_valid),
-        key_value_seq_lengths=_lengths(mask.key_valid), implementation=implementation)
+        query_seq_lengths=lengths(mask.query_valid),
+        key_value_seq_lengths=lengths(mask.key_valid), implementation=implementation)
 
 
 def splash_segments(mask: AttentionMask, query: Array, key: Array

@@ -16,7 +16,6 @@ layer in `nn.remat` with the named checkpoint policy.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Callable
 
@@ -26,37 +25,22 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from bert_jax.modeling.attention import MultiHeadAttention
-from bert_jax.modeling.masks import Mask
-from bert_jax.modeling.configs import StackConfig
+from bert_jax.modeling.configs import ACTIVATIONS, REMAT_POLICIES, StackConfig
 from bert_jax.modeling.initializers import kernel_init, partitioned
+from bert_jax.modeling.masks import Mask
 from bert_jax.modeling.precision import float32_accumulation
 
 Array = jax.Array
-
-REMAT_POLICIES: dict[str, Callable | None] = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
-ACTIVATION_FNS: dict[str, Callable[[Array], Array]] = {
-    "gelu": functools.partial(nn.gelu, approximate=False),
-    "gelu_tanh": functools.partial(nn.gelu, approximate=True),
-    "relu": nn.relu,
-}
-
 
 BATCH_MESH_AXES = ("data", "fsdp")  # the mesh axes that split the batch
 
 
 def batch_sharded(x: Array) -> Array:
-    """`[batch, ...]` activations constrained to stay split along the batch over
-    the mesh in context (`jax.set_mesh`, as in the train loop and
-    `launch/compile.py`) and whole along their other dimensions; unchanged
-    without a mesh. Without it XLA may follow the FSDP-sharded weights and
-    gather the activations of the whole batch on every device (measured:
-    per-device temporaries growing with the device count)."""
+    """`[batch, ...]` split along the batch over the mesh in context (`jax.set_mesh`)
+    and whole along the other dimensions; unchanged without a mesh. Without the
+    constraint XLA may follow the FSDP-sharded weights and gather the whole
+    batch's activations on every device (measured: per-device temporaries
+    growing with the device count)."""
     mesh = jax.sharding.get_abstract_mesh()
     axes = tuple(a for a in BATCH_MESH_AXES if not mesh.empty and a in mesh.axis_names)
     if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
@@ -67,56 +51,42 @@ def batch_sharded(x: Array) -> Array:
 def layer_norm(config: StackConfig, name: str | None = None) -> nn.LayerNorm:
     """LayerNorm over `embed`; statistics in float32 whatever the dtype."""
     return nn.LayerNorm(
-        epsilon=config.layer_norm_eps,
-        dtype=config.compute_dtype,
+        epsilon=config.layer_norm_eps, dtype=config.compute_dtype,
         param_dtype=config.params_dtype,
         scale_init=partitioned(nn.initializers.ones, ("embed",)),
-        bias_init=partitioned(nn.initializers.zeros, ("embed",)),
-        name=name,
-    )
+        bias_init=partitioned(nn.initializers.zeros, ("embed",)), name=name)
 
 
 def dense(config: StackConfig, features: int, axes: tuple[str, str],
           name: str | None = None) -> nn.Dense:
     """A Dense layer whose kernel carries logical axis names `axes`."""
     return nn.Dense(
-        features,
-        kernel_init=partitioned(kernel_init(config), axes),
+        features, kernel_init=partitioned(kernel_init(config), axes),
         bias_init=partitioned(nn.initializers.zeros, (axes[1],)),
-        dtype=config.compute_dtype,
-        param_dtype=config.params_dtype,
-        dot_general=float32_accumulation,
-        name=name,
-    )
+        dtype=config.compute_dtype, param_dtype=config.params_dtype,
+        dot_general=float32_accumulation, name=name)
 
 
 def attention(config: StackConfig, name: str, decode: bool = False) -> MultiHeadAttention:
-    """MultiHeadAttention sized and typed by `config`."""
     return MultiHeadAttention(
-        num_heads=config.num_heads,
-        head_dim=config.head_dim,
-        out_features=config.hidden_size,
-        dropout_rate=config.attention_dropout_rate,
-        kernel_init=kernel_init(config),
-        dtype=config.compute_dtype,
-        param_dtype=config.params_dtype,
-        attention_impl=config.attention_impl,
-        decode=decode,
-        name=name,
-    )
+        num_heads=config.num_heads, head_dim=config.head_dim,
+        out_features=config.hidden_size, dropout_rate=config.attention_dropout_rate,
+        kernel_init=kernel_init(config), dtype=config.compute_dtype,
+        param_dtype=config.params_dtype, attention_impl=config.attention_impl,
+        decode=decode, name=name)
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward: Dense(mlp_dim) -> activation -> Dense(embed)."""
+    """Position-wise feed-forward: `[batch, length, embed]` -> Dense(mlp_dim) ->
+    activation -> Dense(embed)."""
 
     config: StackConfig
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        """`[batch, length, embed]` -> `[batch, length, embed]`."""
         cfg = self.config
         h = dense(cfg, cfg.mlp_dim, ("embed", "mlp"), "intermediate")(x)
-        h = ACTIVATION_FNS[cfg.activation](h)
+        h = ACTIVATIONS[cfg.activation](h)
         return dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)
 
 
@@ -181,23 +151,24 @@ class DecoderLayer(nn.Module):
                         layer_norm(cfg, "mlp_norm"), deterministic=deterministic)
 
 
-def _layer(cls: type[nn.Module], config: StackConfig) -> type[nn.Module]:
-    """`cls`, wrapped in `nn.remat` when `config.remat` asks for it. The last
-    positional argument of a layer, `deterministic`, is static."""
-    if config.remat == "none":
-        return cls
-    num_args = {EncoderLayer: 4, DecoderLayer: 7}[cls]  # counting `self`
-    return nn.remat(cls, policy=REMAT_POLICIES[config.remat],
-                    prevent_cse=not config.scan_layers, static_argnums=(num_args,))
+def _layer(cls: type[nn.Module], config: StackConfig, **kwargs) -> nn.Module:
+    """`cls(config, **kwargs)`, under `nn.remat` when `config.remat` asks for it
+    (`deterministic`, a layer's last positional argument, is then static)."""
+    if config.remat != "none":
+        num_args = {EncoderLayer: 4, DecoderLayer: 7}[cls]  # counting `self`
+        cls = nn.remat(cls, policy=REMAT_POLICIES[config.remat],
+                       prevent_cse=not config.scan_layers, static_argnums=(num_args,))
+    return cls(config, **kwargs)
 
 
-def _keep(layer_mask: Array | None, new: Array, old: Array) -> Array:
-    """`new`, or `old` (the layer is the identity) where `layer_mask` is False."""
-    return new if layer_mask is None else jnp.where(layer_mask, new, old)
+def _step(layer: nn.Module, x: Array, layer_mask: Array | None, *args) -> Array:
+    """`layer(x, *args)`, or `x` (the identity) where `layer_mask` is False."""
+    y = layer(x, *args)
+    return batch_sharded(y if layer_mask is None else jnp.where(layer_mask, y, x))
 
 
-def _row(mask: Array | None, layer: int) -> Array | None:
-    return None if mask is None else mask[layer]
+def _row(per_layer: Array | None, layer: int) -> Array | None:
+    return None if per_layer is None else per_layer[layer]
 
 
 def _scan(body: type[nn.Module], num_layers: int, num_broadcast: int) -> type[nn.Module]:
@@ -210,8 +181,7 @@ def _scan(body: type[nn.Module], num_layers: int, num_broadcast: int) -> type[nn
 
 
 class _EncoderScanBody(nn.Module):
-    """One scanned encoder step: `(x, (head_mask row, layer_mask entry), mask)`
-    -> `(x, x or None)`."""
+    """`(x, (head_mask row, layer_mask entry), mask)` -> `(x, x or None)`."""
 
     config: StackConfig
     deterministic: bool
@@ -220,15 +190,14 @@ class _EncoderScanBody(nn.Module):
     @nn.compact
     def __call__(self, x, per_layer, mask):
         head_mask, layer_mask = per_layer
-        y = _layer(EncoderLayer, self.config)(self.config, name="layer")(
-            x, mask, head_mask, self.deterministic)
-        x = batch_sharded(_keep(layer_mask, y, x))
+        x = _step(_layer(EncoderLayer, self.config, name="layer"), x, layer_mask,
+                  mask, head_mask, self.deterministic)
         return x, (x if self.output_hidden_states else None)
 
 
 class _DecoderScanBody(nn.Module):
-    """One scanned decoder step: `(x, (self, cross head_mask rows, layer_mask
-    entry), encoded, self_mask, cross_mask)` -> `(x, None)`."""
+    """`(x, (self, cross head_mask rows, layer_mask entry), encoded, self_mask,
+    cross_mask)` -> `(x, None)`."""
 
     config: StackConfig
     decode: bool
@@ -237,16 +206,13 @@ class _DecoderScanBody(nn.Module):
     @nn.compact
     def __call__(self, x, per_layer, encoded, self_mask, cross_mask):
         self_head_mask, cross_head_mask, layer_mask = per_layer
-        y = _layer(DecoderLayer, self.config)(self.config, decode=self.decode,
-                                              name="layer")(
-            x, encoded, self_mask, cross_mask, self_head_mask, cross_head_mask,
-            self.deterministic)
-        return batch_sharded(_keep(layer_mask, y, x)), None
+        layer = _layer(DecoderLayer, self.config, decode=self.decode, name="layer")
+        return _step(layer, x, layer_mask, encoded, self_mask, cross_mask, self_head_mask,
+                     cross_head_mask, self.deterministic), None
 
 
 class EncoderStack(nn.Module):
-    """`num_layers` EncoderLayers (`layer_0` ..., or scanned `layers`), a final
-    LayerNorm if pre-norm."""
+    """`num_layers` EncoderLayers, and a final LayerNorm if pre-norm."""
 
     config: StackConfig
 
@@ -278,19 +244,16 @@ class EncoderStack(nn.Module):
                 hidden_states.extend(stacked[i] for i in range(cfg.num_layers))
         else:
             for i in range(cfg.num_layers):
-                y = _layer(EncoderLayer, cfg)(cfg, name=f"layer_{i}")(
-                    x, mask, _row(head_mask, i), deterministic)
-                x = batch_sharded(_keep(_row(layer_mask, i), y, x))
+                x = _step(_layer(EncoderLayer, cfg, name=f"layer_{i}"), x,
+                          _row(layer_mask, i), mask, _row(head_mask, i), deterministic)
                 hidden_states.append(x)
         if cfg.norm_position == "pre":
-            x = layer_norm(cfg, "final_norm")(x)
-            hidden_states[-1] = x
+            x = hidden_states[-1] = layer_norm(cfg, "final_norm")(x)
         return x, (tuple(hidden_states) if output_hidden_states else None)
 
 
 class DecoderStack(nn.Module):
-    """`num_decoder_layers` DecoderLayers (`layer_0` ..., or scanned `layers`),
-    a final LayerNorm if pre-norm."""
+    """`num_layers` DecoderLayers, and a final LayerNorm if pre-norm."""
 
     config: StackConfig
     num_layers: int
@@ -312,11 +275,9 @@ class DecoderStack(nn.Module):
                            self_mask, cross_mask)
         else:
             for i in range(self.num_layers):
-                y = _layer(DecoderLayer, cfg)(cfg, decode=self.decode,
-                                              name=f"layer_{i}")(
-                    x, encoded, self_mask, cross_mask, _row(self_head_mask, i),
-                    _row(cross_head_mask, i), deterministic)
-                x = batch_sharded(_keep(_row(layer_mask, i), y, x))
+                layer = _layer(DecoderLayer, cfg, decode=self.decode, name=f"layer_{i}")
+                x = _step(layer, x, _row(layer_mask, i), encoded, self_mask, cross_mask,
+                          _row(self_head_mask, i), _row(cross_head_mask, i), deterministic)
         if cfg.norm_position == "pre":
             x = layer_norm(cfg, "final_norm")(x)
         return x

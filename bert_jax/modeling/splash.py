@@ -1,15 +1,11 @@
 """TPU splash attention (Pallas) behind a sharded, BERT-shaped interface.
 
-`splash_attention` computes softmax(scale · Q Kᵀ) V with the Pallas TPU
-"splash" (sparse flash) attention kernel of
-`jax.experimental.pallas.ops.tpu.splash_attention`, run per device inside
+`splash_attention` runs the Pallas TPU "splash" (sparse flash) kernel of
+`jax.experimental.pallas.ops.tpu.splash_attention` per device inside
 `jax.shard_map` (the TPU compiler refuses to partition Mosaic kernels itself):
-
-  * the batch is split over every mesh axis except "tensor" (today
-    ("data", "fsdp"); a leading "dcn"-style axis is picked up automatically);
-  * the heads are split over "tensor" when the head count is divisible by its
-    size, and replicated otherwise;
-  * on each device the multi-head kernel is vmapped over the local examples.
+the batch is split over every mesh axis except "tensor" (a leading "dcn"-style
+axis included), the heads over "tensor" when it divides the head count (else
+replicated), and the multi-head kernel is vmapped over the local examples.
 
 Constraints of the installed kernel (jax 0.10.2), checked by the tests:
 
@@ -88,17 +84,13 @@ def splash_attention(
     _check_shapes(query, key, value, query_segments, key_segments, causal)
     batch, q_len, heads, _ = query.shape
     batch_axes, head_axis = _mesh_axes(mesh, batch=batch, heads=heads)
-    kernel = _make_kernel(
-        heads, q_len, key.shape[1],
-        causal=causal,
-        head_shards=mesh.shape[head_axis] if head_axis else 1,
-        interpret=interpret,
-    )
+    kernel = _make_kernel(heads, q_len, key.shape[1], causal=causal,
+                          head_shards=mesh.shape[head_axis] if head_axis else 1,
+                          interpret=interpret)
     segment_ids = None
     if query_segments is not None:
-        segment_ids = splash_kernel.SegmentIds(
-            query_segments.astype(jnp.int32), key_segments.astype(jnp.int32)
-        )
+        segment_ids = splash_kernel.SegmentIds(query_segments.astype(jnp.int32),
+                                               key_segments.astype(jnp.int32))
     qkv_spec = P(batch_axes, None, head_axis, None)
     sharded = jax.shard_map(
         _local_attention,
@@ -116,58 +108,32 @@ def splash_attention(
 
 
 def _check_shapes(query, key, value, query_segments, key_segments, causal) -> None:
-    """Raises `ValueError` on shapes the wrapper or the kernel cannot handle."""
-    if query.ndim != 4 or key.shape != value.shape or key.ndim != 4:
-        raise ValueError(
-            "expected query [batch, q_len, heads, head_dim] and key/value of one "
-            f"shape [batch, kv_len, heads, head_dim]; got {query.shape}, "
-            f"{key.shape}, {value.shape}"
-        )
     (batch, q_len, heads, head_dim), kv_len = query.shape, key.shape[1]
-    if (key.shape[0], key.shape[2], key.shape[3]) != (batch, heads, head_dim):
-        raise ValueError(f"query {query.shape} and key {key.shape} do not match")
+    if key.shape != value.shape or key.shape != (batch, kv_len, heads, head_dim):
+        raise ValueError(f"query {query.shape}, key {key.shape} and value {value.shape} "
+                         "do not match [batch, length, heads, head_dim]")
     if (query_segments is None) != (key_segments is None):
         raise ValueError("give both query_segments and key_segments, or neither")
     if query_segments is not None and (
-        query_segments.shape != (batch, q_len) or key_segments.shape != (batch, kv_len)
-    ):
-        raise ValueError(
-            f"segment ids {query_segments.shape}, {key_segments.shape} do not match "
-            f"[batch, q_len] = {(batch, q_len)} and [batch, kv_len] = {(batch, kv_len)}"
-        )
+            query_segments.shape != (batch, q_len) or key_segments.shape != (batch, kv_len)):
+        raise ValueError(f"segment ids {query_segments.shape}, {key_segments.shape} do not "
+                         f"match [batch, q_len | kv_len] = {(batch, q_len)}, {(batch, kv_len)}")
     if causal and q_len != kv_len:
-        raise ValueError(
-            f"causal splash attention needs q_len == kv_len, got {q_len}, {kv_len}"
-        )
+        raise ValueError(f"causal splash attention needs q_len == kv_len, got {q_len}, {kv_len}")
     if q_len % _LANES or kv_len % _LANES:
-        raise ValueError(
-            f"splash attention needs q_len and kv_len to be multiples of {_LANES} (TPU "
-            f"lane width; the kernel's blocks require it, in interpret mode too); got "
-            f"q_len={q_len}, kv_len={kv_len}: pad the sequences"
-        )
+        raise ValueError(f"splash attention needs q_len and kv_len to be multiples of {_LANES}, "
+                         f"got q_len={q_len}, kv_len={kv_len}: pad the sequences")
 
 
 def _mesh_axes(mesh: jax.sharding.Mesh, *, batch: int, heads: int):
-    """-> (batch mesh axes, head mesh axis or None) for the shard_map specs.
-
-    The batch is split over all axes but "tensor"; heads over "tensor" when it
-    exists and divides the head count, otherwise they are replicated.
-    """
+    """-> (batch mesh axes, head mesh axis or None) for the shard_map specs."""
     batch_axes = tuple(name for name in mesh.axis_names if name != _TENSOR_AXIS)
     batch_shards = math.prod(mesh.shape[name] for name in batch_axes)
     if batch % batch_shards:
-        raise ValueError(
-            f"batch {batch} is not divisible by the {batch_shards} devices of mesh "
-            f"axes {batch_axes}"
-        )
+        raise ValueError(f"batch {batch} is not divisible by the {batch_shards} devices of "
+                         f"mesh axes {batch_axes}")
     tensor = mesh.shape.get(_TENSOR_AXIS, 1)
-    head_axis = _TENSOR_AXIS if tensor > 1 and heads % tensor == 0 else None
-    return batch_axes, head_axis
-
-
-def _block_size(length: int) -> int:
-    """The largest of (512, 256, 128) dividing `length` (a multiple of 128)."""
-    return next(block for block in _BLOCK_CANDIDATES if length % block == 0)
+    return batch_axes, (_TENSOR_AXIS if tensor > 1 and heads % tensor == 0 else None)
 
 
 def _make_kernel(
@@ -181,24 +147,15 @@ def _make_kernel(
     """
     shape = (q_len, kv_len)
     mask = splash_mask.CausalMask(shape) if causal else splash_mask.FullMask(shape)
-    bq, bkv = _block_size(q_len), _block_size(kv_len)
+    # The largest of (512, 256, 128) dividing each length (a multiple of 128).
+    bq, bkv = (next(b for b in _BLOCK_CANDIDATES if n % b == 0) for n in shape)
     block_sizes = splash_kernel.BlockSizes(
-        block_q=bq,
-        block_kv=bkv,
-        block_kv_compute=bkv,
-        block_q_dkv=bq,
-        block_kv_dkv=bkv,
-        block_kv_dkv_compute=bkv,
-        block_q_dq=bq,
-        block_kv_dq=bkv,
-    )
+        block_q=bq, block_kv=bkv, block_kv_compute=bkv,
+        block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
+        block_q_dq=bq, block_kv_dq=bkv)
     return splash_kernel.make_splash_mha(
-        splash_mask.MultiHeadMask((mask,) * heads),
-        block_sizes=block_sizes,
-        head_shards=head_shards,
-        q_seq_shards=1,
-        interpret=interpret,
-    )
+        splash_mask.MultiHeadMask((mask,) * heads), block_sizes=block_sizes,
+        head_shards=head_shards, q_seq_shards=1, interpret=interpret)
 
 
 def _local_attention(kernel, query, key, value, segment_ids):
@@ -208,7 +165,6 @@ def _local_attention(kernel, query, key, value, segment_ids):
     kernel runs on `[local_heads, length, head_dim]` and is vmapped over examples.
     """
     to_heads_first = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
-    out = jax.vmap(kernel)(
-        to_heads_first(query), to_heads_first(key), to_heads_first(value), segment_ids
-    )
+    out = jax.vmap(kernel)(to_heads_first(query), to_heads_first(key),
+                           to_heads_first(value), segment_ids)
     return to_heads_first(out)

@@ -90,8 +90,7 @@ class Transformer(nn.Module):
         """`[batch, src_len]` token ids -> `[batch, src_len, embed]`.
 
         `inputs_segmentation`/`inputs_positions` `[batch, src_len]` describe packed
-        sequences; `head_mask` `[layers, heads]`, `layer_mask` `[layers]`.
-        """
+        sequences; `head_mask`, `layer_mask` as in `EncoderStack`."""
         cfg = self.config
         if inputs_positions is None:  # packed rows may be longer than max_len
             cfg.check_length(inputs.shape[1], "source")
@@ -133,10 +132,8 @@ class Transformer(nn.Module):
         else:
             if targets_segmentation is not None and (
                     inputs_segmentation is None or targets_positions is None):
-                raise ValueError(
-                    "packed targets_segmentation needs inputs_segmentation (to "
-                    "mask cross-attention between segments) and targets_positions "
-                    "(to restart positions and BOS at each segment).")
+                raise ValueError("packed targets_segmentation needs inputs_segmentation "
+                                 "and targets_positions (per-segment masks, BOS, positions).")
             if targets_positions is None:
                 cfg.check_length(targets.shape[1], "target")
                 targets_positions = _default_positions(targets)
@@ -156,10 +153,7 @@ class Transformer(nn.Module):
         y = self.decoder(y, encoded, self_mask, cross_mask,
                          self_head_mask=self_head_mask, cross_head_mask=cross_head_mask,
                          layer_mask=layer_mask, deterministic=deterministic)
-        if cfg.tie_output:
-            logits = self.target_embedding.attend(y)
-        else:
-            logits = self.logits(y)
+        logits = self.target_embedding.attend(y) if cfg.tie_output else self.logits(y)
         return logits.astype(jnp.float32)
 
     def __call__(self, inputs: Array, targets: Array,
