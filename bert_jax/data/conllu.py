@@ -5,8 +5,8 @@ CoNLL-2003-style column files, read from local files.
     sentences[0]   # {"words": ["From", "the", "AP", ...],
                    #  "tags": ["ADP", "DET", "PROPN", ...],
                    #  "line": 1, "sent_id": "weblog-..."}
-    files = split_files("../shared/data/ud_en_ewt")   # {"train": ".../en_ewt-ud-train.conllu", ...}
-    splits = read_splits(files, column="upos")         # {"train": [sentence, ...], ...}
+    files = split_files("../shared/data/ud_en_ewt")  # {"train": ".../en_ewt-ud-train.conllu"}
+    splits = read_splits(files, column="upos")        # {"train": [sentence, ...], ...}
 
 CoNLL-U (https://universaldependencies.org/format.html): 10 tab-separated
 fields a word; `#` lines are comments (`# sent_id = ...`); multi-word token
