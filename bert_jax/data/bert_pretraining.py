@@ -10,61 +10,35 @@ per corpus and vocabulary by an Apache Beam pipeline (the algorithm is
                               data_dir=data_dir)
     train = load_source(builder, "train")   # train[i]["tokens"], ...
 
-Each example: `tokens` `[n]` int32 (`[CLS] A [SEP] B [SEP]`, `n <=
-max_seq_length`, unmasked), `segment_ids` `[n]` int32 (0 for `[CLS] A [SEP]`,
-1 for `B [SEP]`), `next_sentence_label` (1 when B is a random segment of
-another document, 0 when it is the actual continuation) and `index` (a 63-bit
-hash of the instance's file, shard and place in it: unique in practice, the
-key of static masking). Masking is not stored: the input pipeline applies it
-(`Masker`), from (seed, step) for dynamic masking, from (seed, index) for
-static masking.
+Each example: `tokens` `[n <= max_seq_length]` int32 (`[CLS] A [SEP] B
+[SEP]`, unmasked), `segment_ids` `[n]` int32, `next_sentence_label` (1: B is
+from another document) and `index` (a 63-bit hash of the instance's file,
+shard and place: the key of static masking). Masking is the input pipeline's
+(`Masker`), from (seed, step) or, static, from (seed, index).
 
-The pipeline, as the original's per-shard runs: the unit of work is a shard,
-`documents_per_shard` consecutive documents of one file (a file's last shard
-takes a single leftover document). (1) Each file is read once, streaming, to
-find its shards' byte offsets and to count its documents. (2) Each shard is
-read from its offset, tokenized and cut into instances by its worker, which
-holds only that shard: the random "B" of a next-sentence pair comes from
-another document of the same shard, the random choices from a seed of (seed,
-file name, shard). A worker's memory is bounded by a shard, not the corpus.
-(3) The worker writes the shard's instances (shuffled within the shard)
-into an `array_record` file of its own; only counts and statistics leave it,
-so no stage of the pipeline, the runner's included, holds the instances of
-more than one shard. At the end the files become the tfds shards of their
-split, in the order of the corpus's shards. Nothing shuffles across shards
-on disk: the input pipeline reads by random access and shuffles the whole
-split (`pipeline.train_iterator`). The same corpus, vocabulary and options
-give the same dataset whatever the runner and the number of workers.
+The unit of work is a shard, `documents_per_shard` consecutive documents of
+one file, as the original was run per input shard. (1) Each file is read
+once, streaming, for its shards' byte offsets and its document count. (2) A
+worker reads one shard from its offset, tokenizes it and cuts it into
+instances (a random B from the same shard; the random choices seeded by
+(seed, file name, shard)), so its memory is bounded by a shard. (3) It writes
+them, shuffled within the shard, to an `array_record` file of its own; only
+statistics leave it. The files become the split's tfds shards in corpus
+order; the input pipeline shuffles the whole split by random access. The
+same corpus, vocabulary and options give the same dataset on any runner.
 
-Splits: `validation` holds every instance of the `eval_documents` documents
-held out: those of the smallest SHA-256 of (seed, file name, position in the
-file), a rule that needs one pass and no corpus in memory. They are gathered
-into one list (they are few) and paired among themselves (seed + 1), so
-nothing of them is seen in training. `train` holds `dupe_factor` passes over
-all other documents, each pass with new random segmentations, shuffled.
+`validation`: the instances of the `eval_documents` documents of smallest
+SHA-256 of (seed, file name, position) (one pass, no corpus in memory),
+paired among themselves with seed + 1, so none is seen in training.
 
-Runner: `beam_options` (e.g. `data.beam_options` of the experiment) are
-Beam's own command-line flags; with none, Beam's local runner with one
-worker process per core (`beam_pipeline_options`). Any `--runner` works
-(Dataflow, Flink, Spark: docs/PRETRAINING_DATA.md); the files, the
-vocabulary and `data_dir` must then be paths every worker can read.
-
-Files: `path` or `path:format`, format `blank_lines` (the original's: one
-sentence or paragraph a line, a blank line between documents) or `wikitext`
-(WikiText `.raw`: ` = Title = ` lines start articles). Corpus problems are
-handled as the original handles them, or rejected before anything is written
-with a message naming the file and line (see `pretraining_data`):
-empty files are skipped and recorded; documents of one line are kept (they
-give random-next pairs); a line longer than the sequence is truncated by
-`truncate_seq_pair`; invalid UTF-8 is an error naming the file and the line;
-a shard left with fewer than 2 documents (after holding some out) is skipped
-and its documents counted as `unpaired_documents`. The statistics are in
-`builder.info.metadata["corpus"]`: documents, lines, one-line documents,
-shards, instances and the share of random next sentences of each split.
-
-The config name is the first file's stem plus a 12-hex-digit SHA-256 of every
-parameter, the vocabulary file's contents and each corpus file's name, size
-and modification time, so a changed corpus or vocabulary is built afresh.
+`beam_options` are Beam's own flags (any `--runner`: docs/PRETRAINING_DATA.md;
+then the files and `data_dir` must be readable by every worker). Files are
+`path` or `path:format` (`pretraining_data.DOCUMENT_FORMATS`). Empty files are
+skipped and a shard left with fewer than 2 documents is skipped (counted as
+`unpaired_documents`); both are recorded in `builder.info.metadata["corpus"]`
+with the other statistics. The config name ends in a hash of every
+parameter, the vocabulary's contents and each file's name, size and mtime,
+so a changed corpus or vocabulary is built afresh.
 """
 
 from __future__ import annotations
@@ -95,7 +69,6 @@ from bert_jax.data import pretraining_data
 from bert_jax.data.wordpiece import WordPiece
 from bert_jax.errors import MissingFileError, UserError
 
-FORMATS = ("blank_lines", "wikitext")
 _EVAL_SEED_OFFSET = 1  # the validation instances use seed + 1
 SUMMARY = "summary.json"  # the build's summed statistics, beside its parts
 
@@ -126,13 +99,12 @@ def parse_file_spec(spec: str) -> tuple[str, str]:
     """`'path'` or `'path:format'` -> (absolute path, format)."""
     path, _, fmt = spec.rpartition(":") if re.search(r":[a-z_]+$", spec) else (spec, "", "")
     fmt = fmt or "blank_lines"
-    if fmt not in FORMATS:
+    if fmt not in pretraining_data.DOCUMENT_FORMATS:
         raise BertPretrainingError(f"bert_pretraining: file {spec!r} has format {fmt!r}; "
-                                   f"use one of {FORMATS}.")
+                                   f"use one of {pretraining_data.DOCUMENT_FORMATS}")
     path = os.path.realpath(os.path.expanduser(path))
     if not os.path.isfile(path):
-        raise MissingFileError(f"bert_pretraining: corpus file {path} does not exist "
-                                f"(from {spec!r}).")
+        raise MissingFileError(f"{path}: no such corpus file (from {spec!r}); check the path")
     return path, fmt
 
 
@@ -143,25 +115,21 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
                        ) -> BertPretrainingConfig:
     """The validated, fingerprinted, interned config (see module docstring)."""
     if isinstance(files, str) or not files:
-        raise BertPretrainingError("bert_pretraining: files must be a non-empty list of "
-                                   "'path' or 'path:format' strings.")
+        raise BertPretrainingError("bert_pretraining: files; give a non-empty list of "
+                                   "'path' or 'path:format'")
     parsed = tuple(parse_file_spec(spec) for spec in files)
     if not os.path.isfile(vocab_file):
-        raise MissingFileError(f"bert_pretraining: vocab_file {vocab_file} does not exist.")
-    if max_seq_length < 8:
-        raise BertPretrainingError(f"bert_pretraining: max_seq_length={max_seq_length} "
-                                   "leaves no room for two segments; use at least 8.")
-    if not 0.0 <= short_seq_prob <= 1.0:
-        raise BertPretrainingError(f"bert_pretraining: short_seq_prob={short_seq_prob} "
-                                   "is not a probability.")
-    if dupe_factor < 1 or eval_documents < 0 or documents_per_shard < 2:
-        raise BertPretrainingError(
-            "bert_pretraining: need dupe_factor >= 1, eval_documents >= 0 and "
-            f"documents_per_shard >= 2, got {dupe_factor}, {eval_documents}, "
-            f"{documents_per_shard}.")
-    if eval_documents == 1:
-        raise BertPretrainingError("bert_pretraining: eval_documents=1 cannot give "
-                                   "random-next pairs; use 0 or at least 2.")
+        raise MissingFileError(f"{vocab_file}: no such vocab_file; check the path")
+    for name, value, ok, todo in (
+            ("max_seq_length", max_seq_length, max_seq_length >= 8, "at least 8"),
+            ("short_seq_prob", short_seq_prob, 0 <= short_seq_prob <= 1, "a probability"),
+            ("dupe_factor", dupe_factor, dupe_factor >= 1, "at least 1"),
+            ("eval_documents", eval_documents, eval_documents == 0 or eval_documents >= 2,
+             "0, or at least 2 for random-next pairs"),
+            ("documents_per_shard", documents_per_shard, documents_per_shard >= 2,
+             "at least 2")):
+        if not ok:
+            raise BertPretrainingError(f"bert_pretraining: {name}={value}; use {todo}")
     fingerprint = {
         "files": [(os.path.basename(p), fmt, os.stat(p).st_size, os.stat(p).st_mtime_ns)
                   for p, fmt in parsed],
@@ -237,7 +205,7 @@ def held_out_documents(smallest: list[tuple[int, int, int]], documents: int,
         raise BertPretrainingError(
             f"bert_pretraining: eval_documents={cfg.eval_documents} leaves "
             f"{documents - len(smallest)} of {documents} documents for training; "
-            "next-sentence pairs need at least 2.")
+            "lower it (next-sentence pairs need 2)")
     return [(file_index, position) for _, file_index, position in smallest]
 
 
