@@ -2,35 +2,25 @@
 
 Each example is `{"source": str, "target": str}`: a sentence of the source
 language S and its one correct translation into the target language T, words
-and punctuation separated by single spaces (tokenize later, e.g. SentencePiece).
-Nothing is downloaded; the data are a pure function of `generate`'s parameters. Both
-languages are invented (the English glosses below are documentation only).
+and punctuation separated by spaces; a pure function of `generate`'s
+parameters (the English glosses below are documentation only).
 
 Why it is a translation task and not a copy task: T needs what attention is for.
-
-- Reordering. S puts adjectives after the noun, T before it; S is
-  subject-verb-object in every clause, T puts the verb *last* in subordinate
-  clauses (after the object and every prepositional phrase), like German.
-- Agreement across several words. Each T noun has a gender (masculine `m`,
-  feminine `f`, neuter `n`) that S does not mark: it is a property of the T
-  word, learnt per noun. T articles and adjectives agree with their noun in
-  gender and number, and they come *before* it, so the first word of a T noun
-  phrase depends on a noun up to three words later. T verbs agree in number
-  with their subject (plural for a coordinated subject `X nu Y`, and the head
-  noun decides, not a nearer noun inside a prepositional phrase), and carry
-  the tense that S marks with a separate particle `ka` before the verb.
-- Lengths from 4 tokens (`ta gak tor .`, "the dog runs" -> `ja troz tryskut .`)
-  to a few dozen: a main clause plus up to `max_clauses - 1` subordinate or
-  coordinated clauses, optional adjectives, prepositional phrases and
-  coordinated subjects. With the default `max_clauses=3`, source sentences
-  have 19 words on average, median 16, 99th percentile 45 (the longest of
-  the 50,000 default training sentences: 63).
+- Reordering: S puts adjectives after the noun, T before it; T puts the verb
+  *last* in subordinate clauses (after the object and every PP), like German.
+- Agreement across words: each T noun has a gender (`m`, `f`, `n`) that S
+  does not mark; T articles and adjectives agree with it in gender and number
+  and come *before* it, up to three words earlier. T verbs agree in number
+  with the subject's head (plural for `X nu Y`, never a nearer noun of a PP)
+  and carry the tense S marks with a separate particle `ka`.
+- Lengths from 4 tokens (`ta gak tor .` -> `ja troz tryskut .`, "the dog
+  runs") to a few dozen; with `max_clauses=3`, 19 source words on average,
+  median 16, 99th percentile 45.
 
 Grammar (S on the left, T on the right; `[]` optional, `*` repeated)::
 
-    sentence   := clause ("," connector clause)* "."   (same in T)
-    connector  := subordinator | conjunction           (clause after a
-                                                        subordinator: subordinate)
+    sentence   := clause ("," connector clause)* "."   (connector: subordinator,
+                                                        then subordinate; or conjunction)
     clause S   := subject ["ka"] verb [object] pp*
     main    T  := subject verb[tense,num] [object] pp*
     subord. T  := subject [object] pp* verb[tense,num]   (verb last)
@@ -39,55 +29,29 @@ Grammar (S on the left, T on the right; `[]` optional, `*` repeated)::
     np T       := det[g,num] adjective[g,num]* noun[num]  [pp]
     pp         := preposition np        (np without a pp of its own)
 
-Morphology. S: plural noun = stem + `i`; articles `ta` (definite) and `mu`
-(indefinite) never change; verbs never change; `ka` marks the past. T: plural
-noun = stem + `TARGET_PLURAL_SUFFIX[gender]`; articles from
-`DEFINITE_ARTICLES` / `INDEFINITE_ARTICLES[(gender, number)]`; adjective =
-stem + `ADJECTIVE_SUFFIXES[(gender, number)]`; verb = stem +
-`VERB_SUFFIXES[(tense, number)]`. Every surface form of each language is
-distinct, so a sentence can be parsed word by word (the tests'
-`synthetic_translation_reference.translate` parses S and renders T, a reference
-translator).
-
-Worked example (source, target, and where each target word comes from)::
+Morphology: S plural noun = stem + `i`, nothing else inflects. T: the tables
+below (`TARGET_PLURAL_SUFFIX`, `*_ARTICLES`, `ADJECTIVE_SUFFIXES`,
+`VERB_SUFFIXES`). Every surface form is distinct, so a sentence parses word by
+word (tests' `synthetic_translation_reference.translate` is a reference
+translator). Worked example::
 
     S: ta gak sis pek mu fosaki ka kim ta dusi , rer ta kut det mu lar filan gok ta kat .
-       the dog.SG small near a farmer.PL PAST meet the river.PL , because the
-       tree.SG find a stone.SG old under the song.SG .
     T: ja jicha troz tryth yvai qaskuvae drythys zon skirnir , vev hu xilm
        yvo vavyske skez snilm zo ziz xithut .
 
-    ja        definite f.sg: gender of `troz` (dog, f), 2 words later; number of `gak`
-    jicha     `sis` (small) + f.sg suffix `a`: agrees with `troz`, the next word
-    troz      `gak` (dog), moved after its adjective
-    tryth     `pek` (near)
-    yvai      indefinite f.pl: `qaskuv` (farmer) is f, `fosaki` is plural
-    qaskuvae  `fosaki` -> farmer + f plural suffix `ae`
-    drythys   `ka kim` (PAST meet): stem `dryth` + past.sg `ys`; singular
-              because the subject's head `gak` is singular (not `fosaki`)
-    zon       definite n.pl for `skirnir`;  skirnir: `dusi` (river.PL), n
-    vev       `rer` (because): the clause that follows is subordinate
-    hu xilm   `ta kut`: the tree (m, sg)
-    yvo vavyske skez   `mu lar filan`: a stone (n) old -> art, adj, noun
-    snilm zo ziz       `gok ta kat`: under the song (n)
-    xithut    `det` (find), present sg (`kut` is singular), moved from the
-              3rd place of its clause to the clause's end
+    ja jicha troz   the(f.sg) small(f.sg) dog: gender of `troz`, two words later
+    drythys         `ka kim` (PAST meet), singular: the head `gak`, not `fosaki`
+    vev ... xithut  `rer` (because) opens a subordinate clause: `det` (find)
+                    moves from its 3rd place to the clause's end
 
-Splits `train`, `validation` and `test` are drawn from different random
-streams; a validation or test sentence whose source occurs in an earlier split
-(or earlier in its own split) is redrawn, so no source sentence is shared
-between splits. `train` may repeat a short sentence, as real corpora do.
-Examples are in generation order; shuffle in the input pipeline. Randomness
-uses only `random.Random(str).random()`, which Python guarantees to reproduce
-across versions: the same seed gives the same corpus anywhere. The splits
-are generated in memory (50,000 pairs in a few seconds), nothing is written:
+Splits `train`, `validation` and `test` come from separate random streams; a
+validation or test source already seen (earlier, or in an earlier split) is
+redrawn, while `train` may repeat a short sentence. Randomness uses only
+`random.Random(str).random()`, which Python reproduces across versions.
+Changing the grammar, the lexicon or the sampling changes every experiment's data.
 
     splits = generate(num_train=500, seed=3)   # {"train": ..., "validation": ..., "test": ...}
-    splits["train"][i]                         # {"source": str, "target": str}
     load_source("synthetic_translation", "train", num_train=500, seed=3)   # the same
-
-Changing the grammar, the lexicon or the sampling changes the data of every
-experiment that uses it.
 """
 
 from __future__ import annotations
@@ -460,18 +424,12 @@ def generate(*, num_train: int = 50000, num_validation: int = 1000, num_test: in
              max_clauses: int = 3, seed: int = 0
              ) -> dict[str, tuple[dict[str, str], ...]]:
     """`{split: ({"source": str, "target": str}, ...)}` for `SPLITS`, in
-    generation order (each later split avoids the sources of earlier ones);
-    cached, as a task asks for its splits one by one.
-
-    Raises:
-      DatasetError: a parameter that is not a non-negative int, `max_clauses`
-        < 1, or a split that cannot be drawn without repeating sources.
-    """
+    generation order; cached, as a task asks for its splits one by one."""
     check_counts("synthetic_translation", num_train=num_train, num_validation=num_validation,
                  num_test=num_test, max_clauses=max_clauses, seed=seed)
     if max_clauses < 1:
-        raise DatasetError(f"synthetic_translation: max_clauses must be >= 1 (the main "
-                           f"clause), got {max_clauses}")
+        raise DatasetError(f"synthetic_translation: max_clauses={max_clauses}; use at "
+                           "least 1 (the main clause)")
     sizes = {"train": num_train, "validation": num_validation, "test": num_test}
     seen: set[str] = set()
     splits = {}
@@ -483,9 +441,9 @@ def generate(*, num_train: int = 50000, num_validation: int = 1000, num_test: in
         while len(out) < sizes[split]:
             attempts += 1
             if attempts > 100 * (sizes[split] + 10):
-                raise DatasetError(
-                    f"synthetic_translation: cannot draw {sizes[split]} {split} sentences "
-                    f"unseen in earlier splits; use smaller splits or a larger max_clauses.")
+                raise DatasetError(f"synthetic_translation: num_{split}={sizes[split]}: too "
+                                   "few unseen sentences; use smaller splits or a larger "
+                                   "max_clauses")
             sentence = sample_sentence(rng, max_clauses)
             source = render_source(sentence)
             if split != "train" and source in seen:
