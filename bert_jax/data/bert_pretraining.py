@@ -48,6 +48,7 @@ import functools
 import hashlib
 import itertools
 import json
+import logging as std_logging
 import os
 import re
 import shlex
@@ -58,16 +59,19 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
-from bert_jax.data.quiet_imports import without_root_warnings
-
-with without_root_warnings("apitools not found"):   # Beam's GCP extras, unused here
-    import apache_beam as beam
-
-from bert_jax.data.builder_configs import ConfigRegistry, LocalFilesBuilder
-
 from bert_jax.data import pretraining_data
+from bert_jax.data.builder_configs import LocalFilesBuilder
 from bert_jax.data.wordpiece import WordPiece
 from bert_jax.errors import MissingFileError, UserError
+
+
+def _no_apitools_warning(record) -> bool:   # Beam's GCP extras, unused here
+    return "apitools not found" not in record.getMessage()
+
+
+std_logging.getLogger().addFilter(_no_apitools_warning)
+import apache_beam as beam  # noqa: E402
+std_logging.getLogger().removeFilter(_no_apitools_warning)
 
 _EVAL_SEED_OFFSET = 1  # the validation instances use seed + 1
 SUMMARY = "summary.json"  # the build's summed statistics, beside its parts
@@ -90,9 +94,6 @@ class BertPretrainingConfig(tfds.core.BuilderConfig):
     eval_documents: int = 0
     seed: int = 12345
     documents_per_shard: int = 10_000
-
-
-_CONFIGS: ConfigRegistry[BertPretrainingConfig] = ConfigRegistry()
 
 
 def parse_file_spec(spec: str) -> tuple[str, str]:
@@ -143,7 +144,7 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     stem = re.sub(r"[^A-Za-z0-9]+", "_", os.path.basename(parsed[0][0]).split(".")[0])
     name = f"{stem.strip('_').lower() or 'corpus'}_{digest[:12]}"
-    return _CONFIGS.intern(name, lambda: BertPretrainingConfig(
+    return BertPretraining.intern(name, lambda: BertPretrainingConfig(
         name=name, description=f"BERT pretraining examples of {len(parsed)} file(s)",
         files=parsed, vocab_file=os.path.realpath(vocab_file),
         lowercase=bool(lowercase), max_seq_length=max_seq_length,
@@ -368,8 +369,6 @@ _WORKER_ERRORS = {"CorpusError": pretraining_data.CorpusError,
 
 class BertPretraining(LocalFilesBuilder):
     """Pretraining examples of a text corpus (see module docstring)."""
-
-    CONFIGS = _CONFIGS
 
     def __init__(self, *, files: Sequence[str] | None = None, vocab_file: str | None = None,
                  config=None, beam_options: str = "", data_dir: str | None = None,

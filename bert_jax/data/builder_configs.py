@@ -1,57 +1,46 @@
 """What the project's tfds builders over local files share: a base class
 (`LocalFilesBuilder`) whose configs are made at run time, named by a
-fingerprint of their files and parameters, and kept in a `ConfigRegistry`."""
+fingerprint of their files and parameters."""
 
 from __future__ import annotations
 
 import inspect
 import threading
 from collections.abc import Callable
-from typing import ClassVar, Generic, TypeVar
+from typing import ClassVar
 
 import tensorflow_datasets as tfds
 from etils import epath
 
-C = TypeVar("C")
-
-
-class ConfigRegistry(Generic[C]):
-    """The configs made in this process, by name (thread-safe)."""
-
-    def __init__(self):
-        self._configs: dict[str, C] = {}
-        self._lock = threading.Lock()
-
-    def intern(self, name: str, make: Callable[[], C]) -> C:
-        """The config named `name`, made by `make()` the first time."""
-        with self._lock:
-            if name not in self._configs:
-                self._configs[name] = make()
-            return self._configs[name]
-
-    def get(self, name: str) -> C | None:
-        with self._lock:
-            return self._configs.get(name)
+_LOCK = threading.Lock()
 
 
 class LocalFilesBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """Base of the builders over local files, whose configs are made at run
-    time (from the files given) and kept in the subclass's `CONFIGS`;
+    time (from the files given) and kept in the subclass's `CONFIGS`, by name;
     `get_builder_config` resolves them too, so `tfds.builder('name/config')`
     works in the same process."""
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Initial release."}
-    CONFIGS: ClassVar[ConfigRegistry]
+    CONFIGS: ClassVar[dict]
 
     def __init_subclass__(cls, **kwargs):
-        cls.BUILDER_CONFIGS = []
+        cls.BUILDER_CONFIGS, cls.CONFIGS = [], {}
         # tfds 4.9.10 computes the default `code_path` through
         # `importlib_resources` (a backport that it declares only for Python
         # < 3.9, so it is missing here) and fails with ModuleNotFoundError;
         # the path is plain to give.
         cls.code_path = epath.Path(inspect.getfile(cls))
         super().__init_subclass__(**kwargs)
+
+    @classmethod
+    def intern(cls, name: str, make: Callable):
+        """The config named `name`, made by `make()` the first time (thread-safe)."""
+        with _LOCK:
+            if name not in cls.CONFIGS:
+                cls.CONFIGS[name] = make()
+            return cls.CONFIGS[name]
 
     @classmethod
     def get_builder_config(cls, name, version=None):

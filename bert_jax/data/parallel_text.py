@@ -40,7 +40,7 @@ from collections.abc import Iterator, Mapping
 import tensorflow_datasets as tfds
 from absl import logging
 
-from bert_jax.data.builder_configs import ConfigRegistry, LocalFilesBuilder
+from bert_jax.data.builder_configs import LocalFilesBuilder
 from bert_jax.data.splits import check_split_names
 from bert_jax.data.text_files import bad_line, utf8_lines
 from bert_jax.errors import MissingFileError, UserError
@@ -77,9 +77,6 @@ class ParallelTextConfig(tfds.core.BuilderConfig):
                 os.path.join(self.path, f"{stem}.{self.target_language}"))
 
 
-_CONFIGS: ConfigRegistry[ParallelTextConfig] = ConfigRegistry()
-
-
 def parallel_text_config(path: str | os.PathLike, source_language: str,
                          target_language: str,
                          splits: Mapping[str, str] | None = None,
@@ -114,7 +111,7 @@ def parallel_text_config(path: str | os.PathLike, source_language: str,
     digest = hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:12]
     folder = re.sub(r"[^\w\-]+", "_", os.path.basename(directory))[:40] or "corpus"
     name = f"{folder}_{source_language}-{target_language}_{digest}"
-    return _CONFIGS.intern(name, lambda: ParallelTextConfig(
+    return ParallelText.intern(name, lambda: ParallelTextConfig(
         name=name, description=(
             f"{source_language}->{target_language} parallel text from "
             f"{directory}, splits {dict(mapping)}"), **params))
@@ -238,8 +235,6 @@ def check_split(cfg: ParallelTextConfig, split: str) -> SplitCheck:
 
 class ParallelText(LocalFilesBuilder):
     """Line-aligned `{stem}.{src}` / `{stem}.{tgt}` files (see module docstring)."""
-
-    CONFIGS = _CONFIGS
 
     def __init__(self, *, path: str | os.PathLike | None = None,
                  source_language: str | None = None,

@@ -31,10 +31,6 @@ import numpy as np
 from bert_jax.errors import UserError
 from bert_jax.evaluation.squad import best_spans, load_dataset
 
-WINDOW_KEYS = ("input_ids", "token_type_ids", "start_position", "end_position",
-               "example_index", "window_index", "context_offsets", "max_context")
-
-
 class SquadFormatError(UserError, ValueError):
     """A SQuAD file without the v1.1 layout, or an answer not at its `answer_start`."""
 

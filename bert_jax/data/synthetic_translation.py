@@ -227,52 +227,9 @@ Sentence = tuple[Clause, ...]
 # --------------------------------------------------------------- rendering --
 
 
-def _source_np(np_: NounPhrase) -> list[str]:
-    noun = NOUNS[np_.noun].source + (SOURCE_PLURAL_SUFFIX if np_.plural else "")
-    out = [SOURCE_DEFINITE if np_.definite else SOURCE_INDEFINITE, noun]
-    out += [ADJECTIVES[a].source for a in np_.adjectives]
-    if np_.modifier is not None:
-        out += _source_pp(np_.modifier)
-    return out
-
-
-def _source_pp(pp: PrepPhrase) -> list[str]:
-    return [PREPOSITIONS[pp.preposition].source] + _source_np(pp.np)
-
-
-def _connector_words(clause: Clause, side: str) -> list[str]:
-    if clause.connector is None:
-        return []
-    kind, i = clause.connector
-    word = (SUBORDINATORS if kind == "sub" else CONJUNCTIONS)[i]
-    return [",", getattr(word, side)]
-
-
-def render_source(sentence: Sentence) -> str:
-    out: list[str] = []
-    for clause in sentence:
-        out += _connector_words(clause, "source")
-        for k, np_ in enumerate(clause.subject):
-            if k:
-                out.append(SOURCE_NP_AND)
-            out += _source_np(np_)
-        if clause.past:
-            out.append(SOURCE_PAST)
-        out.append(VERBS[clause.verb].source)
-        if clause.object is not None:
-            out += _source_np(clause.object)
-        for pp in clause.pps:
-            out += _source_pp(pp)
-    return " ".join(out + ["."])
-
-
 def target_noun(noun: int, plural: bool) -> str:
     n = NOUNS[noun]
     return n.target + (TARGET_PLURAL_SUFFIX[n.gender] if plural else "")
-
-
-def target_article(definite: bool, gender: str, number: str) -> str:
-    return (DEFINITE_ARTICLES if definite else INDEFINITE_ARTICLES)[(gender, number)]
 
 
 def target_adjective(adjective: int, gender: str, number: str) -> str:
@@ -283,39 +240,53 @@ def target_verb(verb: int, past: bool, number: str) -> str:
     return VERBS[verb].target + VERB_SUFFIXES[("past" if past else "present", number)]
 
 
-def _target_np(np_: NounPhrase) -> list[str]:
-    gender = NOUNS[np_.noun].gender
-    number = "pl" if np_.plural else "sg"
-    out = [target_article(np_.definite, gender, number)]
-    out += [target_adjective(a, gender, number) for a in np_.adjectives]
-    out.append(target_noun(np_.noun, np_.plural))
-    if np_.modifier is not None:
-        out += _target_pp(np_.modifier)
-    return out
+def _np(np_: NounPhrase, side: str) -> list[str]:
+    if side == "source":
+        out = [SOURCE_DEFINITE if np_.definite else SOURCE_INDEFINITE,
+               NOUNS[np_.noun].source + (SOURCE_PLURAL_SUFFIX if np_.plural else "")]
+        out += [ADJECTIVES[a].source for a in np_.adjectives]
+    else:
+        gender, number = NOUNS[np_.noun].gender, "pl" if np_.plural else "sg"
+        out = [(DEFINITE_ARTICLES if np_.definite else INDEFINITE_ARTICLES)[(gender, number)]]
+        out += [target_adjective(a, gender, number) for a in np_.adjectives]
+        out.append(target_noun(np_.noun, np_.plural))
+    return out + (_pp(np_.modifier, side) if np_.modifier is not None else [])
 
 
-def _target_pp(pp: PrepPhrase) -> list[str]:
-    return [PREPOSITIONS[pp.preposition].target] + _target_np(pp.np)
+def _pp(pp: PrepPhrase, side: str) -> list[str]:
+    return [getattr(PREPOSITIONS[pp.preposition], side)] + _np(pp.np, side)
+
+
+def _render(sentence: Sentence, side: str) -> str:
+    out: list[str] = []
+    for clause in sentence:
+        if clause.connector is not None:
+            kind, i = clause.connector
+            out += [",", getattr((SUBORDINATORS if kind == "sub" else CONJUNCTIONS)[i], side)]
+        for k, np_ in enumerate(clause.subject):
+            if k:
+                out.append(SOURCE_NP_AND if side == "source" else TARGET_NP_AND)
+            out += _np(np_, side)
+        if side == "source":
+            verb = [SOURCE_PAST] * clause.past + [VERBS[clause.verb].source]
+        else:
+            verb = [target_verb(clause.verb, clause.past, clause.subject_number)]
+        last = side == "target" and clause.subordinate   # T: verb last in a subordinate
+        out += [] if last else verb
+        if clause.object is not None:
+            out += _np(clause.object, side)
+        for pp in clause.pps:
+            out += _pp(pp, side)
+        out += verb if last else []
+    return " ".join(out + ["."])
+
+
+def render_source(sentence: Sentence) -> str:
+    return _render(sentence, "source")
 
 
 def render_target(sentence: Sentence) -> str:
-    out: list[str] = []
-    for clause in sentence:
-        out += _connector_words(clause, "target")
-        for k, np_ in enumerate(clause.subject):
-            if k:
-                out.append(TARGET_NP_AND)
-            out += _target_np(np_)
-        verb = target_verb(clause.verb, clause.past, clause.subject_number)
-        if not clause.subordinate:
-            out.append(verb)
-        if clause.object is not None:
-            out += _target_np(clause.object)
-        for pp in clause.pps:
-            out += _target_pp(pp)
-        if clause.subordinate:
-            out.append(verb)   # verb last in a subordinate clause
-    return " ".join(out + ["."])
+    return _render(sentence, "target")
 
 
 # ------------------------------------------------------------- vocabulary --
