@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from bert_jax.data.splits import check_split_names
+from bert_jax.data.splits import check_split_files
 from bert_jax.data.text_files import bad_line, char_column, utf8_lines
 from bert_jax.errors import MissingFileError, UserError
 
@@ -202,17 +202,8 @@ def split_files(path: str | os.PathLike, splits: Mapping[str, str] | None = None
                                "holding the files")
     if splits is None:
         splits = dict(discover_splits(directory))
-    check_split_names("conllu", splits, "file name", ConlluFormatError)
-    for split, name in splits.items():
-        if not isinstance(name, str) or not name or os.sep in name:
-            raise ConlluFormatError(f"conllu: splits.{split}={name!r}; give a file name "
-                                    f"in {directory}")
-    missing = [os.path.join(directory, n) for n in splits.values()
-               if not os.path.isfile(os.path.join(directory, n))]
-    if missing:
-        raise MissingFileError(f"{', '.join(missing)}: no such file(s); check the splits "
-                               f"{dict(splits)}")
-    return {split: os.path.join(directory, name) for split, name in sorted(splits.items())}
+    return {split: os.path.join(directory, name) for split, name in
+            check_split_files("conllu", directory, splits, [""], ConlluFormatError)}
 
 
 def read_splits(files: Mapping[str, str], column: str | int | None = None,

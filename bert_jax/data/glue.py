@@ -73,29 +73,21 @@ class GlueTaskSpec:
     description: str = ""
 
     def __post_init__(self):
-        columns = [c for c in (self.text_a, self.text_b, self.label_column)
-                   if c is not None]
-        kinds = {isinstance(c, int) for c in columns}
-        if len(kinds) != 1 or not all(isinstance(c, (str, int)) for c in columns):
-            raise ValueError(
-                f"GlueTaskSpec {self.name}: columns must be all header names or all "
-                f"0-based indices, got text_a={self.text_a!r}, text_b={self.text_b!r}, "
-                f"label_column={self.label_column!r}")
-        if any(isinstance(c, int) and c < 0 for c in columns):
-            raise ValueError(f"GlueTaskSpec {self.name}: column indices must be >= 0")
-        if len(set(self.labels)) != len(self.labels):
-            raise ValueError(f"GlueTaskSpec {self.name}: duplicate labels {self.labels}")
-        for attr in ("label_names", "catalog_labels"):
-            names = getattr(self, attr)
-            if names and (len(names) != len(self.labels) or set(names) != set(
-                    self.label_names or self.labels)):
-                raise ValueError(
-                    f"GlueTaskSpec {self.name}: {attr} {names} must name the "
-                    f"{len(self.labels)} labels {self.label_names or self.labels}")
-        if not self.splits or not all(isinstance(k, str) and isinstance(v, str)
-                                      for k, v in self.splits.items()):
-            raise ValueError(f"GlueTaskSpec {self.name}: splits must map split "
-                             f"names to file names, got {self.splits!r}")
+        columns = [c for c in (self.text_a, self.text_b, self.label_column) if c is not None]
+        problems = {
+            "columns: all header names, or all 0-based indices": len(
+                {type(c) for c in columns} & {str, int}) != 1 or any(
+                not isinstance(c, (str, int)) or isinstance(c, int) and c < 0 for c in columns),
+            "labels: no duplicates": len(set(self.labels)) != len(self.labels),
+            "label_names, catalog_labels: the same labels": any(
+                names and (len(names) != len(self.labels)
+                           or set(names) != set(self.label_names or self.labels))
+                for names in (self.label_names, self.catalog_labels)),
+            "splits: split name -> file name": not self.splits or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.splits.items())}
+        for need, wrong in problems.items():
+            if wrong:
+                raise ValueError(f"GlueTaskSpec {self.name}: give {need}")
 
     @property
     def is_regression(self) -> bool:
@@ -122,25 +114,20 @@ GLUE_TASKS: dict[str, GlueTaskSpec] = {spec.name: spec for spec in (
         metrics=("accuracy",), splits=dict(_STANDARD_SPLITS),
         catalog="glue/sst2", catalog_text_a="sentence", catalog_text_b=None,
         directory="SST-2",
-        description="Stanford Sentiment Treebank: movie review phrase, binary "
-                    "sentiment. Header `sentence label` (test: `index sentence`)."),
+        description="Stanford Sentiment Treebank: a movie review phrase's sentiment."),
     GlueTaskSpec(
         name="mrpc", text_a="#1 String", text_b="#2 String", label_column="Quality",
         labels=("0", "1"), label_names=("not_equivalent", "equivalent"),
         metrics=("accuracy", "f1"), splits=dict(_STANDARD_SPLITS),
         catalog="glue/mrpc", catalog_text_a="sentence1", catalog_text_b="sentence2",
         directory="MRPC",
-        description="Microsoft Research Paraphrase Corpus: is the pair a "
-                    "paraphrase. Header `Quality #1 ID #2 ID #1 String #2 String` "
-                    "(after a byte-order mark); test: `index #1 ID ...`."),
+        description="Microsoft Research Paraphrase Corpus: is the pair a paraphrase."),
     GlueTaskSpec(
         name="stsb", text_a="sentence1", text_b="sentence2", label_column="score",
         labels=(), metrics=("pearson", "spearman"), splits=dict(_STANDARD_SPLITS),
         catalog="glue/stsb", catalog_text_a="sentence1", catalog_text_b="sentence2",
         directory="STS-B",
-        description="Semantic Textual Similarity Benchmark: similarity score 0-5 "
-                    "(regression). 10 columns `index genre filename year old_index "
-                    "source1 source2 sentence1 sentence2 score` (test: no score)."),
+        description="Semantic Textual Similarity Benchmark: a similarity score 0-5."),
     GlueTaskSpec(
         name="cola", text_a=3, text_b=None, label_column=1,
         labels=("0", "1"), label_names=("unacceptable", "acceptable"),
@@ -149,25 +136,21 @@ GLUE_TASKS: dict[str, GlueTaskSpec] = {spec.name: spec for spec in (
         splits={"train": "train.tsv", "validation": "dev.tsv"},
         catalog="glue/cola", catalog_text_a="sentence", catalog_text_b=None,
         directory="CoLA",
-        description="Corpus of Linguistic Acceptability: is the sentence "
-                    "grammatical. No header; columns source, label, original "
-                    "label (or '*'), sentence."),
+        description="Corpus of Linguistic Acceptability: is the sentence grammatical."),
     GlueTaskSpec(
         name="rte", text_a="sentence1", text_b="sentence2", label_column="label",
         labels=("entailment", "not_entailment"), metrics=("accuracy",),
         splits=dict(_STANDARD_SPLITS),
         catalog="glue/rte", catalog_text_a="sentence1", catalog_text_b="sentence2",
         directory="RTE",
-        description="Recognizing Textual Entailment: does sentence1 entail "
-                    "sentence2. Header `index sentence1 sentence2 label`."),
+        description="Recognizing Textual Entailment: does sentence1 entail sentence2."),
     GlueTaskSpec(
         name="qnli", text_a="question", text_b="sentence", label_column="label",
         labels=("entailment", "not_entailment"), metrics=("accuracy",),
         splits=dict(_STANDARD_SPLITS),
         catalog="glue/qnli", catalog_text_a="question", catalog_text_b="sentence",
         directory="QNLI",
-        description="Question NLI (from SQuAD): does the sentence answer the "
-                    "question. Header `index question sentence label`."),
+        description="Question NLI (from SQuAD): does the sentence answer the question."),
     GlueTaskSpec(
         name="mnli", text_a="sentence1", text_b="sentence2", label_column="gold_label",
         labels=("contradiction", "entailment", "neutral"), metrics=("accuracy",),
@@ -178,10 +161,7 @@ GLUE_TASKS: dict[str, GlueTaskSpec] = {spec.name: spec for spec in (
         catalog="glue/mnli", catalog_text_a="premise", catalog_text_b="hypothesis",
         catalog_labels=("entailment", "neutral", "contradiction"),
         directory="MNLI",
-        description="Multi-Genre NLI: premise/hypothesis entailment, 3 classes "
-                    "(BERT's order). Header `index promptID pairID genre ... "
-                    "sentence1 sentence2 label1 ... gold_label`; the catalog calls "
-                    "the dev splits validation_matched/validation_mismatched."),
+        description="Multi-Genre NLI: premise/hypothesis entailment, BERT's class order."),
 )}
 
 

@@ -41,7 +41,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from bert_jax.data.builder_configs import LocalFilesBuilder
-from bert_jax.data.splits import check_split_names
+from bert_jax.data.splits import check_split_files
 from bert_jax.data.text_files import bad_line, utf8_lines
 from bert_jax.errors import MissingFileError, UserError
 
@@ -102,7 +102,8 @@ def parallel_text_config(path: str | os.PathLike, source_language: str,
     if splits is None:
         mapping = discover_splits(directory, source_language, target_language)
     else:
-        mapping = _check_splits(directory, source_language, target_language, splits)
+        mapping = check_split_files("parallel_text", directory, splits, [
+            f".{source_language}", f".{target_language}"], ParallelTextError)
     files = _file_stats(directory, [f"{stem}.{language}" for _, stem in mapping
                                     for language in (source_language, target_language)])
     params = dict(path=directory, source_language=source_language,
@@ -158,24 +159,6 @@ def discover_splits(directory: str, source_language: str, target_language: str
                 f"{split!r}; pass splits={{name: stem}}")
         seen[split] = stem
     return tuple(sorted((split, stem) for stem, split in split_names.items()))
-
-
-def _check_splits(directory: str, source_language: str, target_language: str,
-                  splits: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    check_split_names("parallel_text", splits, "file stem, e.g. {'train': 'train', "
-                      "'validation': 'val'}", ParallelTextError)
-    for split, stem in splits.items():
-        if not isinstance(stem, str) or not stem or os.sep in stem:
-            raise ParallelTextError(f"parallel_text: splits.{split}={stem!r}; give a file "
-                                    "name without its language suffix")
-    missing = [os.path.join(directory, f"{stem}.{language}")
-               for stem in splits.values()
-               for language in (source_language, target_language)
-               if not os.path.isfile(os.path.join(directory, f"{stem}.{language}"))]
-    if missing:
-        raise MissingFileError(f"{', '.join(missing)}: no such file(s); check the splits "
-                               f"{dict(splits)}")
-    return tuple(sorted(splits.items()))
 
 
 # ----------------------------------------------------------------- reading --

@@ -7,13 +7,14 @@ of a dataset held in memory (the built-in generated corpora, local tagging files
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 import numpy as np
 
-from bert_jax.errors import UserError
+from bert_jax.errors import MissingFileError, UserError
 
 T = TypeVar("T")
 _SPLIT = re.compile(r"([\w\-]+)(?:\[(-?\d*):(-?\d*)\])?")
@@ -23,16 +24,25 @@ class DatasetError(UserError, ValueError):
     """A dataset or split that cannot be read; the message names it."""
 
 
-def check_split_names(what: str, splits: object, values: str,
-                      error: type[Exception] = ValueError) -> None:
-    """Raises `error` unless `splits` is a non-empty mapping whose keys are
-    valid tfds split names (`values` says what its values are, for the message)."""
+def check_split_files(what: str, directory: str, splits: object, suffixes: Sequence[str],
+                      error: type[Exception]) -> tuple[tuple[str, str], ...]:
+    """Sorted `splits` (split name -> a file name in `directory`, completed by
+    each of `suffixes`), checked: tfds split names, plain names, files there."""
     if not isinstance(splits, Mapping) or not splits:
         raise error(f"{what}: splits={splits!r}; give a non-empty mapping of tfds split "
-                    f"name -> {values}")
-    for split in splits:
+                    "name -> file name")
+    for split, name in splits.items():
         if not isinstance(split, str) or not re.fullmatch(r"[\w\-]+", split):
             raise error(f"{what}: split name {split!r}; use only letters, digits, '_', '-'")
+        if not isinstance(name, str) or not name or os.sep in name:
+            raise error(f"{what}: splits.{split}={name!r}; give a file name in {directory}")
+    missing = [os.path.join(directory, name + suffix) for name in splits.values()
+               for suffix in suffixes if not os.path.isfile(os.path.join(
+                   directory, name + suffix))]
+    if missing:
+        raise MissingFileError(f"{', '.join(missing)}: no such file(s); check the splits "
+                               f"{dict(splits)}")
+    return tuple(sorted(splits.items()))
 
 
 def check_counts(dataset: str, **params: object) -> None:
