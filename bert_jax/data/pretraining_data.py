@@ -168,40 +168,10 @@ def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: 
 
 def _check_lengths(max_seq_length: int, short_seq_prob: float) -> None:
     if max_seq_length < 5:
-        raise ValueError(f"max_seq_length={max_seq_length}: it must hold [CLS], [SEP], [SEP] and "
-                         "at least one token of each sentence (>= 5)")
+        raise ValueError(f"max_seq_length={max_seq_length}; use at least 5 ([CLS], [SEP], "
+                         "[SEP] and a token of each sentence)")
     if not 0.0 <= short_seq_prob <= 1.0:
-        raise ValueError(f"short_seq_prob={short_seq_prob} is not a probability")
-
-
-def _random_other_document(num_documents: int, document_index: int, rng: random.Random) -> int:
-    """A uniform random index != document_index (retried until different; the
-    first draws consume `rng` as the original's loop does)."""
-    while True:
-        index = rng.randint(0, num_documents - 1)
-        if index != document_index:
-            return index
-
-
-def _random_next_segments(document: Sequence[Sequence[int]], target_b_length: int,
-                          rng: random.Random) -> list[int]:
-    """Tokens of segments from a random start of `document`, until at least
-    `target_b_length` (at least one segment)."""
-    tokens_b: list[int] = []
-    random_start = rng.randint(0, len(document) - 1)
-    for j in range(random_start, len(document)):
-        tokens_b.extend(document[j])
-        if len(tokens_b) >= target_b_length:
-            break
-    return tokens_b
-
-
-def _pair(tokens_a: list[int], tokens_b: list[int], cls_id: int, sep_id: int
-          ) -> tuple[list[int], list[int]]:
-    """`[CLS] A [SEP] B [SEP]` and its segment ids."""
-    tokens = [cls_id, *tokens_a, sep_id, *tokens_b, sep_id]
-    segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
-    return tokens, segment_ids
+        raise ValueError(f"short_seq_prob={short_seq_prob}; give a probability")
 
 
 def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int]]],
@@ -244,10 +214,15 @@ def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int
 
             if len(current_chunk) == 1 or rng.random() < 0.5:
                 is_random_next = True
-                next_document = _random_other_document(len(all_documents), document_index, rng)
+                next_document = document_index
+                while next_document == document_index:   # the original stops at 10 tries
+                    next_document = rng.randint(0, len(all_documents) - 1)
                 random_document = all_documents[next_document]
-                tokens_b = _random_next_segments(random_document,
-                                                 target_seq_length - len(tokens_a), rng)
+                tokens_b = []   # segments from a random start, at least one
+                for segment_b in random_document[rng.randint(0, len(random_document) - 1):]:
+                    tokens_b.extend(segment_b)
+                    if len(tokens_b) >= target_seq_length - len(tokens_a):
+                        break
                 # The chunk's segments after A go back, for the next chunk.
                 i -= len(current_chunk) - a_end
             else:
@@ -256,10 +231,11 @@ def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int
                 tokens_b = [t for segment_b in current_chunk[a_end:] for t in segment_b]
             truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
 
-            tokens, segment_ids = _pair(tokens_a, tokens_b, cls_id, sep_id)
-            instances.append(Instance(tokens=tokens, segment_ids=segment_ids,
-                                      is_random_next=is_random_next, document=document_index,
-                                      next_document=next_document))
+            instances.append(Instance(
+                tokens=[cls_id, *tokens_a, sep_id, *tokens_b, sep_id],
+                segment_ids=[0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1),
+                is_random_next=is_random_next, document=document_index,
+                next_document=next_document))
             current_chunk = []
             current_length = 0
         i += 1
