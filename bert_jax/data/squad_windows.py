@@ -195,10 +195,34 @@ def _is_max_context(spans: Sequence[tuple[int, int]], span_index: int, position:
     return best_index == span_index
 
 
-def _make_windows(example: QAExample, question_ids: Sequence[int], context_ids: Sequence[int],
-                  context_offsets: Sequence[tuple[int, int]], vocab, config: WindowConfig,
-                  example_index: int) -> list[dict[str, np.ndarray]]:
-    question_ids = list(question_ids)[:config.max_query_length]
+def make_windows(example: QAExample, vocab, config: WindowConfig, *, example_index: int,
+                 context: tuple[list[int], list[tuple[int, int]]] | None = None
+                 ) -> list[dict[str, np.ndarray]]:
+    """The model inputs of one question, `[CLS] question [SEP] window [SEP]`
+    (`vocab`: a `WordPiece`). Windows start at context token 0, then each
+    `min(doc_stride, window length)` after the previous, until one reaches
+    the end (an empty context: one window). Each, `n <= max_seq_length` long:
+
+      input_ids        [n] int32
+      token_type_ids   [n] int32: 0 on `[CLS] question [SEP]`, 1 on the
+                       context tokens and the last `[SEP]`
+      start_position,  int32 scalars: indices in the window of the first and
+      end_position     last token of the first answer; both 0 (`[CLS]`) when
+                       it is not entirely inside this window (or there is none)
+      example_index    int32 scalar: `example_index` (its place in the list)
+      window_index     int32 scalar: 0, 1, ... over this example's windows
+      context_offsets  [n, 2] int32: `(start, end)` character offsets into
+                       `example.context` of the context tokens; (-1, -1) on the
+                       question and special tokens
+      max_context      [n] bool: True on the context tokens for which this is
+                       the window with the most context (`run_squad.py`
+                       `_check_is_max_context`); each context token has it in
+                       exactly one window
+
+    `context`: `vocab.encode_with_offsets(example.context)`, if already made.
+    """
+    context_ids, context_offsets = context or vocab.encode_with_offsets(example.context)
+    question_ids = vocab.encode(example.question)[:config.max_query_length]
     max_tokens = config.max_seq_length - len(question_ids) - 3
     answer = _answer_tokens(example, context_offsets)
     spans = _doc_spans(len(context_ids), max_tokens, config.doc_stride)
@@ -232,34 +256,6 @@ def _make_windows(example: QAExample, question_ids: Sequence[int], context_ids: 
     return windows
 
 
-def make_windows(example: QAExample, vocab, config: WindowConfig, *,
-                 example_index: int) -> list[dict[str, np.ndarray]]:
-    """The model inputs of one question, `[CLS] question [SEP] window [SEP]`
-    (`vocab`: a `WordPiece`). Windows start at context token 0, then each
-    `min(doc_stride, window length)` after the previous, until one reaches
-    the end (an empty context: one window). Each, `n <= max_seq_length` long:
-
-      input_ids        [n] int32
-      token_type_ids   [n] int32: 0 on `[CLS] question [SEP]`, 1 on the
-                       context tokens and the last `[SEP]`
-      start_position,  int32 scalars: indices in the window of the first and
-      end_position     last token of the first answer; both 0 (`[CLS]`) when
-                       it is not entirely inside this window (or there is none)
-      example_index    int32 scalar: `example_index` (its place in the list)
-      window_index     int32 scalar: 0, 1, ... over this example's windows
-      context_offsets  [n, 2] int32: `(start, end)` character offsets into
-                       `example.context` of the context tokens; (-1, -1) on the
-                       question and special tokens
-      max_context      [n] bool: True on the context tokens for which this is
-                       the window with the most context (`run_squad.py`
-                       `_check_is_max_context`); each context token has it in
-                       exactly one window
-    """
-    context_ids, context_offsets = vocab.encode_with_offsets(example.context)
-    return _make_windows(example, vocab.encode(example.question), context_ids, context_offsets,
-                         vocab, config, example_index)
-
-
 def windows_for(examples: Sequence[QAExample], vocab,
                 config: WindowConfig) -> list[dict[str, np.ndarray]]:
     """`make_windows` of every example (`example_index`: its place), in one
@@ -269,9 +265,8 @@ def windows_for(examples: Sequence[QAExample], vocab,
     for index, example in enumerate(examples):
         if example.context not in contexts:
             contexts[example.context] = vocab.encode_with_offsets(example.context)
-        context_ids, context_offsets = contexts[example.context]
-        windows += _make_windows(example, vocab.encode(example.question), context_ids,
-                                 context_offsets, vocab, config, index)
+        windows += make_windows(example, vocab, config, example_index=index,
+                                context=contexts[example.context])
     return windows
 
 
