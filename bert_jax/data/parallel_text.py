@@ -170,17 +170,10 @@ def read_lines(path: str) -> Iterator[tuple[int, str]]:
         yield lineno, text.strip()
 
 
-@dataclasses.dataclass(frozen=True)
-class SplitCheck:
-    """What `check_split` found: the pairs kept and the empty lines dropped."""
-
-    num_pairs: int
-    skipped_lines: tuple[int, ...]   # 1-based, pairs dropped by skip_empty
-
-
-def check_split(cfg: ParallelTextConfig, split: str) -> SplitCheck:
-    """Reads both files of `split` once; raises `ParallelTextError` on invalid
-    UTF-8, different line counts, or an empty line (unless `skip_empty`)."""
+def check_split(cfg: ParallelTextConfig, split: str) -> tuple[int, list[int]]:
+    """The number of pairs kept and the 1-based lines of those dropped by
+    `skip_empty`, from one read of both files; raises `ParallelTextError` on
+    invalid UTF-8, different line counts, or an empty line (unless `skip_empty`)."""
     src_path, tgt_path = cfg.split_files(split)
     counts = [0, 0]
     first_empty: list[int | None] = [None, None]
@@ -210,7 +203,7 @@ def check_split(cfg: ParallelTextConfig, split: str) -> SplitCheck:
         raise bad_line(ParallelTextError, paths[side], skipped[0], f"empty line "
                        f"({len(skipped)} pair(s) with an empty side)", "remove the pair "
                        "from both files, or pass skip_empty=True to drop such pairs")
-    return SplitCheck(counts[0] - len(skipped), tuple(skipped))
+    return counts[0] - len(skipped), skipped
 
 
 # ----------------------------------------------------------------- builder --
@@ -256,22 +249,15 @@ class ParallelText(LocalFilesBuilder):
                                         "made; make the builder again")
         # Check every split before tfds writes any example.
         checks = {split: check_split(cfg, split) for split, _ in cfg.splits}
-        skipped = {}
-        for split, check in checks.items():
-            if check.skipped_lines:
-                skipped[split] = {
-                    "count": len(check.skipped_lines),
-                    "first_lines": list(check.skipped_lines[:_MAX_REPORTED_LINES])}
-                logging.warning(
-                    "parallel_text %s: skip_empty dropped %d pair(s) of split %r with "
-                    "an empty side (lines %s%s of %s)", cfg.name,
-                    len(check.skipped_lines), split,
-                    ", ".join(map(str, check.skipped_lines[:_MAX_REPORTED_LINES])),
-                    ", ..." if len(check.skipped_lines) > _MAX_REPORTED_LINES else "",
-                    " / ".join(cfg.split_files(split)))
+        skipped = {split: {"count": len(lines), "first_lines": lines[:_MAX_REPORTED_LINES]}
+                   for split, (_, lines) in checks.items() if lines}
+        for split, dropped in skipped.items():
+            logging.warning("parallel_text %s: skip_empty dropped %d pair(s) of split %r with "
+                            "an empty side (first lines %s of %s)", cfg.name, dropped["count"],
+                            split, dropped["first_lines"], " / ".join(cfg.split_files(split)))
         self.info.metadata["skipped_empty_pairs"] = skipped
         # tfds cannot write a split with no examples, so an empty one is an error.
-        empty = [split for split, check in checks.items() if check.num_pairs == 0]
+        empty = [split for split, (pairs, _) in checks.items() if pairs == 0]
         if empty:
             raise ParallelTextError(f"{', '.join(cfg.split_files(empty[0]))}: no sentence "
                                     f"pairs (split(s) {empty}); add some or drop the split")

@@ -242,7 +242,11 @@ class WordPiece:
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         """Tokens of `ids` (any ints, numpy included); raises on an unknown id."""
-        return [self._tokens[_check_id(i, self.size)] for i in ids]
+        ids = [int(i) for i in ids]
+        outside = [i for i in ids if not 0 <= i < self.size]
+        if outside:
+            raise ValueError(f"id {outside[0]} is outside the vocabulary [0, {self.size})")
+        return [self._tokens[i] for i in ids]
 
     def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
         """Ids of whole tokens ('##ing' included); unknown tokens give `unk_id`."""
@@ -301,23 +305,12 @@ class WordPiece:
         spacing of punctuation are not restored). `[PAD]`, `[CLS]` and `[SEP]`
         are dropped unless `skip_framing=False`; `[UNK]` and `[MASK]` stand
         for text and stay."""
-        ids = _ints(ids)
+        ids = [int(i) for i in ids]
         tokens = self.convert_ids_to_tokens(ids)
         if skip_framing:
             framing = (self.pad_id, self.cls_id, self.sep_id)
             tokens = [token for token, i in zip(tokens, ids) if i not in framing]
         return " ".join(tokens).replace(" " + CONTINUATION, "").strip()
-
-
-def _ints(ids: Iterable[int]) -> list[int]:
-    return [int(i) for i in ids]
-
-
-def _check_id(i: int, size: int) -> int:
-    i = int(i)
-    if not 0 <= i < size:
-        raise ValueError(f"id {i} is outside the vocabulary [0, {size}).")
-    return i
 
 
 def _train_pass(texts: Callable[[], Iterable[str]], vocab_size: int, lowercase: bool,
