@@ -2,20 +2,16 @@
 CoNLL-2003-style column files, read from local files.
 
     sentences = read_conllu("../shared/data/ud_en_ewt/en_ewt-ud-dev.conllu")
-    sentences[0]   # {"words": ["From", "the", "AP", ...],
-                   #  "tags": ["ADP", "DET", "PROPN", ...],
-                   #  "line": 1, "sent_id": "weblog-..."}
-    files = split_files("../shared/data/ud_en_ewt")  # {"train": ".../en_ewt-ud-train.conllu"}
-    splits = read_splits(files, column="upos")        # {"train": [sentence, ...], ...}
+    sentences[0]   # {"words": ["From", ...], "tags": ["ADP", ...], "line": 1,
+                   #  "sent_id": "weblog-..."}
+    splits = read_splits(split_files("../shared/data/ud_en_ewt"), column="upos")
 
-CoNLL-U (https://universaldependencies.org/format.html): 10 tab-separated
-fields a word; `#` lines are comments (`# sent_id = ...`); multi-word token
+CoNLL-U (https://universaldependencies.org/format.html): multi-word token
 ranges (`1-2`) and empty nodes (`8.1`) are skipped, so `words` are the
-syntactic words, IDs 1, 2, 3, ... A FORM of `_` is an underscore, not a
-missing word. CoNLL-2003: whitespace-separated columns (`word POS chunk NER`),
-the same number on every line; `-DOCSTART-` lines are skipped; no comments.
-In both a blank line ends a sentence. `line` is the 1-based line where the
-sentence starts (its first comment line, if any).
+syntactic words, IDs 1, 2, 3, ...; a FORM of `_` is an underscore. CoNLL-2003:
+whitespace-separated columns (`word POS chunk NER`), as many on every line;
+`-DOCSTART-` lines are skipped; `#` is a word. `line` is the 1-based line
+where a sentence starts (its first comment line, if any).
 """
 
 from __future__ import annotations

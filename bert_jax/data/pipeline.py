@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import copy
+import dataclasses
 import functools
 import math
 import multiprocessing
@@ -60,23 +61,13 @@ _SHUFFLE_PURPOSE = 0x5EED  # mixed into the user seed for the shuffle seed
 
 # ----------------------------------------------------------------- examples --
 
+@dataclasses.dataclass
 class _Prepare:
     """`preprocess`, then every 1-D feature padded to its max length (unless
     `pad=False`, for packing): `(row, too_long)`, a too-long row all zeros."""
-
-    def __init__(self, preprocess: Preprocess, max_length: MaxLength,
-                 pad: bool = True):
-        self.preprocess = preprocess
-        self.max_length = max_length
-        self.pad = pad
-
-    def _length(self, key: str) -> int:
-        if isinstance(self.max_length, Mapping):
-            if key not in self.max_length:
-                raise ValueError(f"max_length has no entry for feature {key!r}; give one "
-                                 "per 1-D feature")
-            return self.max_length[key]
-        return self.max_length
+    preprocess: Preprocess
+    max_length: MaxLength
+    pad: bool = True
 
     def __call__(self, example: Example) -> tuple[Batch, bool]:
         features = self.preprocess(example)
@@ -93,20 +84,20 @@ class _Prepare:
             else:
                 raise TypeError(f"feature {key!r}: dtype {value.dtype}; use an integer, "
                                 "bool or floating one")
-            if value.ndim == 0:
-                row[key] = value.astype(dtype)
-            elif value.ndim == 1:
-                length = self._length(key)
-                too_long |= value.shape[0] > length
-                if self.pad:
-                    padded = np.zeros(length, dtype)
-                    padded[:min(value.shape[0], length)] = value[:length]
-                    row[key] = padded
-                else:
-                    row[key] = value.astype(dtype)
-            else:
+            if value.ndim > 1:
                 raise ValueError(f"feature {key!r}: shape {value.shape}; preprocess returns "
                                  "scalars or 1-D arrays")
+            row[key] = value.astype(dtype)
+            if value.ndim == 1:
+                length = self.max_length
+                if isinstance(length, Mapping):
+                    if key not in length:
+                        raise ValueError(f"max_length has no entry for feature {key!r}; "
+                                         "give one per 1-D feature")
+                    length = length[key]
+                too_long |= len(value) > length
+                if self.pad:
+                    row[key] = np.pad(row[key][:length], (0, max(0, length - len(value))))
         if too_long and self.pad:
             row = {k: np.zeros_like(v) for k, v in row.items()}
         return row, too_long
@@ -121,14 +112,13 @@ def _stack(rows: Sequence[Batch]) -> Batch:
     return {k: np.stack([row[k] for row in rows]) for k in keys}
 
 
+@dataclasses.dataclass
 class _Packer:
     """Whole examples packed into one row of `length` slots: each 1-D feature
     `key` concatenated and 0-padded, with `key_segmentation` (1, 2, ... per
     example, 0 at padding) and `key_positions` (0, 1, ... per example), all
     `[length]` int32: what the models take for packed sequences."""
-
-    def __init__(self, length: int):
-        self.length = length
+    length: int
 
     @staticmethod
     def _check(example: Batch) -> Batch:
@@ -172,11 +162,10 @@ def _check_layout(global_batch_size: int, process_index: int, process_count: int
     return global_batch_size // process_count
 
 
+@dataclasses.dataclass
 class _FilterLog:
     """Logs dropped examples: the first, then at every power of two."""
-
-    def __init__(self, what: str):
-        self.what = what
+    what: str
 
     def __call__(self, num_filtered: int, num_seen: int, max_length: MaxLength):
         if num_filtered & (num_filtered - 1) == 0:  # 1, 2, 4, 8, ...
@@ -543,13 +532,12 @@ class EvalBatches(Iterator[Batch]):
         return batch
 
 
+@dataclasses.dataclass
 class _EvalRow:
     """Position -> padded row (zeros past the end or when too long) + flags."""
-
-    def __init__(self, source, prepare: _Prepare, zero_row: Batch):
-        self.source = source
-        self.prepare = prepare
-        self.zero_row = zero_row
+    source: Sequence[Example]
+    prepare: _Prepare
+    zero_row: Batch
 
     def __call__(self, position: int) -> Batch:
         if position >= len(self.source):

@@ -1,12 +1,8 @@
 """SentencePiece subword vocabularies (joint source + target for translation).
 
-Ids: 0 pad, 1 BOS, 2 EOS, 3 unknown, then the pieces, matching the
-Transformer's `pad_id`, `bos_id` and `eos_id`. `encode` adds no BOS/EOS; the
-input pipeline appends EOS to each sequence.
-
-A vocabulary is trained on the training split the first time a workdir is
-used and saved there (`WORKDIR/vocab/spm.model`); a resumed run, evaluation
-and `launch/translate.py` load that file, so ids never change under a
+Ids: 0 pad, 1 BOS, 2 EOS, 3 unknown, as the Transformer's; `encode` adds no
+BOS/EOS (the input pipeline appends EOS). Trained on the training split the
+first time a workdir is used and saved there, so ids never change under a
 checkpoint.
 """
 
