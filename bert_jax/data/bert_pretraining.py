@@ -31,14 +31,12 @@ same corpus, vocabulary and options give the same dataset on any runner.
 SHA-256 of (seed, file name, position) (one pass, no corpus in memory),
 paired among themselves with seed + 1, so none is seen in training.
 
-`beam_options` are Beam's own flags (any `--runner`: docs/PRETRAINING_DATA.md;
-then the files and `data_dir` must be readable by every worker). Files are
-`path` or `path:format` (`pretraining_data.DOCUMENT_FORMATS`). Empty files are
-skipped and a shard left with fewer than 2 documents is skipped (counted as
-`unpaired_documents`); both are recorded in `builder.info.metadata["corpus"]`
-with the other statistics. The config name ends in a hash of every
-parameter, the vocabulary's contents and each file's name, size and mtime,
-so a changed corpus or vocabulary is built afresh.
+`beam_options` are Beam's flags (any `--runner`: docs/PRETRAINING_DATA.md).
+Files are `path` or `path:format` (`pretraining_data.DOCUMENT_FORMATS`).
+Empty files and shards left with fewer than 2 documents are skipped and
+recorded, with the other statistics, in `builder.info.metadata["corpus"]`.
+The config name ends in a hash of the parameters, the vocabulary and each
+file's name, size and mtime, so a changed corpus is built afresh.
 """
 
 from __future__ import annotations
@@ -171,9 +169,8 @@ class Shard:
 
 
 def scan_file(indexed_file: tuple[int, tuple[str, str]], cfg: BertPretrainingConfig):
-    """Pass 1 over one file, streaming: its `Shard`s (tagged "shards"), the
-    held-out key `(hash, file_index, position)` of each document (tagged
-    "candidates") and its statistics (the main output)."""
+    """Pass 1 over one file, streaming: its `Shard`s (tagged "shards"), each
+    document's held-out key (tagged "candidates") and its statistics."""
     file_index, (path, fmt) = indexed_file
     name, per_shard = os.path.basename(path), cfg.documents_per_shard
     starts, stats = [], {"documents": 0, "lines": 0, "one_line_documents": 0}
@@ -237,10 +234,8 @@ def _part_file(split: str, name: str) -> str:
 
 
 def write_part(parts_dir: str, split: str, name: str, instances) -> dict:
-    """Writes `instances` as the examples of one part of `split` (the file
-    `_part_file(split, name)` in `parts_dir`, serialized as tfds reads them)
-    and returns its statistics; an empty part writes no file. The key of
-    instance `i`, `{name}/{i}`, gives its `index`."""
+    """Writes `instances` as the part `name` of `split` (as tfds reads them;
+    none: no file) and returns its statistics; `index` hashes `{name}/{i}`."""
     if not instances:
         return {}
     features = _features()
@@ -259,11 +254,9 @@ def write_part(parts_dir: str, split: str, name: str, instances) -> dict:
 
 def build_shard(shard: Shard, cfg: BertPretrainingConfig, held_out: list[tuple[int, int]],
                 parts_dir: str):
-    """Pass 2 over one shard: its documents tokenized; the held-out ones out
-    (tagged "held_out", as ((file_index, position), segments)); the training
-    instances of the others written as a part of `train` (B of a random next
-    from another document of this shard, a seed of (seed, file name, shard));
-    the shard's statistics (the main output)."""
+    """Pass 2 over one shard: the held-out documents out (tagged "held_out"),
+    the others' instances written as a part of `train` (seeded by (seed, file
+    name, shard)); the shard's statistics (the main output)."""
     path, fmt = cfg.files[shard.file_index]
     documents = [d.lines for d in itertools.islice(
         pretraining_data.iter_documents(path, fmt, shard.start), shard.num_documents)]
@@ -323,21 +316,18 @@ def corpus_metadata(stats: dict, cfg: BertPretrainingConfig) -> dict:
 
 
 def beam_pipeline_options(flags: str = "") -> "beam.options.pipeline_options.PipelineOptions":
-    """Beam pipeline options from command-line `flags` (e.g. `--runner=DataflowRunner
-    --project=P --region=R --temp_location=gs://B/tmp`), on top of the embedded
-    default: Beam's local Python runner with one worker process per core. It is
-    named (`FnApiRunner`) rather than `DirectRunner`, which on a machine online
-    first downloads and tries Beam's Go runner (Prism), whose memory and
-    parallelism are not those measured here."""
+    """Beam options from command-line `flags` over the default: Beam's local
+    Python runner, a worker process per core. It is named (`FnApiRunner`):
+    `DirectRunner` online first downloads and tries Beam's Go runner (Prism),
+    whose memory and parallelism are not those measured here."""
     defaults = ["--runner=FnApiRunner", f"--direct_num_workers={os.cpu_count() or 1}",
                 "--direct_running_mode=multi_processing"]
     return beam.options.pipeline_options.PipelineOptions(defaults + shlex.split(flags))
 
 
 def build_parts(pipeline: beam.Pipeline, cfg: BertPretrainingConfig, parts_dir: str) -> None:
-    """The Beam pipeline: scans the files, builds and writes the parts of each
-    split into `parts_dir`, and writes there the summed statistics
-    (`SUMMARY`)."""
+    """The Beam pipeline: the parts of each split and their summed statistics
+    (`SUMMARY`), written into `parts_dir`."""
     files = pipeline | "Files" >> beam.Create(list(enumerate(cfg.files)))
     scanned = files | "Scan" >> beam.FlatMap(scan_file, cfg).with_outputs(
         "shards", "candidates", main="stats")
@@ -373,10 +363,8 @@ class BertPretraining(LocalFilesBuilder):
     def __init__(self, *, files: Sequence[str] | None = None, vocab_file: str | None = None,
                  config=None, beam_options: str = "", data_dir: str | None = None,
                  version=None, **options):
-        """The corpus (`files`, `vocab_file`, the options of `pretraining_config`)
-        or `config`, not both; `beam_options`: Beam flags of the build (see
-        `beam_pipeline_options`), which never change its examples. (tfds
-        unpickles a builder as `__init__(config=, data_dir=, version=)`.)"""
+        """The corpus (`files`, `vocab_file`, `pretraining_config`'s options) or
+        `config`, not both; `beam_options` never change the examples."""
         if config is None:
             if files is None or vocab_file is None:
                 raise ValueError("bert_pretraining needs files= and vocab_file= (or config=).")
@@ -391,9 +379,8 @@ class BertPretraining(LocalFilesBuilder):
                                               metadata=tfds.core.MetadataDict())
 
     def download_and_prepare(self, *args, **kwargs):
-        """As tfds's; an error of the corpus or the parameters raised in a Beam
-        worker process is raised again as itself (Beam reports it as a
-        `RuntimeError` holding the worker's traceback)."""
+        """As tfds's; a user error in a Beam worker is raised again as itself
+        (Beam gives only a `RuntimeError` holding the worker's traceback)."""
         try:
             return super().download_and_prepare(*args, **kwargs)
         except RuntimeError as e:
@@ -404,9 +391,8 @@ class BertPretraining(LocalFilesBuilder):
             raise error(found[-1][1]) from None
 
     def _download_and_prepare(self, dl_manager, download_config) -> None:
-        """Runs `build_parts` (on `download_config`'s Beam runner and options
-        if it names any, else on `beam_options` or the local default), then
-        makes the parts of each split its tfds shards, in the corpus's order."""
+        """Runs `build_parts`, then makes the parts of each split its tfds
+        shards, in the corpus's order."""
         del dl_manager  # nothing to download
         cfg: BertPretrainingConfig = self.builder_config
         parts = self.data_path / "parts"   # in tfds's temporary folder until complete

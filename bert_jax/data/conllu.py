@@ -74,14 +74,9 @@ def _column_index(column: str | int | None, format: str, word_column: int = 0) -
 
 def read_conllu(path: str | os.PathLike, column: str | int | None = None,
                 format: str = "conllu", word_column: int = 0) -> list[dict[str, Any]]:
-    """The sentences of a CoNLL-U (or CoNLL-2003) file, in file order:
-    `[{"words": [str], "tags": [str], "line": int, "sent_id": str}, ...]`.
-
-    `column`: the tag column, a name (`"upos"`, `"xpos"`, `"deprel"`;
-    CoNLL-2003: `"pos"`, `"chunk"`, `"ner"`) or an index (CoNLL-2003: negative
-    from the end); `None`: UPOS, or CoNLL-2003's last column. `word_column`:
-    CoNLL-2003's word column.
-    """
+    """The sentences of a CoNLL-U (or CoNLL-2003) file, in file order.
+    `column`: the tag's, a name (`CONLLU_COLUMNS`, `CONLL2003_COLUMNS`) or an
+    index (CoNLL-2003: negative from the end); `None`: UPOS, or the last."""
     index = _column_index(column, format, word_column)
     column_name = (CONLLU_COLUMNS[index].upper() if format == "conllu"
                    else f"column {index}")

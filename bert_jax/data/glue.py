@@ -5,10 +5,9 @@
                   #  "line": 2}
     dev = read_split("../shared/data/glue", "sst2", "validation")  # task dir or GLUE root
 
-The files are small (MNLI's 393k training pairs read in seconds), so they are
-read as they are, each time, with no dataset build in between. The tfds
-catalog (`load_source("glue/sst2", "validation")`) gives the same examples
-through `from_catalog`, which maps its split names and MNLI's label order.
+The files are small (MNLI's 393k pairs read in seconds): no dataset build.
+The tfds catalog's examples (`load_source("glue/sst2", "validation")`) map to
+the same through `from_catalog`.
 
 TSV: UTF-8, one example a line, split at tabs only (GLUE sentences hold `"`,
 kept as text); text fields and labels are stripped. Files with a header row

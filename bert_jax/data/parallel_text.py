@@ -5,27 +5,18 @@ A corpus is a directory of UTF-8 files `{stem}.{language}`, line `i` of
 `train.de`/`train.en`, `val.de`/`val.en`, ...). Each split becomes
 `{"source": str, "target": str}` examples, in file order, lines stripped:
 
-    builder = ParallelText(path="../shared/data/multi30k", source_language="de",
-                           target_language="en", data_dir=data_dir)
-    train = load_source(builder, "train")         # train[i]["source"], ...
-    val = load_source("parallel_text", "validation", data_dir,   # or by name
-                      path="../shared/data/multi30k", source_language="de",
-                      target_language="en")
+    train = load_source("parallel_text", "train", data_dir, path="../shared/data/multi30k",
+                        source_language="de", target_language="en")
 
-`splits` (split name -> file stem) names the splits built; by default every
-stem with both files is one, named after the stem, the conventional stems
-taking tfds's standard names (`STEM_ALIASES`) when no other stem claims them.
-An empty line is an error unless `skip_empty`, which drops the pair and
-records it in `builder.info.metadata["skipped_empty_pairs"]`. Lines end at
-`\\n` only, so U+2028 and the like inside a line cannot shift the alignment.
-
-The config name (e.g. `multi30k_de-en_3f9a0c1b2d4e`) ends in a hash of the
-resolved path, the parameters and each file's name, size and mtime (ns): an
-edited corpus is built afresh in a folder of its own, never read from an old
-build, and a file changed between construction and build is an error. The
-hash cannot be resolved back to a path: reopen a build without the corpus with
-`tfds.builder_from_directory(builder.data_path)`. Every split is checked before
-any example is written.
+`splits` (split name -> file stem) names the splits; by default every stem
+with both files, conventional stems taking tfds's names (`STEM_ALIASES`).
+An empty line is an error unless `skip_empty` (the pairs dropped are in
+`builder.info.metadata["skipped_empty_pairs"]`). Lines end at `\\n` only, so
+U+2028 and the like cannot shift the alignment. The config name ends in a
+hash of the resolved path, the parameters and each file's size and mtime: an
+edited corpus is built afresh in its own folder, and a file changed between
+construction and build is an error. (Reopen a build without its corpus with
+`tfds.builder_from_directory`.) Every split is checked before any is written.
 """
 
 from __future__ import annotations

@@ -18,11 +18,10 @@ Packing (`pack_length > 0`): a row takes the next examples of its stream
 while every 1-D feature fits in `pack_length` slots, with segment ids and
 positions (`_Packer`); both properties hold.
 
-The state, `{"step", "consumed": [per row], "filtered": [per row], ...}`, is
-JSON and exact (`set_state` then `next` gives the batch the saved iterator
-would have), works with grain's `CheckpointSave/Restore` in Orbax, and
-records the seed, the layout and the dataset size, which `set_state` checks.
-Batches are made `prefetch` steps ahead; the state is the last returned's.
+The state (`step`, per row `consumed` and `filtered`, and the seed, layout
+and dataset size, which `set_state` checks) is JSON and exact: `set_state`
+then `next` gives the batch the saved iterator would have. Batches are made
+`prefetch` steps ahead; the state is the last returned's.
 
 Evaluation (`eval_batches`, one pass in dataset order): global batch `k` is
 examples `[k * G, (k + 1) * G)`, the rows split as in training; positions past
@@ -177,9 +176,7 @@ class _FilterLog:
 # ---------------------------------------------------------------- training --
 
 class TrainDatasetIterator(grain.DatasetIterator):
-    """Local batches of the row streams over an infinite shuffled `MapDataset`
-    (see module doc); per local row, the state holds the positions read
-    (`consumed`) and those dropped as too long (`filtered`)."""
+    """Local batches of the row streams over an infinite shuffled `MapDataset`."""
 
     def __init__(self, examples: grain.MapDataset, *, num_examples: int,
                  global_batch_size: int, local_batch_size: int, first_row: int,
@@ -207,9 +204,8 @@ class TrainDatasetIterator(grain.DatasetIterator):
         return self._examples[position]
 
     def _fill_row(self, i: int, consumed: list[int], filtered: list[int]) -> Batch:
-        """Local row `i`: the next example of its stream or, when packing, the
-        next examples while they fit; too-long examples are skipped and
-        counted."""
+        """Local row `i`: the next example of its stream (packing: the next
+        ones while they fit), too-long ones skipped and counted."""
         segments, run = [], 0
         while True:
             position = consumed[i] * self._global_batch_size + self._first_row + i

@@ -5,9 +5,8 @@ memory, and tfds datasets in `array_record` format, read without TensorFlow.
     source = load_source("parallel_text", "train", data_dir, path=..., ...)
     len(source); source[i]  # -> {"inputs": np.ndarray, ...} or {"source": text, ...}
 
-A built-in name (`GENERATED`) calls its module's `generate(**kwargs)`. Any
-other name or builder is a tfds dataset, prepared on first use and read with
-`builder.as_data_source` (`tfds.load` would need TensorFlow).
+A built-in name (`GENERATED`) calls its module's `generate(**kwargs)`; a tfds
+dataset is prepared on first use and read with `builder.as_data_source`.
 
 Several processes of one machine may prepare the same dataset at once: the
 first takes an exclusive `fcntl` lock named after the dataset folder (in

@@ -1,9 +1,8 @@
 """`synthetic_translation`: a built-in parallel corpus between two invented languages.
 
-Each example is `{"source": str, "target": str}`: a sentence of the source
-language S and its one correct translation into the target language T, words
-and punctuation separated by spaces; a pure function of `generate`'s
-parameters (the English glosses below are documentation only).
+Each example is `{"source": str, "target": str}`, a sentence of the language
+S and its one translation into T, tokens separated by spaces; a pure function
+of `generate`'s parameters.
 
 Why it is a translation task and not a copy task: T needs what attention is for.
 - Reordering: S puts adjectives after the noun, T before it; T puts the verb
@@ -13,9 +12,8 @@ Why it is a translation task and not a copy task: T needs what attention is for.
   and come *before* it, up to three words earlier. T verbs agree in number
   with the subject's head (plural for `X nu Y`, never a nearer noun of a PP)
   and carry the tense S marks with a separate particle `ka`.
-- Lengths from 4 tokens (`ta gak tor .` -> `ja troz tryskut .`, "the dog
-  runs") to a few dozen; with `max_clauses=3`, 19 source words on average,
-  median 16, 99th percentile 45.
+- Lengths from 4 tokens (`ta gak tor .`, "the dog runs") to a few dozen;
+  with `max_clauses=3`, 19 source words on average, 99th percentile 45.
 
 Grammar (S on the left, T on the right; `[]` optional, `*` repeated)::
 
@@ -44,14 +42,10 @@ translator). Worked example::
     vev ... xithut  `rer` (because) opens a subordinate clause: `det` (find)
                     moves from its 3rd place to the clause's end
 
-Splits `train`, `validation` and `test` come from separate random streams; a
-validation or test source already seen (earlier, or in an earlier split) is
-redrawn, while `train` may repeat a short sentence. Randomness uses only
+The splits come from separate random streams; a validation or test source
+seen before is redrawn (`train` may repeat a short one). Randomness uses only
 `random.Random(str).random()`, which Python reproduces across versions.
 Changing the grammar, the lexicon or the sampling changes every experiment's data.
-
-    splits = generate(num_train=500, seed=3)   # {"train": ..., "validation": ..., "test": ...}
-    load_source("synthetic_translation", "train", num_train=500, seed=3)   # the same
 """
 
 from __future__ import annotations

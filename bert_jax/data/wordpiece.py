@@ -5,9 +5,8 @@
     ids, offsets = vocab.encode_with_offsets(context)  # SQuAD: spans -> text
     ids, word_ids = vocab.encode_words(["U.S.", "based"])  # tagging labels
 
-A vocabulary is a `vocab.txt`, one token a line, id = line number (the format
-of google-research/bert and of every Hugging Face BERT checkpoint), holding
-`[PAD] [UNK] [CLS] [SEP] [MASK]` anywhere (a trained one at ids 0-4). `encode`
+A vocabulary is a `vocab.txt` (google-research/bert's and Hugging Face's),
+id = line number, holding `[PAD] [UNK] [CLS] [SEP] [MASK]` anywhere. `encode`
 adds no special tokens: the input pipelines frame `[CLS] a [SEP] b [SEP]`.
 
 Tokenization is BERT's (google-research/bert `tokenization.py`, as
@@ -34,9 +33,8 @@ the trainer numbers the `##c` characters in hash order, which breaks ties
 between equally frequent merges differently per run, so a first pass without
 merges lists them and the real pass receives them sorted.
 
-A workdir's vocabulary is trained once and saved there (`vocab/vocab.txt`,
-`wordpiece.json`); resumed runs, evaluation and fine-tuning load it, so ids
-never change under a checkpoint (`load_or_train`, as in `vocabulary.py`).
+A workdir's vocabulary is trained once and saved there, so ids never change
+under a checkpoint (`load_or_train`).
 """
 
 from __future__ import annotations
@@ -167,8 +165,7 @@ class WordPiece:
 
     @classmethod
     def from_vocab_file(cls, path: str, *, lowercase: bool = True) -> WordPiece:
-        """Loads a `vocab.txt` (one token per line, id = line number), e.g. the
-        one shipped with a Hugging Face BERT checkpoint."""
+        """Loads a `vocab.txt`, e.g. a Hugging Face BERT checkpoint's."""
         return cls(_read_vocab_file(path), lowercase=lowercase, path=path)
 
     @classmethod
@@ -205,9 +202,8 @@ class WordPiece:
     # -- files -----------------------------------------------------------------
 
     def save(self, directory: str) -> str:
-        """Writes `directory/vocab.txt` and `directory/wordpiece.json` (the
-        options: lowercase, size, requested_size); returns the vocab path.
-        Each file is written atomically, `vocab.txt` last."""
+        """Writes `vocab.txt` and its options (`wordpiece.json`) atomically into
+        `directory`, `vocab.txt` last; returns its path."""
         os.makedirs(directory, exist_ok=True)
         settings = {"lowercase": self.lowercase, "size": self.size,
                     "requested_size": self.requested_size}
@@ -268,26 +264,20 @@ class WordPiece:
         return [e.ids for e in encode(list(texts), add_special_tokens=False)]
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Ids and, for each, the `(start, end)` character offsets of the
-        original `text` it comes from: `text[start:end]` is the piece before
-        normalization (with its case and accents; a `##` piece points at its
-        characters only)."""
+        """Ids and, for each, its `(start, end)` offsets in `text`: the piece
+        before normalization (a `##` piece: its characters only)."""
         encoding = self._encode(text)
         return encoding.ids, [tuple(offset) for offset in encoding.offsets]
 
     def word_ids(self, text: str) -> list[int]:
-        """For each id of `encode(text)`, the index of its word: words are
-        `text` split at whitespace, with every punctuation character and CJK
-        ideograph a word of its own (so 'U.S.' is 4 words). The pieces of one
-        word share its index; a word of more than 100 characters is one [UNK]."""
+        """For each id of `encode(text)`, the index of its pre-tokenized word
+        (every punctuation character is a word: 'U.S.' is 4 words)."""
         return list(self._encode(text).word_ids)
 
     def encode_words(self, words: Sequence[str]) -> tuple[list[int], list[int]]:
-        """Ids of already split `words` (e.g. a tagging dataset's tokens) and,
-        for each id, the index in `words` of the word it comes from: the
-        first-sub-token label alignment. Each word is tokenized as text (so
-        'U.S.' still gives several pieces, all with that word's index); a word
-        that normalizes to nothing (only control characters) gives no id."""
+        """Ids of already split `words` (a tagging dataset's) and, for each, the
+        index of its word, for first-sub-token labels; a word that normalizes
+        to nothing (only control characters) gives no id."""
         encoding = self._tokenizer.encode(list(words), is_pretokenized=True,
                                           add_special_tokens=False)
         return encoding.ids, list(encoding.word_ids)
@@ -300,11 +290,8 @@ class WordPiece:
     # -- ids -> text -----------------------------------------------------------
 
     def decode(self, ids: Iterable[int], *, skip_framing: bool = True) -> str:
-        """Text of `ids`: tokens joined by spaces, `##` pieces glued to the
-        previous one (BERT's detokenization; case, accents and the original
-        spacing of punctuation are not restored). `[PAD]`, `[CLS]` and `[SEP]`
-        are dropped unless `skip_framing=False`; `[UNK]` and `[MASK]` stand
-        for text and stay."""
+        """BERT's detokenization (case, accents and spacing are not restored);
+        `[PAD]`, `[CLS]` and `[SEP]` dropped unless `skip_framing=False`."""
         ids = [int(i) for i in ids]
         tokens = self.convert_ids_to_tokens(ids)
         if skip_framing:
