@@ -43,16 +43,11 @@ class GlueFormatError(UserError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class GlueTaskSpec:
-    """How to read one GLUE-style task from its TSV files.
-
-    Columns (`text_a`, `text_b`: None for one sentence, `label_column`) are
-    all header names or all 0-based indices (header-less files). `labels`: the
-    label strings in class-index order, `()` for regression. `metrics`: names
-    in `bert_jax.evaluation.classification_metrics`. `splits`: tfds split name
-    -> file name in the task's `directory`. `catalog*`: the tfds catalog
-    dataset, its feature names, and its ClassLabel names in its own index
-    order (`()`: those of `label_names`, or else `labels`).
-    """
+    """How to read one GLUE-style task from its TSV files: the columns (header
+    names, or 0-based indices for header-less files), `labels` in class order
+    (`()`: regression), `metrics` (of `evaluation.classification_metrics`),
+    split name -> file, and the tfds catalog's names (its ClassLabel order in
+    `catalog_labels`, `()`: that of `label_names`, or else `labels`)."""
 
     name: str
     text_a: Column

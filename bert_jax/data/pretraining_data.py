@@ -78,17 +78,6 @@ class CorpusError(UserError, ValueError):
 # -- 1. reading -----------------------------------------------------------------
 
 
-def _is_wikitext_title(line: str) -> bool:
-    """`= Title =` (the line stripped): exactly one '=' each side."""
-    return (len(line) > 4 and line.startswith("= ") and line.endswith(" =")
-            and not line.startswith("= =") and not line.endswith("= ="))
-
-
-def _is_wikitext_heading(line: str) -> bool:
-    """`= = Heading = =`, `= = = Sub = = =`, ... (the line stripped)."""
-    return line.startswith("= =") and line.endswith("= =")
-
-
 @dataclasses.dataclass(frozen=True)
 class Document:
     """A document: its non-empty lines, stripped, and the (byte offset,
@@ -112,11 +101,13 @@ def iter_documents(path: str, document_format: str = "blank_lines",
     first = start
     for offset, lineno, text in utf8_lines(path, CorpusError, start):
         line = text.strip()
-        if _is_wikitext_title(line) if wikitext else not line:  # a document boundary
+        deep = (line.startswith("= ="), line.endswith("= ="))   # `= = Heading = =`
+        title = len(line) > 4 and line[:2] == "= " and line[-2:] == " =" and not any(deep)
+        if title if wikitext else not line:  # a document boundary
             if lines:
                 yield Document(lines, first)
                 lines = []
-        elif line and not (wikitext and _is_wikitext_heading(line)):
+        elif line and not (wikitext and all(deep)):
             if not lines:
                 first = (offset, lineno)
             lines.append(line)
@@ -131,10 +122,8 @@ def read_documents(path: str, document_format: str = "blank_lines") -> list[list
 
 def tokenize_documents(documents: Sequence[Sequence[str]], encode: Callable[[str], list[int]]
                        ) -> list[list[list[int]]]:
-    """Documents of lines -> documents of segments (token id lists), e.g. with
-    `WordPiece.encode`. Lines that give no tokens are dropped (as the original
-    does); a document may become empty (`create_instances` removes those), so
-    document indices stay those of `documents`."""
+    """Documents of lines -> of segments (token id lists); lines without tokens
+    are dropped, as the original does, but not documents (indices stay)."""
     return [[ids for ids in (list(encode(line)) for line in document) if ids]
             for document in documents]
 
@@ -154,10 +143,8 @@ class Instance:
 
 def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int,
                       rng: random.Random) -> None:
-    """Truncates the pair in place to at most `max_num_tokens` tokens in all, as
-    the original: one token at a time from the longer one (B when equal), from
-    the front or the back with probability 1/2 each (one `rng.random()` per
-    token removed)."""
+    """Truncates the pair in place to `max_num_tokens` in all, as the original:
+    a token at a time from the longer (B when equal), front or back at random."""
     while len(tokens_a) + len(tokens_b) > max_num_tokens:
         trunc_tokens = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
         if rng.random() < 0.5:
@@ -303,10 +290,9 @@ class MaskingConfig:
 
 
 def masking_rng(seed: int, *key: int) -> np.random.Generator:
-    """The generator of one mask: `masking_rng(seed, step, row)` for dynamic
-    masking, `masking_rng(seed, example_index)` for static masking. Keys are
-    non-negative ints; `MASKING_PURPOSE` keeps these streams apart from other
-    generators seeded with the same `seed`."""
+    """The generator of one mask: `(seed, step, row)` for dynamic masking,
+    `(seed, example_index)` for static; `MASKING_PURPOSE` keeps these streams
+    apart from other generators of the same `seed`."""
     entropy = [int(seed), MASKING_PURPOSE, *(int(k) for k in key)]
     if any(k < 0 for k in entropy):
         raise ValueError(f"masking_rng(seed={seed}, key={key}): seed and keys must be >= 0")
@@ -340,9 +326,8 @@ class Masker:
         self.is_continuation[[int(i) for i in continuation_ids]] = True
 
     def __call__(self, tokens: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """Masks one sequence: [length] int ids, may end with padding 0s (never
-        chosen), and its generator (e.g. `masking_rng(seed, step, row)`); the
-        row of `mask_batch` with the same generator."""
+        """Masks one sequence `[length]` (padding 0s never chosen): the row of
+        `mask_batch` with the same generator."""
         tokens = np.asarray(tokens)
         if tokens.ndim != 1:
             raise ValueError(f"tokens: expected [length], got shape {tokens.shape}")

@@ -113,8 +113,7 @@ def is_prepared(builder: tfds.core.DatasetBuilder) -> bool:
 
 
 def prepare(builder: tfds.core.DatasetBuilder) -> None:
-    """Builds the dataset in `array_record` format unless it already exists;
-    safe when several processes of one machine call it at once (see module doc)."""
+    """Builds the dataset unless it exists; safe for concurrent processes."""
     if is_prepared(builder):
         return
     with _exclusive_lock(_lock_path(builder)):
@@ -171,8 +170,7 @@ def _megabytes(folder: str) -> float:
 
 
 def _lock_path(builder: tfds.core.DatasetBuilder) -> str | None:
-    """A lock file per dataset folder, in the machine's temp dir (so that
-    nothing is written beside the data, nor into tfds's mock folders)."""
+    """A lock file per dataset folder, in the temp dir (not beside the data)."""
     data_dir = os.fspath(builder.data_dir)
     if "://" in data_dir:
         return None

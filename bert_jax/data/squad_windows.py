@@ -113,14 +113,9 @@ def read_squad(path: str, articles: slice | None = None, *,
 
 
 def squad_json(examples: Iterable[QAExample]) -> list[dict[str, Any]]:
-    """The `data` list of a SQuAD file holding `examples`, for
-    `bert_jax.evaluation.squad.evaluate`.
-
-    Consecutive examples with the same title form one article, consecutive
-    examples of an article with the same context one paragraph (the order
-    `read_squad` returns them in), so `squad_json(read_squad(path))` has the
-    file's articles, paragraphs and questions.
-    """
+    """The `data` list of a SQuAD file holding `examples` (for `evaluate`):
+    consecutive examples of one title are an article, of one context a
+    paragraph, so `squad_json(read_squad(path))` has the file's layout."""
     data: list[dict[str, Any]] = []
     for example in examples:
         if not data or data[-1]["title"] != example.title:

@@ -79,25 +79,19 @@ def train(texts: Iterable[str], vocab_size: int, *, model_type: str = "unigram",
 
 def load_or_train(workdir: str, texts: Iterable[str], vocab_size: int, *,
                   model_type: str = "unigram", is_writer: bool = True) -> Vocabulary:
-    """The workdir's vocabulary, trained on `texts` (lazily read) if absent.
-
-    Only the writer (process 0) trains; the file is written atomically.
-    Other processes must wait for it (TranslationTask puts them behind a
-    barrier).
-    """
+    """The workdir's vocabulary, trained on `texts` (read lazily) if absent by
+    the writer (process 0; the others wait behind a barrier)."""
     path = os.path.join(workdir, VOCAB_DIR, MODEL_FILE)
     settings_path = os.path.join(workdir, VOCAB_DIR, SETTINGS_FILE)
     settings = {"vocab_size": vocab_size, "model_type": model_type}
     if os.path.isfile(path):
         saved = read_json(settings_path)
         if saved != settings:
-            raise SettingsMismatchError(
-                f"{path} was trained with {saved} but the config asks for {settings} "
-                "(config.data.vocab_size, config.data.vocab_type): use the workdir's config "
-                "or a new workdir.")
+            raise SettingsMismatchError(f"{path}: trained with {saved}, config.data asks for "
+                                        f"{settings}; use the workdir's config or a new one")
         return Vocabulary.load(path)
     if not is_writer:
-        raise FileNotFoundError(f"{path} is missing: process 0 trains it first.")
+        raise FileNotFoundError(f"{path}: missing; process 0 trains it first")
     vocab = train(texts, vocab_size, model_type=model_type)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_json(settings_path, settings)
