@@ -409,12 +409,9 @@ class BertPretraining(LocalFilesBuilder):
                               summary.get("parts", []) if s == split),
                              key=lambda part: _part_file(split, part[0]))
             if not written:
-                raise BertPretrainingError(
-                    "bert_pretraining: the corpus gives no training instances (every shard "
-                    "has fewer than 2 documents with text): add documents, or raise "
-                    f"documents_per_shard (now {cfg.documents_per_shard})." if split == "train"
-                    else f"bert_pretraining: the {cfg.eval_documents} held-out documents give "
-                    "no validation instances: raise eval_documents.")
+                knob = "documents_per_shard" if split == "train" else "eval_documents"
+                raise BertPretrainingError(f"bert_pretraining: no {split} instances (too few "
+                                           f"documents with text); raise {knob}")
             template = self._get_filename_template(split_name=split)
             for index, (name, _, _) in enumerate(written):
                 (parts / _part_file(split, name)).rename(

@@ -85,17 +85,14 @@ class GlueTaskSpec:
 
     @property
     def is_regression(self) -> bool:
-        """Whether the label is a float score (no label set)."""
         return not self.labels
 
     @property
-    def num_labels(self) -> int:
-        """The number of classes, or 1 for regression (one output)."""
+    def num_labels(self) -> int:   # one output for regression
         return len(self.labels) or 1
 
     @property
-    def has_header(self) -> bool:
-        """Whether the files start with a header row (columns given by name)."""
+    def has_header(self) -> bool:   # columns given by name
         return not isinstance(self.text_a, int)
 
 

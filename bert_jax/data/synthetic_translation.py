@@ -211,9 +211,7 @@ class Clause:
 
     @property
     def subject_number(self) -> str:
-        if len(self.subject) > 1:
-            return "pl"
-        return "pl" if self.subject[0].plural else "sg"
+        return "pl" if len(self.subject) > 1 or self.subject[0].plural else "sg"
 
 
 Sentence = tuple[Clause, ...]
@@ -411,11 +409,11 @@ def generate(*, num_train: int = 50000, num_validation: int = 1000, num_test: in
                                    "max_clauses")
             sentence = sample_sentence(rng, max_clauses)
             source = render_source(sentence)
-            if split != "train" and source in seen:
-                continue   # redraw: no source sentence shared between splits
-            out.append({"source": source, "target": render_target(sentence)})
             if split != "train":
+                if source in seen:
+                    continue   # redraw: no source sentence shared between splits
                 seen.add(source)
+            out.append({"source": source, "target": render_target(sentence)})
         if split == "train":
             seen.update(example["source"] for example in out)
         splits[split] = tuple(out)
