@@ -116,7 +116,7 @@ def prepare(builder: tfds.core.DatasetBuilder) -> None:
     """Builds the dataset unless it exists; safe for concurrent processes."""
     if is_prepared(builder):
         return
-    with _exclusive_lock(_lock_path(builder)):
+    with _exclusive_lock(builder):
         if is_prepared(builder):  # another process built it while we waited
             logging.info("load_source: %s was prepared by another process",
                          builder.info.full_name)
@@ -169,28 +169,19 @@ def _megabytes(folder: str) -> float:
     return total / 1e6
 
 
-def _lock_path(builder: tfds.core.DatasetBuilder) -> str | None:
-    """A lock file per dataset folder, in the temp dir (not beside the data)."""
-    data_dir = os.fspath(builder.data_dir)
-    if "://" in data_dir:
-        return None
-    digest = hashlib.sha256(os.path.realpath(data_dir).encode()).hexdigest()[:16]
-    stem = builder.info.full_name.replace("/", "-")
-    return os.path.join(tempfile.gettempdir(), "bert_jax_tfds_locks",
-                        f"{stem}-{digest}.lock")
-
-
 @contextlib.contextmanager
-def _exclusive_lock(path: str | None):
-    if path is None:  # remote filesystem: no flock; see the module docstring
+def _exclusive_lock(builder: tfds.core.DatasetBuilder):
+    """A lock per dataset folder, on a file in the temp dir (not beside the data)."""
+    data_dir = os.fspath(builder.data_dir)
+    if "://" in data_dir:  # remote filesystem: no flock; see the module docstring
         logging.warning("load_source: no inter-process lock on a remote data_dir; "
                         "prepare the dataset from one process first.")
         yield
         return
+    digest = hashlib.sha256(os.path.realpath(data_dir).encode()).hexdigest()[:16]
+    stem = builder.info.full_name.replace("/", "-")
+    path = os.path.join(tempfile.gettempdir(), "bert_jax_tfds_locks", f"{stem}-{digest}.lock")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)   # released when the file closes
+        yield
