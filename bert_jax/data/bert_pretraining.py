@@ -2,13 +2,8 @@
 
 The examples of google-research/bert `create_pretraining_data.py`, built once
 per corpus and vocabulary by an Apache Beam pipeline (the algorithm is
-`bert_jax.data.pretraining_data`):
-
-    builder = BertPretraining(files=["docs.txt", "wiki.valid.raw:wikitext"],
-                              vocab_file="vocab.txt", lowercase=True,
-                              max_seq_length=128, eval_documents=500,
-                              data_dir=data_dir)
-    train = load_source(builder, "train")   # train[i]["tokens"], ...
+`bert_jax.data.pretraining_data`), e.g. `load_source(BertPretraining(files=[
+"docs.txt", "wiki.valid.raw:wikitext"], vocab_file="vocab.txt", ...), "train")`.
 
 Each example: `tokens` `[n <= max_seq_length]` int32 (`[CLS] A [SEP] B
 [SEP]`, unmasked), `segment_ids` `[n]` int32, `next_sentence_label` (1: B is

@@ -1,8 +1,5 @@
 """`glue`: GLUE-style TSV classification/regression tasks, read from local files.
 
-    examples = read_tsv("../shared/data/glue/SST-2/dev.tsv", "sst2")
-    examples[0]   # {"text_a": "it 's a charming ...", "text_b": "", "label": 1,
-                  #  "line": 2}
     dev = read_split("../shared/data/glue", "sst2", "validation")  # task dir or GLUE root
 
 The files are small (MNLI's 393k pairs read in seconds): no dataset build.

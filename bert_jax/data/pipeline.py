@@ -352,19 +352,15 @@ def _block_worker(make_rows: Callable[[], TrainDatasetIterator], state: dict[str
         rows.set_state(state)
         while True:
             item = (next(rows), rows.get_state())
-            while not _put(out, item):
-                if not multiprocessing.parent_process().is_alive():
-                    return
+            while True:
+                try:
+                    out.put(item, timeout=5)
+                    break
+                except queue.Full:
+                    if not multiprocessing.parent_process().is_alive():
+                        return
     except BaseException as e:  # noqa: BLE001 - raised again by the reader
         out.put(e)
-
-
-def _put(out, item) -> bool:
-    try:
-        out.put(item, timeout=5)
-        return True
-    except queue.Full:
-        return False
 
 
 class _Workers(grain.DatasetIterator):

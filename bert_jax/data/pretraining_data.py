@@ -3,16 +3,7 @@
 The data algorithm of google-research/bert `create_pretraining_data.py`,
 without TensorFlow and with the masking split off so that it can be applied
 statically (once per example, as the original) or dynamically (fresh masks
-every step, as RoBERTa):
-
-    documents = read_documents("corpus.txt")
-    docs = tokenize_documents(documents, vocab.encode)     # lines -> id lists
-    instances = create_instances(docs, max_seq_length=128, short_seq_prob=0.1,
-                                 dupe_factor=5, seed=0, cls_id=vocab.cls_id,
-                                 sep_id=vocab.sep_id)
-    masker = Masker(MaskingConfig(), vocab_size=vocab.size, mask_id=vocab.mask_id,
-                    special_ids=vocab.special_ids)
-    features = masker(padded_tokens, masking_rng(seed, step, row))
+every step, as RoBERTa), e.g. `Masker(...)(tokens, masking_rng(seed, step, row))`.
 
 1. Reading (`iter_documents`): the original's format, one sentence (or
    paragraph) a line and a blank line between documents; or WikiText raw,
@@ -278,15 +269,13 @@ class MaskingConfig:
 
     def __post_init__(self):
         for name in ("masked_lm_prob", "mask_token_prob", "random_token_prob"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"MaskingConfig.{name}={value} is not a probability")
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"MaskingConfig.{name}={getattr(self, name)}; give a probability")
         if self.mask_token_prob + self.random_token_prob > 1.0 + 1e-9:
-            raise ValueError(f"MaskingConfig: mask_token_prob + random_token_prob = "
-                             f"{self.mask_token_prob + self.random_token_prob} > 1")
+            raise ValueError("MaskingConfig: mask_token_prob + random_token_prob > 1; lower them")
         if self.max_predictions_per_seq < 1:
             raise ValueError(f"MaskingConfig.max_predictions_per_seq="
-                             f"{self.max_predictions_per_seq}: expected >= 1")
+                             f"{self.max_predictions_per_seq}; use at least 1")
 
 
 def masking_rng(seed: int, *key: int) -> np.random.Generator:
