@@ -360,12 +360,11 @@ class BertPretraining(LocalFilesBuilder):
                  version=None, **options):
         """The corpus (`files`, `vocab_file`, `pretraining_config`'s options) or
         `config`, not both; `beam_options` never change the examples."""
+        given = files is not None or vocab_file is not None or options
+        if config is not None and given or config is None and None in (files, vocab_file):
+            raise ValueError("bert_pretraining: give either config= or files= and vocab_file=")
         if config is None:
-            if files is None or vocab_file is None:
-                raise ValueError("bert_pretraining needs files= and vocab_file= (or config=).")
             config = pretraining_config(files, vocab_file, **options)
-        elif files is not None or vocab_file is not None or options:
-            raise ValueError("bert_pretraining: pass either config= or files=/vocab_file=.")
         self.beam_options = beam_options
         super().__init__(config=config, data_dir=data_dir, version=version)
 

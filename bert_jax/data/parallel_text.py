@@ -210,14 +210,12 @@ class ParallelText(LocalFilesBuilder):
                  skip_empty: bool = False, config=None, **kwargs):
         """The corpus (`path`, the two languages, ...) or `config`, not both."""
         corpus = (path, source_language, target_language)
+        given = corpus != (None, None, None) or splits is not None or skip_empty
+        if config is None and None in corpus or config is not None and given:
+            raise ValueError("parallel_text: give either config= or path=, "
+                             "source_language= and target_language=")
         if config is None:
-            if None in corpus:
-                raise ValueError("parallel_text needs path=, source_language= and "
-                                 "target_language= (or config=).")
             config = parallel_text_config(*corpus, splits=splits, skip_empty=skip_empty)
-        elif corpus != (None, None, None) or splits is not None or skip_empty:
-            raise ValueError("parallel_text: pass either config= or the corpus "
-                             "parameters (path=, ...), not both.")
         super().__init__(config=config, **kwargs)
 
     def _info(self) -> tfds.core.DatasetInfo:
