@@ -21,6 +21,7 @@ construction and build is an error. (Reopen a build without its corpus with
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import itertools
@@ -135,13 +136,11 @@ def discover_splits(directory: str, source_language: str, target_language: str
             f"the suffixes there: {present}")
     split_names = {stem: re.sub(r"[^\w\-]", "_", stem) for stem in stems}
     taken = set(split_names.values())
-    claims: dict[str, list[str]] = {}
+    claims = collections.Counter(STEM_ALIASES.get(stem) for stem in stems)
     for stem in stems:
-        if stem in STEM_ALIASES and STEM_ALIASES[stem] not in taken:
-            claims.setdefault(STEM_ALIASES[stem], []).append(stem)
-    for alias, claimants in claims.items():
-        if len(claimants) == 1:
-            split_names[claimants[0]] = alias
+        alias = STEM_ALIASES.get(stem)
+        if alias is not None and alias not in taken and claims[alias] == 1:
+            split_names[stem] = alias
     seen: dict[str, str] = {}
     for stem, split in split_names.items():
         if split in seen:

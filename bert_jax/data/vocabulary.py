@@ -9,6 +9,7 @@ checkpoint.
 from __future__ import annotations
 
 import io
+import itertools
 import os
 from typing import Iterable
 
@@ -52,14 +53,8 @@ class Vocabulary:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Detokenizes ids, stopping at the first EOS and ignoring pad and BOS."""
-        kept = []
-        for i in ids:
-            i = int(i)
-            if i == EOS_ID:
-                break
-            if i not in (PAD_ID, BOS_ID):
-                kept.append(i)
-        return self._processor.decode(kept)
+        ids = itertools.takewhile(lambda i: i != EOS_ID, map(int, ids))
+        return self._processor.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
 
 
 def train(texts: Iterable[str], vocab_size: int, *, model_type: str = "unigram",

@@ -127,11 +127,8 @@ def _read_vocab_file(path: str) -> list[str]:
     if not os.path.isfile(path):
         raise MissingFileError(f"{path}: no such vocabulary file; check the path")
     with open(path, encoding="utf-8") as f:
-        text = f.read()
-    tokens = text.split("\n")
-    if tokens[-1] == "":  # the final newline ends the last line, it opens no token
-        tokens.pop()
-    return tokens
+        tokens = f.read().split("\n")
+    return tokens[:-1] if tokens[-1] == "" else tokens   # a final newline opens no token
 
 
 class WordPiece:
