@@ -160,9 +160,6 @@ def tag_vocabulary(sentences: Iterable[Mapping[str, Any]]) -> list[str]:
     return sorted({tag for sentence in sentences for tag in sentence["tags"]})
 
 
-# ------------------------------------------------------------------ splits --
-
-
 def discover_splits(directory: str) -> tuple[tuple[str, str], ...]:
     """(split, file name) of the `*-ud-{train,dev,test}.conllu` files of a
     Universal Dependencies treebank directory (dev -> `validation`)."""

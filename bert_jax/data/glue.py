@@ -35,9 +35,6 @@ class GlueFormatError(UserError, ValueError):
     """A TSV file that cannot be read as its task says."""
 
 
-# ------------------------------------------------------------------- tasks --
-
-
 @dataclasses.dataclass(frozen=True)
 class GlueTaskSpec:
     """How to read one GLUE-style task from its TSV files: the columns (header
@@ -162,9 +159,6 @@ def get_task(task: str | GlueTaskSpec) -> GlueTaskSpec:
     return GLUE_TASKS[task]
 
 
-# ----------------------------------------------------------------- reading --
-
-
 def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
              labels_required: bool = True) -> list[dict[str, Any]]:
     """The examples of one TSV file of a task, in file order:
@@ -270,9 +264,6 @@ def from_catalog(spec: str | GlueTaskSpec, example: Mapping[str, Any]
                          f"for the classes {catalog_names} of {spec.catalog}")
     out["label"] = -1 if int(raw) == -1 else names.index(catalog_names[int(raw)])
     return out
-
-
-# ------------------------------------------------------------------ splits --
 
 
 def task_directory(path: str | os.PathLike, spec: GlueTaskSpec) -> str:

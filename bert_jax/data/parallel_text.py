@@ -151,9 +151,6 @@ def discover_splits(directory: str, source_language: str, target_language: str
     return tuple(sorted((split, stem) for stem, split in split_names.items()))
 
 
-# ----------------------------------------------------------------- reading --
-
-
 def read_lines(path: str) -> Iterator[tuple[int, str]]:
     """(1-based line number, stripped text) of every line of a UTF-8 file."""
     for _, lineno, text in utf8_lines(path, ParallelTextError):
@@ -194,9 +191,6 @@ def check_split(cfg: ParallelTextConfig, split: str) -> tuple[int, list[int]]:
                        f"({len(skipped)} pair(s) with an empty side)", "remove the pair "
                        "from both files, or pass skip_empty=True to drop such pairs")
     return counts[0] - len(skipped), skipped
-
-
-# ----------------------------------------------------------------- builder --
 
 
 class ParallelText(LocalFilesBuilder):

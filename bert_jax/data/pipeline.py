@@ -58,8 +58,6 @@ MaxLength = int | Mapping[str, int]
 _SHUFFLE_PURPOSE = 0x5EED  # mixed into the user seed for the shuffle seed
 
 
-# ----------------------------------------------------------------- examples --
-
 @dataclasses.dataclass
 class _Prepare:
     """`preprocess`, then every 1-D feature padded to its max length (unless
@@ -172,8 +170,6 @@ class _FilterLog:
                 "%s: dropped %d of %d examples so far as longer than max_length=%s "
                 "(after preprocess).", self.what, num_filtered, num_seen, max_length)
 
-
-# ---------------------------------------------------------------- training --
 
 class TrainDatasetIterator(grain.DatasetIterator):
     """Local batches of the row streams over an infinite shuffled `MapDataset`."""
@@ -495,8 +491,6 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
     it = rows(0, local)
     return _Prefetch(it, prefetch) if prefetch > 0 else it
 
-
-# -------------------------------------------------------------- evaluation --
 
 class EvalBatches(Iterator[Batch]):
     """One pass of local eval batches (`len()`: the same on every process);

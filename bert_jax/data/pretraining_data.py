@@ -66,9 +66,6 @@ class CorpusError(UserError, ValueError):
     """A corpus file that cannot be read."""
 
 
-# -- 1. reading -----------------------------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class Document:
     """A document: its non-empty lines, stripped, and the (byte offset,
@@ -117,9 +114,6 @@ def tokenize_documents(documents: Sequence[Sequence[str]], encode: Callable[[str
     are dropped, as the original does, but not documents (indices stay)."""
     return [[ids for ids in (list(encode(line)) for line in document) if ids]
             for document in documents]
-
-
-# -- 2. sentence pairs ---------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,9 +247,6 @@ def create_instances(all_documents: Sequence[Sequence[Sequence[int]]], *, max_se
                     next_document=kept_index[instance.next_document]))
     rng.shuffle(instances)
     return instances
-
-
-# -- 3. masked LM --------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)

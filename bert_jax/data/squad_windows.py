@@ -31,6 +31,7 @@ import numpy as np
 from bert_jax.errors import UserError
 from bert_jax.evaluation.squad import best_spans, load_dataset
 
+
 class SquadFormatError(UserError, ValueError):
     """A SQuAD file without the v1.1 layout, or an answer not at its `answer_start`."""
 

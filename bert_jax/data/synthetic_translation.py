@@ -58,8 +58,6 @@ from typing import NamedTuple
 
 from bert_jax.data.splits import DatasetError, check_counts
 
-# ------------------------------------------------------------------ lexicon --
-
 
 class Noun(NamedTuple):
     source: str   # S stem; plural adds SOURCE_PLURAL_SUFFIX
@@ -176,9 +174,6 @@ VERB_SUFFIXES = {("present", "sg"): "ut", ("present", "pl"): "unt",
 PUNCTUATION = (",", ".")
 
 
-# ------------------------------------------------------------ syntax trees --
-
-
 @dataclasses.dataclass(frozen=True)
 class NounPhrase:
     noun: int                          # index into NOUNS
@@ -215,8 +210,6 @@ class Clause:
 
 
 Sentence = tuple[Clause, ...]
-
-# --------------------------------------------------------------- rendering --
 
 
 def target_noun(noun: int, plural: bool) -> str:
@@ -281,9 +274,6 @@ def render_target(sentence: Sentence) -> str:
     return _render(sentence, "target")
 
 
-# ------------------------------------------------------------- vocabulary --
-
-
 def _source_words() -> dict[str, tuple]:
     """Every S surface form -> what it is; raises if two forms coincide."""
     table: dict[str, tuple] = {}
@@ -309,9 +299,6 @@ def _source_words() -> dict[str, tuple]:
 
 
 SOURCE_WORDS = _source_words()   # checked at import: all S forms distinct
-
-
-# ---------------------------------------------------------------- sampling --
 
 
 def _uniform(rng: random.Random, n: int) -> int:
@@ -376,8 +363,6 @@ def sample_sentence(rng: random.Random, max_clauses: int) -> Sentence:
         clauses.append(_sample_clause(rng, connector))
     return tuple(clauses)
 
-
-# ------------------------------------------------------------------ splits --
 
 SPLITS = ("train", "validation", "test")
 
