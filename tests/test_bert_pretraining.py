@@ -435,7 +435,7 @@ def test_builder_rejects_bad_parameters(tmp_path):
         BertPretraining(files=[f"{corpus}:markdown"], vocab_file=vocab_file)
     with pytest.raises(BertPretrainingError, match="max_seq_length=4"):
         BertPretraining(files=[str(corpus)], vocab_file=vocab_file, max_seq_length=4)
-    with pytest.raises(BertPretrainingError, match="eval_documents=1 cannot"):
+    with pytest.raises(BertPretrainingError, match="eval_documents=1"):
         BertPretraining(files=[str(corpus)], vocab_file=vocab_file, eval_documents=1)
     builder = BertPretraining(files=[str(corpus)], vocab_file=vocab_file, eval_documents=2,
                               beam_options=IN_PROCESS, data_dir=str(tmp_path / "tfds"))

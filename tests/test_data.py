@@ -136,7 +136,7 @@ def test_parameters_give_their_own_data_deterministically(train_source):
     (dict(num_train=-1), "num_train"),
     (dict(seed=1.5), "seed"),
     (dict(vocab_size=4, min_length=1, max_length=1, num_train=1, num_validation=1),
-     "disjoint"),
+     "num_validation"),
 ])
 def test_parameters_are_validated(params, match):
     with pytest.raises(DatasetError, match=match):
@@ -148,13 +148,11 @@ def test_splits_slices_and_their_errors(train_source):
     assert [_key(x["inputs"]) for x in first] == [_key(train_source[i]["inputs"])
                                                   for i in range(5)]
     assert len(load_source("synthetic_reverse", "train[-4:]", **SMALL)) == 4
-    with pytest.raises(DatasetError, match=r"dataset synthetic_reverse split 'train\[:0\]' "
-                                           r"has no examples"):
+    with pytest.raises(DatasetError, match=r"synthetic_reverse.* 'train\[:0\]'"):
         load_source("synthetic_reverse", "train[:0]", **SMALL)
-    with pytest.raises(DatasetError, match=r"synthetic_reverse split 'validation' has no ex"):
+    with pytest.raises(DatasetError, match=r"synthetic_reverse.* 'validation'"):
         load_source("synthetic_reverse", "validation", num_train=8, num_validation=0)
-    with pytest.raises(DatasetError, match=r"no split 'test' \(its splits: \['train', "
-                                           r"'validation'\]"):
+    with pytest.raises(DatasetError, match=r"'test'.*\['train', 'validation'\]"):
         load_source("synthetic_reverse", "test", **SMALL)
     assert len(load_source("synthetic_reverse", "train", num_train=8, num_validation=0)) == 8
 
@@ -175,11 +173,10 @@ def test_tfds_split_errors_name_the_dataset(tmp_path):
                   target_language="tgt")
     data_dir = tmp_path / "tfds"
     assert len(load_source("parallel_text", "train[:3]", data_dir, **corpus)) == 3
-    with pytest.raises(DatasetError, match=r"dataset parallel_text/corpus_src-tgt_\w+/1.0.0 "
-                                           r"split 'train\[:0\]' has no examples"):
+    with pytest.raises(DatasetError, match=r"parallel_text/corpus_src-tgt_\w+/1.0.0 .*"
+                                           r"'train\[:0\]'"):
         load_source("parallel_text", "train[:0]", data_dir, **corpus)
-    with pytest.raises(DatasetError, match=r"has no split 'test' \(its splits: \['train', "
-                                           r"'validation'\]\)"):
+    with pytest.raises(DatasetError, match=r"'test'.*\['train', 'validation'\]"):
         load_source("parallel_text", "test", data_dir, **corpus)
 
 
@@ -276,12 +273,12 @@ def test_scalar_features_and_per_feature_lengths(train_source):
         "inputs": ((8, 12), np.int32), "targets": ((8, 14), np.int32),
         "label": ((8,), np.int32), "score": ((8,), np.float32)}
     np.testing.assert_array_equal(batch["score"], (batch["inputs"] != 0).sum(1))
-    with pytest.raises(ValueError, match="no entry for feature 'targets'"):
+    with pytest.raises(ValueError, match="'targets'"):
         next(_train(train_source, max_length={"inputs": 12}, prefetch=0))
 
 
 def test_train_rejects_bad_layout(train_source):
-    with pytest.raises(ValueError, match="not divisible by process_count=3"):
+    with pytest.raises(ValueError, match="process_count=3"):
         _train(train_source, global_batch_size=8, process_count=3)
     with pytest.raises(ValueError, match="process_index"):
         _train(train_source, process_index=2, process_count=2)
@@ -445,12 +442,12 @@ def test_packing_resumes_exactly_and_ignores_process_count(train_source, prefetc
 
 
 def test_packing_rejects_bad_settings(train_source):
-    with pytest.raises(ValueError, match="pack_length=8 is shorter than max_length"):
+    with pytest.raises(ValueError, match="pack_length=8"):
         _train(train_source, max_length=11, pack_length=8)
     scalar = lambda ex: {"inputs": np.asarray(ex["inputs"]), "label": np.int32(1)}
     it = _train(train_source, max_length=11, pack_length=20, preprocess=scalar,
                 prefetch=0)
-    with pytest.raises(ValueError, match="packing needs 1-D features.*'label'"):
+    with pytest.raises(ValueError, match="'label'"):
         next(it)
 
 

@@ -105,7 +105,7 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
     with pytest.raises(CorpusError) as info:
         read_documents(path)
     message = str(info.value)
-    assert path in message and f"{path}:4" in message and "line 4" in message
+    assert f"{path}:4:" in message
 
 
 def test_read_documents_errors(tmp_path):

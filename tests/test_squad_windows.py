@@ -399,7 +399,7 @@ def test_bad_files(tmp_path):
     qa["answers"] = [{"text": "Orvind", "answer_start": 0}]
     twice = {"version": "1.1", "data": [
         {"title": "T", "paragraphs": [{"context": context, "qas": [qa, qa]}]}]}
-    with pytest.raises(SquadFormatError, match="twice"):
+    with pytest.raises(SquadFormatError, match="'q-17'"):
         read_squad(_write(tmp_path, twice, "twice.json"))
     with pytest.raises(SquadFormatError, match="not valid JSON"):
         (tmp_path / "broken.json").write_text("{")
@@ -455,7 +455,7 @@ def test_squad_split_by_article(tmp_path):
     assert read_split(path, "1:") == examples[4:]
     assert read_split(path, ":") == examples
     assert parse_articles(" 38 : ") == slice(38, None) and parse_articles(":-2") == slice(None, -2)
-    with pytest.raises(ValueError, match=r"'0-38' is not an article range"):
+    with pytest.raises(ValueError, match=r"'0-38'"):
         read_split(path, "0-38")
 
 
@@ -470,7 +470,7 @@ def test_squad_split_errors_name_the_file_and_question(tmp_path):
     qa["answers"][0]["text"] = "Orvind"
     path = _write(tmp_path, {"version": "1.1", "data": [
         {"title": "T", "paragraphs": [{"context": context, "qas": [qa]}]}]}, "ok.json")
-    with pytest.raises(SquadFormatError, match=r"articles '5:' hold no questions"):
+    with pytest.raises(SquadFormatError, match=r"'5:'"):
         read_split(path, "5:")
 
 

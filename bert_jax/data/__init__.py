@@ -1,13 +1,6 @@
 """Datasets (built-in corpora generated in memory, local files read directly,
 tfds builders in `array_record` format read without TensorFlow) and grain
-input pipelines with static shapes and checkpointable state.
-
-    from bert_jax.data import load_source, train_iterator, eval_batches
-    source = load_source("synthetic_reverse", "train", num_train=64)
-    it = train_iterator(source, global_batch_size=32, seed=0, process_index=0,
-                        process_count=1, preprocess=dict,
-                        max_length=16)
-"""
+input pipelines with static shapes and checkpointable state."""
 
 from bert_jax.data.parallel_text import ParallelText, parallel_text_config
 from bert_jax.data.pipeline import (

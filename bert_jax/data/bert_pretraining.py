@@ -2,69 +2,36 @@
 
 The examples of google-research/bert `create_pretraining_data.py`, built once
 per corpus and vocabulary by an Apache Beam pipeline (the algorithm is
-`bert_jax.data.pretraining_data`):
+`bert_jax.data.pretraining_data`), e.g. `load_source(BertPretraining(files=[
+"docs.txt", "wiki.valid.raw:wikitext"], vocab_file="vocab.txt", ...), "train")`.
 
-    builder = BertPretraining(files=["docs.txt", "wiki.valid.raw:wikitext"],
-                              vocab_file="vocab.txt", lowercase=True,
-                              max_seq_length=128, eval_documents=500,
-                              data_dir=data_dir)
-    train = load_source(builder, "train")   # train[i]["tokens"], ...
+Each example: `tokens` `[n <= max_seq_length]` int32 (`[CLS] A [SEP] B
+[SEP]`, unmasked), `segment_ids` `[n]` int32, `next_sentence_label` (1: B is
+from another document) and `index` (a 63-bit hash of the instance's file,
+shard and place: the key of static masking). Masking is the input pipeline's
+(`Masker`), from (seed, step) or, static, from (seed, index).
 
-Each example: `tokens` `[n]` int32 (`[CLS] A [SEP] B [SEP]`, `n <=
-max_seq_length`, unmasked), `segment_ids` `[n]` int32 (0 for `[CLS] A [SEP]`,
-1 for `B [SEP]`), `next_sentence_label` (1 when B is a random segment of
-another document, 0 when it is the actual continuation) and `index` (a 63-bit
-hash of the instance's file, shard and place in it: unique in practice, the
-key of static masking). Masking is not stored: the input pipeline applies it
-(`Masker`), from (seed, step) for dynamic masking, from (seed, index) for
-static masking.
+The unit of work is a shard, `documents_per_shard` consecutive documents of
+one file, as the original was run per input shard. (1) Each file is read
+once, streaming, for its shards' byte offsets and its document count. (2) A
+worker reads one shard from its offset, tokenizes it and cuts it into
+instances (a random B from the same shard; the random choices seeded by
+(seed, file name, shard)), so its memory is bounded by a shard. (3) It writes
+them, shuffled within the shard, to an `array_record` file of its own; only
+statistics leave it. The files become the split's tfds shards in corpus
+order; the input pipeline shuffles the whole split by random access. The
+same corpus, vocabulary and options give the same dataset on any runner.
 
-The pipeline, as the original's per-shard runs: the unit of work is a shard,
-`documents_per_shard` consecutive documents of one file (a file's last shard
-takes a single leftover document). (1) Each file is read once, streaming, to
-find its shards' byte offsets and to count its documents. (2) Each shard is
-read from its offset, tokenized and cut into instances by its worker, which
-holds only that shard: the random "B" of a next-sentence pair comes from
-another document of the same shard, the random choices from a seed of (seed,
-file name, shard). A worker's memory is bounded by a shard, not the corpus.
-(3) The worker writes the shard's instances (shuffled within the shard)
-into an `array_record` file of its own; only counts and statistics leave it,
-so no stage of the pipeline, the runner's included, holds the instances of
-more than one shard. At the end the files become the tfds shards of their
-split, in the order of the corpus's shards. Nothing shuffles across shards
-on disk: the input pipeline reads by random access and shuffles the whole
-split (`pipeline.train_iterator`). The same corpus, vocabulary and options
-give the same dataset whatever the runner and the number of workers.
+`validation`: the instances of the `eval_documents` documents of smallest
+SHA-256 of (seed, file name, position) (one pass, no corpus in memory),
+paired among themselves with seed + 1, so none is seen in training.
 
-Splits: `validation` holds every instance of the `eval_documents` documents
-held out: those of the smallest SHA-256 of (seed, file name, position in the
-file), a rule that needs one pass and no corpus in memory. They are gathered
-into one list (they are few) and paired among themselves (seed + 1), so
-nothing of them is seen in training. `train` holds `dupe_factor` passes over
-all other documents, each pass with new random segmentations, shuffled.
-
-Runner: `beam_options` (e.g. `data.beam_options` of the experiment) are
-Beam's own command-line flags; with none, Beam's local runner with one
-worker process per core (`beam_pipeline_options`). Any `--runner` works
-(Dataflow, Flink, Spark: docs/PRETRAINING_DATA.md); the files, the
-vocabulary and `data_dir` must then be paths every worker can read.
-
-Files: `path` or `path:format`, format `blank_lines` (the original's: one
-sentence or paragraph a line, a blank line between documents) or `wikitext`
-(WikiText `.raw`: ` = Title = ` lines start articles). Corpus problems are
-handled as the original handles them, or rejected before anything is written
-with a message naming the file and line (see `pretraining_data`):
-empty files are skipped and recorded; documents of one line are kept (they
-give random-next pairs); a line longer than the sequence is truncated by
-`truncate_seq_pair`; invalid UTF-8 is an error naming the file and the line;
-a shard left with fewer than 2 documents (after holding some out) is skipped
-and its documents counted as `unpaired_documents`. The statistics are in
-`builder.info.metadata["corpus"]`: documents, lines, one-line documents,
-shards, instances and the share of random next sentences of each split.
-
-The config name is the first file's stem plus a 12-hex-digit SHA-256 of every
-parameter, the vocabulary file's contents and each corpus file's name, size
-and modification time, so a changed corpus or vocabulary is built afresh.
+`beam_options` are Beam's flags (any `--runner`: docs/PRETRAINING_DATA.md).
+Files are `path` or `path:format` (`pretraining_data.DOCUMENT_FORMATS`).
+Empty files and shards left with fewer than 2 documents are skipped and
+recorded, with the other statistics, in `builder.info.metadata["corpus"]`.
+The config name ends in a hash of the parameters, the vocabulary and each
+file's name, size and mtime, so a changed corpus is built afresh.
 """
 
 from __future__ import annotations
@@ -74,6 +41,7 @@ import functools
 import hashlib
 import itertools
 import json
+import logging as std_logging
 import os
 import re
 import shlex
@@ -84,18 +52,20 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
-from bert_jax.data.quiet_imports import without_root_warnings
-
-with without_root_warnings("apitools not found"):   # Beam's GCP extras, unused here
-    import apache_beam as beam
-
-from bert_jax.data.builder_configs import ConfigRegistry, LocalFilesBuilder
-
 from bert_jax.data import pretraining_data
+from bert_jax.data.builder_configs import LocalFilesBuilder
 from bert_jax.data.wordpiece import WordPiece
 from bert_jax.errors import MissingFileError, UserError
 
-FORMATS = ("blank_lines", "wikitext")
+
+def _no_apitools_warning(record) -> bool:   # Beam's GCP extras, unused here
+    return "apitools not found" not in record.getMessage()
+
+
+std_logging.getLogger().addFilter(_no_apitools_warning)
+import apache_beam as beam  # noqa: E402
+std_logging.getLogger().removeFilter(_no_apitools_warning)
+
 _EVAL_SEED_OFFSET = 1  # the validation instances use seed + 1
 SUMMARY = "summary.json"  # the build's summed statistics, beside its parts
 
@@ -119,20 +89,16 @@ class BertPretrainingConfig(tfds.core.BuilderConfig):
     documents_per_shard: int = 10_000
 
 
-_CONFIGS: ConfigRegistry[BertPretrainingConfig] = ConfigRegistry()
-
-
 def parse_file_spec(spec: str) -> tuple[str, str]:
     """`'path'` or `'path:format'` -> (absolute path, format)."""
     path, _, fmt = spec.rpartition(":") if re.search(r":[a-z_]+$", spec) else (spec, "", "")
     fmt = fmt or "blank_lines"
-    if fmt not in FORMATS:
+    if fmt not in pretraining_data.DOCUMENT_FORMATS:
         raise BertPretrainingError(f"bert_pretraining: file {spec!r} has format {fmt!r}; "
-                                   f"use one of {FORMATS}.")
+                                   f"use one of {pretraining_data.DOCUMENT_FORMATS}")
     path = os.path.realpath(os.path.expanduser(path))
     if not os.path.isfile(path):
-        raise MissingFileError(f"bert_pretraining: corpus file {path} does not exist "
-                                f"(from {spec!r}).")
+        raise MissingFileError(f"{path}: no such corpus file (from {spec!r}); check the path")
     return path, fmt
 
 
@@ -143,25 +109,21 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
                        ) -> BertPretrainingConfig:
     """The validated, fingerprinted, interned config (see module docstring)."""
     if isinstance(files, str) or not files:
-        raise BertPretrainingError("bert_pretraining: files must be a non-empty list of "
-                                   "'path' or 'path:format' strings.")
+        raise BertPretrainingError("bert_pretraining: files; give a non-empty list of "
+                                   "'path' or 'path:format'")
     parsed = tuple(parse_file_spec(spec) for spec in files)
     if not os.path.isfile(vocab_file):
-        raise MissingFileError(f"bert_pretraining: vocab_file {vocab_file} does not exist.")
-    if max_seq_length < 8:
-        raise BertPretrainingError(f"bert_pretraining: max_seq_length={max_seq_length} "
-                                   "leaves no room for two segments; use at least 8.")
-    if not 0.0 <= short_seq_prob <= 1.0:
-        raise BertPretrainingError(f"bert_pretraining: short_seq_prob={short_seq_prob} "
-                                   "is not a probability.")
-    if dupe_factor < 1 or eval_documents < 0 or documents_per_shard < 2:
-        raise BertPretrainingError(
-            "bert_pretraining: need dupe_factor >= 1, eval_documents >= 0 and "
-            f"documents_per_shard >= 2, got {dupe_factor}, {eval_documents}, "
-            f"{documents_per_shard}.")
-    if eval_documents == 1:
-        raise BertPretrainingError("bert_pretraining: eval_documents=1 cannot give "
-                                   "random-next pairs; use 0 or at least 2.")
+        raise MissingFileError(f"{vocab_file}: no such vocab_file; check the path")
+    for name, value, ok, todo in (
+            ("max_seq_length", max_seq_length, max_seq_length >= 8, "at least 8"),
+            ("short_seq_prob", short_seq_prob, 0 <= short_seq_prob <= 1, "a probability"),
+            ("dupe_factor", dupe_factor, dupe_factor >= 1, "at least 1"),
+            ("eval_documents", eval_documents, eval_documents == 0 or eval_documents >= 2,
+             "0, or at least 2 for random-next pairs"),
+            ("documents_per_shard", documents_per_shard, documents_per_shard >= 2,
+             "at least 2")):
+        if not ok:
+            raise BertPretrainingError(f"bert_pretraining: {name}={value}; use {todo}")
     fingerprint = {
         "files": [(os.path.basename(p), fmt, os.stat(p).st_size, os.stat(p).st_mtime_ns)
                   for p, fmt in parsed],
@@ -175,7 +137,7 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     stem = re.sub(r"[^A-Za-z0-9]+", "_", os.path.basename(parsed[0][0]).split(".")[0])
     name = f"{stem.strip('_').lower() or 'corpus'}_{digest[:12]}"
-    return _CONFIGS.intern(name, lambda: BertPretrainingConfig(
+    return BertPretraining.intern(name, lambda: BertPretrainingConfig(
         name=name, description=f"BERT pretraining examples of {len(parsed)} file(s)",
         files=parsed, vocab_file=os.path.realpath(vocab_file),
         lowercase=bool(lowercase), max_seq_length=max_seq_length,
@@ -202,9 +164,8 @@ class Shard:
 
 
 def scan_file(indexed_file: tuple[int, tuple[str, str]], cfg: BertPretrainingConfig):
-    """Pass 1 over one file, streaming: its `Shard`s (tagged "shards"), the
-    held-out key `(hash, file_index, position)` of each document (tagged
-    "candidates") and its statistics (the main output)."""
+    """Pass 1 over one file, streaming: its `Shard`s (tagged "shards"), each
+    document's held-out key (tagged "candidates") and its statistics."""
     file_index, (path, fmt) = indexed_file
     name, per_shard = os.path.basename(path), cfg.documents_per_shard
     starts, stats = [], {"documents": 0, "lines": 0, "one_line_documents": 0}
@@ -237,7 +198,7 @@ def held_out_documents(smallest: list[tuple[int, int, int]], documents: int,
         raise BertPretrainingError(
             f"bert_pretraining: eval_documents={cfg.eval_documents} leaves "
             f"{documents - len(smallest)} of {documents} documents for training; "
-            "next-sentence pairs need at least 2.")
+            "lower it (next-sentence pairs need 2)")
     return [(file_index, position) for _, file_index, position in smallest]
 
 
@@ -268,10 +229,8 @@ def _part_file(split: str, name: str) -> str:
 
 
 def write_part(parts_dir: str, split: str, name: str, instances) -> dict:
-    """Writes `instances` as the examples of one part of `split` (the file
-    `_part_file(split, name)` in `parts_dir`, serialized as tfds reads them)
-    and returns its statistics; an empty part writes no file. The key of
-    instance `i`, `{name}/{i}`, gives its `index`."""
+    """Writes `instances` as the part `name` of `split` (as tfds reads them;
+    none: no file) and returns its statistics; `index` hashes `{name}/{i}`."""
     if not instances:
         return {}
     features = _features()
@@ -290,11 +249,9 @@ def write_part(parts_dir: str, split: str, name: str, instances) -> dict:
 
 def build_shard(shard: Shard, cfg: BertPretrainingConfig, held_out: list[tuple[int, int]],
                 parts_dir: str):
-    """Pass 2 over one shard: its documents tokenized; the held-out ones out
-    (tagged "held_out", as ((file_index, position), segments)); the training
-    instances of the others written as a part of `train` (B of a random next
-    from another document of this shard, a seed of (seed, file name, shard));
-    the shard's statistics (the main output)."""
+    """Pass 2 over one shard: the held-out documents out (tagged "held_out"),
+    the others' instances written as a part of `train` (seeded by (seed, file
+    name, shard)); the shard's statistics (the main output)."""
     path, fmt = cfg.files[shard.file_index]
     documents = [d.lines for d in itertools.islice(
         pretraining_data.iter_documents(path, fmt, shard.start), shard.num_documents)]
@@ -354,21 +311,18 @@ def corpus_metadata(stats: dict, cfg: BertPretrainingConfig) -> dict:
 
 
 def beam_pipeline_options(flags: str = "") -> "beam.options.pipeline_options.PipelineOptions":
-    """Beam pipeline options from command-line `flags` (e.g. `--runner=DataflowRunner
-    --project=P --region=R --temp_location=gs://B/tmp`), on top of the embedded
-    default: Beam's local Python runner with one worker process per core. It is
-    named (`FnApiRunner`) rather than `DirectRunner`, which on a machine online
-    first downloads and tries Beam's Go runner (Prism), whose memory and
-    parallelism are not those measured here."""
+    """Beam options from command-line `flags` over the default: Beam's local
+    Python runner, a worker process per core. It is named (`FnApiRunner`):
+    `DirectRunner` online first downloads and tries Beam's Go runner (Prism),
+    whose memory and parallelism are not those measured here."""
     defaults = ["--runner=FnApiRunner", f"--direct_num_workers={os.cpu_count() or 1}",
                 "--direct_running_mode=multi_processing"]
     return beam.options.pipeline_options.PipelineOptions(defaults + shlex.split(flags))
 
 
 def build_parts(pipeline: beam.Pipeline, cfg: BertPretrainingConfig, parts_dir: str) -> None:
-    """The Beam pipeline: scans the files, builds and writes the parts of each
-    split into `parts_dir`, and writes there the summed statistics
-    (`SUMMARY`)."""
+    """The Beam pipeline: the parts of each split and their summed statistics
+    (`SUMMARY`), written into `parts_dir`."""
     files = pipeline | "Files" >> beam.Create(list(enumerate(cfg.files)))
     scanned = files | "Scan" >> beam.FlatMap(scan_file, cfg).with_outputs(
         "shards", "candidates", main="stats")
@@ -401,21 +355,16 @@ _WORKER_ERRORS = {"CorpusError": pretraining_data.CorpusError,
 class BertPretraining(LocalFilesBuilder):
     """Pretraining examples of a text corpus (see module docstring)."""
 
-    CONFIGS = _CONFIGS
-
     def __init__(self, *, files: Sequence[str] | None = None, vocab_file: str | None = None,
                  config=None, beam_options: str = "", data_dir: str | None = None,
                  version=None, **options):
-        """The corpus (`files`, `vocab_file`, the options of `pretraining_config`)
-        or `config`, not both; `beam_options`: Beam flags of the build (see
-        `beam_pipeline_options`), which never change its examples. (tfds
-        unpickles a builder as `__init__(config=, data_dir=, version=)`.)"""
+        """The corpus (`files`, `vocab_file`, `pretraining_config`'s options) or
+        `config`, not both; `beam_options` never change the examples."""
+        given = files is not None or vocab_file is not None or options
+        if config is not None and given or config is None and None in (files, vocab_file):
+            raise ValueError("bert_pretraining: give either config= or files= and vocab_file=")
         if config is None:
-            if files is None or vocab_file is None:
-                raise ValueError("bert_pretraining needs files= and vocab_file= (or config=).")
             config = pretraining_config(files, vocab_file, **options)
-        elif files is not None or vocab_file is not None or options:
-            raise ValueError("bert_pretraining: pass either config= or files=/vocab_file=.")
         self.beam_options = beam_options
         super().__init__(config=config, data_dir=data_dir, version=version)
 
@@ -424,9 +373,8 @@ class BertPretraining(LocalFilesBuilder):
                                               metadata=tfds.core.MetadataDict())
 
     def download_and_prepare(self, *args, **kwargs):
-        """As tfds's; an error of the corpus or the parameters raised in a Beam
-        worker process is raised again as itself (Beam reports it as a
-        `RuntimeError` holding the worker's traceback)."""
+        """As tfds's; a user error in a Beam worker is raised again as itself
+        (Beam gives only a `RuntimeError` holding the worker's traceback)."""
         try:
             return super().download_and_prepare(*args, **kwargs)
         except RuntimeError as e:
@@ -437,9 +385,8 @@ class BertPretraining(LocalFilesBuilder):
             raise error(found[-1][1]) from None
 
     def _download_and_prepare(self, dl_manager, download_config) -> None:
-        """Runs `build_parts` (on `download_config`'s Beam runner and options
-        if it names any, else on `beam_options` or the local default), then
-        makes the parts of each split its tfds shards, in the corpus's order."""
+        """Runs `build_parts`, then makes the parts of each split its tfds
+        shards, in the corpus's order."""
         del dl_manager  # nothing to download
         cfg: BertPretrainingConfig = self.builder_config
         parts = self.data_path / "parts"   # in tfds's temporary folder until complete
@@ -456,12 +403,9 @@ class BertPretraining(LocalFilesBuilder):
                               summary.get("parts", []) if s == split),
                              key=lambda part: _part_file(split, part[0]))
             if not written:
-                raise BertPretrainingError(
-                    "bert_pretraining: the corpus gives no training instances (every shard "
-                    "has fewer than 2 documents with text): add documents, or raise "
-                    f"documents_per_shard (now {cfg.documents_per_shard})." if split == "train"
-                    else f"bert_pretraining: the {cfg.eval_documents} held-out documents give "
-                    "no validation instances: raise eval_documents.")
+                knob = "documents_per_shard" if split == "train" else "eval_documents"
+                raise BertPretrainingError(f"bert_pretraining: no {split} instances (too few "
+                                           f"documents with text); raise {knob}")
             template = self._get_filename_template(split_name=split)
             for index, (name, _, _) in enumerate(written):
                 (parts / _part_file(split, name)).rename(

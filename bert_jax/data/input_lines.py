@@ -2,14 +2,11 @@
 
     kept = screen_lines(lines, task.source_problems, on_error="warn", name="in.txt")
 
-`problems_of(line)` lists what is wrong with one line (empty: nothing). Per
-`on_error` (a line with bytes that are not UTF-8, read with
-errors="surrogateescape", is one too):
-  fail  every problem is reported (line numbers, at most MAX_REPORTED) as one
-        `InputError` and nothing is processed;
-  skip  a warning per bad line on stderr; the line becomes None (the caller
-        prints an empty output line, so output line i still answers input line i);
-  warn  a warning per bad line on stderr; the line is processed as it is.
+`problems_of(line)` lists what is wrong with a line; bytes that are not UTF-8
+(read with errors="surrogateescape") are a problem too. `on_error`: `fail`
+reports them all (up to MAX_REPORTED) as one `InputError`, processing nothing;
+`skip` warns and makes the line None (its output line empty, so output line i
+still answers input line i); `warn` warns and processes the line as it is.
 """
 
 from __future__ import annotations

@@ -1,66 +1,29 @@
 """`parallel_text`: a tfds builder for local, line-aligned parallel text files.
 
-A corpus is a directory of plain UTF-8 files `{stem}.{language}`, one sentence
-a line, line `i` of `{stem}.{src}` the translation of line `i` of
-`{stem}.{tgt}` (Multi30k: `train.de`/`train.en`, `val.de`/`val.en`,
-`test_2016_flickr.de`/`test_2016_flickr.en`). Each split becomes
-`{"source": str, "target": str}` examples (tokenize later, e.g. SentencePiece):
+A corpus is a directory of UTF-8 files `{stem}.{language}`, line `i` of
+`{stem}.{src}` the translation of line `i` of `{stem}.{tgt}` (Multi30k:
+`train.de`/`train.en`, `val.de`/`val.en`, ...). Each split becomes
+`{"source": str, "target": str}` examples, in file order, lines stripped:
 
-    builder = ParallelText(path="../shared/data/multi30k", source_language="de",
-                           target_language="en", data_dir=data_dir)
-    train = load_source(builder, "train")         # train[i]["source"], ...
-    # or by name, the parameters passed through load_source:
-    val = load_source("parallel_text", "validation", data_dir,
-                      path="../shared/data/multi30k",
-                      source_language="de", target_language="en")
+    train = load_source("parallel_text", "train", data_dir, path="../shared/data/multi30k",
+                        source_language="de", target_language="en")
 
-Parameters (`ParallelText(...)`, `parallel_text_config(...)`):
-  path: the corpus directory. It is read in place, never copied or written.
-  source_language, target_language: the file suffixes (`de`, `en`).
-  splits: tfds split name -> file stem, e.g. `{"train": "train", "test":
-    "newstest2014"}`; exactly these splits are built. By default (`None`)
-    every stem with both `{stem}.{src}` and `{stem}.{tgt}` is a split named
-    after the stem, except that the conventional stems get tfds's standard
-    names (`STEM_ALIASES`: `val`/`valid`/`dev` -> `validation`,
-    `test_2016_flickr` -> `test`), when no other stem claims that name.
-    Characters other than letters, digits, `_` and `-` become `_`.
-  skip_empty: an empty line (after stripping whitespace) on either side is an
-    error by default; `True` drops such pairs instead, logs how many, and
-    records them in `builder.info.metadata["skipped_empty_pairs"]`
-    (`{split: {"count": n, "first_lines": [...]}}`, 1-based line numbers).
-
-Examples keep the files' order: `source[i]` is the i-th line pair (of those
-kept); shuffle in the input pipeline. Each line is stripped of surrounding
-whitespace (and a byte-order mark at the start of a file). Lines are split at
-`\\n` only (a `\\r\\n` ending is fine; U+2028 and other Unicode line breaks
-inside a line are kept as text, so they cannot shift the alignment).
-
-Config name, e.g. `multi30k_de-en_3f9a0c1b2d4e`: the directory's name, the
-language pair, and a 12-hex-digit SHA-256 of the absolute (symlink-resolved)
-path, the pair, the split mapping, `skip_empty` and each file's name, size and
-modification time (ns). tfds keeps each config in its own folder, so an edited
-corpus (other size or mtime) is built afresh, never silently read from an old
-build; a file that changes between constructing the builder and building it
-is an error. Old builds stay on disk until removed. (A file rewritten with the
-same size and the same mtime, to the nanosecond, would not be noticed.)
-
-Errors, each naming the file (and the 1-based line where there is one):
-  at construction: the directory or a split's file is missing
-    (`FileNotFoundError`); no file pair for the language pair (lists the
-    language suffixes that are present) or a bad parameter
-    (`ParallelTextError`, a `ValueError`);
-  at build time, before any example is written: invalid UTF-8, the two sides
-    having different numbers of lines (both files, both counts), an empty line
-    (without `skip_empty`) (`ParallelTextError`).
-
-A built dataset can be reopened without the corpus (the config name is a
-hash and cannot be resolved back to a path): `tfds.builder_from_directory(
-builder.data_path)`, or in the same process `ParallelText(config=name)`.
+`splits` (split name -> file stem) names the splits; by default every stem
+with both files, conventional stems taking tfds's names (`STEM_ALIASES`).
+An empty line is an error unless `skip_empty` (the pairs dropped are in
+`builder.info.metadata["skipped_empty_pairs"]`). Lines end at `\\n` only, so
+U+2028 and the like cannot shift the alignment. The config name ends in a
+hash of the resolved path, the parameters and each file's size and mtime: an
+edited corpus is built afresh in its own folder, and a file changed between
+construction and build is an error. (Reopen a build without its corpus with
+`tfds.builder_from_directory`.) Every split is checked before any is written.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
 import itertools
 import os
 import re
@@ -69,10 +32,9 @@ from collections.abc import Iterator, Mapping
 import tensorflow_datasets as tfds
 from absl import logging
 
-from bert_jax.data.builder_configs import (
-    ConfigRegistry, LocalFilesBuilder, check_unchanged, config_name, file_stats)
-from bert_jax.data.splits import check_split_names
-from bert_jax.data.text_files import utf8_lines
+from bert_jax.data.builder_configs import LocalFilesBuilder
+from bert_jax.data.splits import check_split_files
+from bert_jax.data.text_files import bad_line, utf8_lines
 from bert_jax.errors import MissingFileError, UserError
 
 # Conventional file stems and the standard tfds split names they get by default.
@@ -85,7 +47,7 @@ _MAX_REPORTED_LINES = 10
 
 
 class ParallelTextError(UserError, ValueError):
-    """A corpus that cannot be built as it is (the message says where and how)."""
+    """A corpus that cannot be built as it is."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -107,60 +69,56 @@ class ParallelTextConfig(tfds.core.BuilderConfig):
                 os.path.join(self.path, f"{stem}.{self.target_language}"))
 
 
-_CONFIGS: ConfigRegistry[ParallelTextConfig] = ConfigRegistry()
-
-
 def parallel_text_config(path: str | os.PathLike, source_language: str,
                          target_language: str,
                          splits: Mapping[str, str] | None = None,
                          skip_empty: bool = False) -> ParallelTextConfig:
-    """The (validated, fingerprinted, interned) config of a corpus directory.
-
-    Checks the directory, the language pair and that every split's two files
-    exist; the files' contents are checked when the dataset is built.
-    """
+    """The (validated, fingerprinted, interned) config of a corpus directory;
+    the files' contents are checked when the dataset is built."""
     for field, value in (("source_language", source_language),
                          ("target_language", target_language)):
         if not isinstance(value, str) or not _LANGUAGE_RE.match(value):
-            raise ParallelTextError(
-                f"parallel_text: {field} must be a file suffix such as 'de' "
-                f"(letters, digits, '_', '-'), got {value!r}")
+            raise ParallelTextError(f"parallel_text: {field}={value!r}; give a file suffix "
+                                    "such as 'de' (letters, digits, '_', '-')")
     if source_language == target_language:
-        raise ParallelTextError(
-            f"parallel_text: source_language and target_language are both "
-            f"{source_language!r}")
+        raise ParallelTextError(f"parallel_text: source_language and target_language are "
+                                f"both {source_language!r}; give two languages")
     if not isinstance(skip_empty, bool):
-        raise ParallelTextError(f"parallel_text: skip_empty must be a bool, got "
-                                f"{skip_empty!r}")
+        raise ParallelTextError(f"parallel_text: skip_empty={skip_empty!r}; give a bool")
     directory = os.path.realpath(os.path.expanduser(os.fspath(path)))
     if not os.path.exists(directory):
-        raise MissingFileError(f"parallel_text: corpus directory {directory} does "
-                               f"not exist (path={os.fspath(path)!r})")
+        raise MissingFileError(f"{directory}: no such corpus directory; check the path")
     if not os.path.isdir(directory):
-        raise NotADirectoryError(
-            f"parallel_text: path {directory} is a file; pass the directory that "
-            f"holds the {{split}}.{source_language} / {{split}}.{target_language} files")
+        raise NotADirectoryError(f"{directory}: a file; pass the directory holding the "
+                                 f"{{stem}}.{source_language} files")
     if splits is None:
         mapping = discover_splits(directory, source_language, target_language)
     else:
-        mapping = _check_splits(directory, source_language, target_language, splits)
-    files = file_stats(directory, [f"{stem}.{language}" for _, stem in mapping
-                                   for language in (source_language, target_language)])
+        mapping = check_split_files("parallel_text", directory, splits, [
+            f".{source_language}", f".{target_language}"], ParallelTextError)
+    files = _file_stats(directory, [f"{stem}.{language}" for _, stem in mapping
+                                    for language in (source_language, target_language)])
     params = dict(path=directory, source_language=source_language,
                   target_language=target_language, splits=mapping,
                   skip_empty=skip_empty, files=files)
-    name = config_name(directory, params, f"{source_language}-{target_language}",
-                       default="corpus")
-    return _CONFIGS.intern(name, lambda: ParallelTextConfig(
+    digest = hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:12]
+    folder = re.sub(r"[^\w\-]+", "_", os.path.basename(directory))[:40] or "corpus"
+    name = f"{folder}_{source_language}-{target_language}_{digest}"
+    return ParallelText.intern(name, lambda: ParallelTextConfig(
         name=name, description=(
             f"{source_language}->{target_language} parallel text from "
             f"{directory}, splits {dict(mapping)}"), **params))
 
 
+def _file_stats(directory: str, names: list[str]) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, mtime_ns) of each file, for a config's fingerprint."""
+    stats = [os.stat(os.path.join(directory, name)) for name in names]
+    return tuple((name, st.st_size, st.st_mtime_ns) for name, st in zip(names, stats))
+
+
 def discover_splits(directory: str, source_language: str, target_language: str
                     ) -> tuple[tuple[str, str], ...]:
-    """(split name, stem) of every stem with files in both languages; see the
-    module docstring for the names."""
+    """(split name, stem) of every stem with files in both languages."""
     names = sorted(n for n in os.listdir(directory) if not n.startswith(".")
                    and os.path.isfile(os.path.join(directory, n)))
     by_language: dict[str, set[str]] = {}
@@ -174,69 +132,35 @@ def discover_splits(directory: str, source_language: str, target_language: str
         present = ", ".join(f"{s} ({len(v)} file{'s' * (len(v) != 1)})"
                             for s, v in sorted(by_language.items())) or "none"
         raise ParallelTextError(
-            f"parallel_text: {directory} has no file pair for the language pair "
-            f"{source_language}-{target_language} (no stem with both "
-            f"{{stem}}.{source_language} and {{stem}}.{target_language}). Language "
-            f"suffixes present: {present}.")
+            f"{directory}: no {{stem}}.{source_language} with a {{stem}}.{target_language}; "
+            f"the suffixes there: {present}")
     split_names = {stem: re.sub(r"[^\w\-]", "_", stem) for stem in stems}
     taken = set(split_names.values())
-    claims: dict[str, list[str]] = {}
+    claims = collections.Counter(STEM_ALIASES.get(stem) for stem in stems)
     for stem in stems:
-        if stem in STEM_ALIASES and STEM_ALIASES[stem] not in taken:
-            claims.setdefault(STEM_ALIASES[stem], []).append(stem)
-    for alias, claimants in claims.items():
-        if len(claimants) == 1:
-            split_names[claimants[0]] = alias
+        alias = STEM_ALIASES.get(stem)
+        if alias is not None and alias not in taken and claims[alias] == 1:
+            split_names[stem] = alias
     seen: dict[str, str] = {}
     for stem, split in split_names.items():
         if split in seen:
             raise ParallelTextError(
-                f"parallel_text: in {directory}, stems {seen[split]!r} and {stem!r} "
-                f"would both be split {split!r}; pass splits={{name: stem}}.")
+                f"{directory}: stems {seen[split]!r} and {stem!r} would both be split "
+                f"{split!r}; pass splits={{name: stem}}")
         seen[split] = stem
     return tuple(sorted((split, stem) for stem, split in split_names.items()))
 
 
-def _check_splits(directory: str, source_language: str, target_language: str,
-                  splits: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    check_split_names("parallel_text", splits, "file stem, e.g. {'train': 'train', "
-                      "'validation': 'val'}", ParallelTextError)
-    for split, stem in splits.items():
-        if not isinstance(stem, str) or not stem or os.sep in stem:
-            raise ParallelTextError(
-                f"parallel_text: the file stem of split {split!r} must be a file "
-                f"name without its language suffix, got {stem!r}")
-    missing = [os.path.join(directory, f"{stem}.{language}")
-               for stem in splits.values()
-               for language in (source_language, target_language)
-               if not os.path.isfile(os.path.join(directory, f"{stem}.{language}"))]
-    if missing:
-        raise MissingFileError(
-            f"parallel_text: missing file{'s' * (len(missing) > 1)}: "
-            f"{', '.join(missing)} (splits={dict(splits)})")
-    return tuple(sorted(splits.items()))
-
-
-# ----------------------------------------------------------------- reading --
-
-
 def read_lines(path: str) -> Iterator[tuple[int, str]]:
     """(1-based line number, stripped text) of every line of a UTF-8 file."""
-    for lineno, text in utf8_lines(path, ParallelTextError, "parallel_text: "):
+    for _, lineno, text in utf8_lines(path, ParallelTextError):
         yield lineno, text.strip()
 
 
-@dataclasses.dataclass(frozen=True)
-class SplitCheck:
-    """What `check_split` found: the pairs kept and the empty lines dropped."""
-
-    num_pairs: int
-    skipped_lines: tuple[int, ...]   # 1-based, pairs dropped by skip_empty
-
-
-def check_split(cfg: ParallelTextConfig, split: str) -> SplitCheck:
-    """Reads both files of `split` once; raises `ParallelTextError` on invalid
-    UTF-8, different line counts, or an empty line (unless `skip_empty`)."""
+def check_split(cfg: ParallelTextConfig, split: str) -> tuple[int, list[int]]:
+    """The number of pairs kept and the 1-based lines of those dropped by
+    `skip_empty`, from one read of both files; raises `ParallelTextError` on
+    invalid UTF-8, different line counts, or an empty line (unless `skip_empty`)."""
     src_path, tgt_path = cfg.split_files(split)
     counts = [0, 0]
     first_empty: list[int | None] = [None, None]
@@ -259,27 +183,18 @@ def check_split(cfg: ParallelTextConfig, split: str) -> SplitCheck:
         hint = "; ".join(f"first empty line: {paths[s]}:{first_empty[s]}"
                          for s in (0, 1) if first_empty[s] is not None)
         raise ParallelTextError(
-            f"parallel_text: split {split!r} is misaligned: {src_path} has "
-            f"{counts[0]} lines but {tgt_path} has {counts[1]}; line i of one must "
-            f"be the translation of line i of the other"
-            + (f" ({hint})." if hint else "."))
+            f"{src_path} has {counts[0]} lines, {tgt_path} {counts[1]}; line i of one must "
+            "translate line i of the other" + (f" ({hint})" if hint else ""))
     if skipped and not cfg.skip_empty:
         side = 0 if first_empty[0] == skipped[0] else 1
-        raise ParallelTextError(
-            f"parallel_text: {paths[side]}:{skipped[0]}: empty line ({len(skipped)} "
-            f"pair{'s' * (len(skipped) > 1)} of split {split!r} with an empty side). "
-            f"Remove line {skipped[0]} from both {src_path} and {tgt_path}, or pass "
-            f"skip_empty=True to drop such pairs.")
-    return SplitCheck(counts[0] - len(skipped), tuple(skipped))
-
-
-# ----------------------------------------------------------------- builder --
+        raise bad_line(ParallelTextError, paths[side], skipped[0], f"empty line "
+                       f"({len(skipped)} pair(s) with an empty side)", "remove the pair "
+                       "from both files, or pass skip_empty=True to drop such pairs")
+    return counts[0] - len(skipped), skipped
 
 
 class ParallelText(LocalFilesBuilder):
     """Line-aligned `{stem}.{src}` / `{stem}.{tgt}` files (see module docstring)."""
-
-    CONFIGS = _CONFIGS
 
     def __init__(self, *, path: str | os.PathLike | None = None,
                  source_language: str | None = None,
@@ -288,14 +203,12 @@ class ParallelText(LocalFilesBuilder):
                  skip_empty: bool = False, config=None, **kwargs):
         """The corpus (`path`, the two languages, ...) or `config`, not both."""
         corpus = (path, source_language, target_language)
+        given = corpus != (None, None, None) or splits is not None or skip_empty
+        if config is None and None in corpus or config is not None and given:
+            raise ValueError("parallel_text: give either config= or path=, "
+                             "source_language= and target_language=")
         if config is None:
-            if None in corpus:
-                raise ValueError("parallel_text needs path=, source_language= and "
-                                 "target_language= (or config=).")
             config = parallel_text_config(*corpus, splits=splits, skip_empty=skip_empty)
-        elif corpus != (None, None, None) or splits is not None or skip_empty:
-            raise ValueError("parallel_text: pass either config= or the corpus "
-                             "parameters (path=, ...), not both.")
         super().__init__(config=config, **kwargs)
 
     def _info(self) -> tfds.core.DatasetInfo:
@@ -310,29 +223,26 @@ class ParallelText(LocalFilesBuilder):
     def _split_generators(self, dl_manager):
         del dl_manager  # nothing to download
         cfg: ParallelTextConfig = self.builder_config
-        check_unchanged(cfg.path, cfg.files, cfg.name, "parallel_text", ParallelTextError)
+        for name, size, mtime_ns in cfg.files:
+            path = os.path.join(cfg.path, name)
+            if not os.path.isfile(path) or _file_stats(cfg.path, [name])[0] != (
+                    name, size, mtime_ns):
+                raise ParallelTextError(f"{path}: changed or removed after the builder was "
+                                        "made; make the builder again")
         # Check every split before tfds writes any example.
         checks = {split: check_split(cfg, split) for split, _ in cfg.splits}
-        skipped = {}
-        for split, check in checks.items():
-            if check.skipped_lines:
-                skipped[split] = {
-                    "count": len(check.skipped_lines),
-                    "first_lines": list(check.skipped_lines[:_MAX_REPORTED_LINES])}
-                logging.warning(
-                    "parallel_text %s: skip_empty dropped %d pair(s) of split %r with "
-                    "an empty side (lines %s%s of %s)", cfg.name,
-                    len(check.skipped_lines), split,
-                    ", ".join(map(str, check.skipped_lines[:_MAX_REPORTED_LINES])),
-                    ", ..." if len(check.skipped_lines) > _MAX_REPORTED_LINES else "",
-                    " / ".join(cfg.split_files(split)))
+        skipped = {split: {"count": len(lines), "first_lines": lines[:_MAX_REPORTED_LINES]}
+                   for split, (_, lines) in checks.items() if lines}
+        for split, dropped in skipped.items():
+            logging.warning("parallel_text %s: skip_empty dropped %d pair(s) of split %r with "
+                            "an empty side (first lines %s of %s)", cfg.name, dropped["count"],
+                            split, dropped["first_lines"], " / ".join(cfg.split_files(split)))
         self.info.metadata["skipped_empty_pairs"] = skipped
         # tfds cannot write a split with no examples, so an empty one is an error.
-        empty = [split for split, check in checks.items() if check.num_pairs == 0]
+        empty = [split for split, (pairs, _) in checks.items() if pairs == 0]
         if empty:
-            raise ParallelTextError(
-                f"parallel_text: split(s) {empty} of {cfg.path} have no sentence "
-                f"pairs ({', '.join(cfg.split_files(empty[0]))}).")
+            raise ParallelTextError(f"{', '.join(cfg.split_files(empty[0]))}: no sentence "
+                                    f"pairs (split(s) {empty}); add some or drop the split")
         return {split: self._generate_examples(split) for split in checks}
 
     def _generate_examples(self, split: str):

@@ -1,56 +1,34 @@
 """Grain input pipelines: static-shape, deterministic, checkpointable batches.
 
-Batches are dicts of numpy arrays. A feature that `preprocess` returns as a
-1-D array becomes `[local_batch, max_length]`, padded with 0 (the pad id);
-a scalar (a class label, a regression target) becomes `[local_batch]`.
-Integer and bool features are int32, floating ones float32.
+Batches are dicts of numpy arrays: a 1-D feature of `preprocess` becomes
+`[local_batch, max_length]`, padded with 0 (the pad id), a scalar
+`[local_batch]`; integer and bool features are int32, floating ones float32.
 
-Training: `train_iterator` (infinite, reshuffled every epoch)
--------------------------------------------------------------
-The global order is the dataset shuffled with `seed`, epoch after epoch
-(epoch `e` uses its own permutation, derived from `seed` and `e`), a stream of
-positions 0, 1, 2, ... Global batch `k` row `r` (`0 <= r < global_batch_size`)
-takes the `k`-th example of *row stream* `r`: positions
-`r, r + G, r + 2G, ...` (`G = global_batch_size`) with the examples that do
-not fit `max_length` skipped. Process `p` of `P` produces rows
-`[p * L, (p + 1) * L)` (`L = G // P`), and reads only the examples of its own
-rows. So:
+Training (`train_iterator`, infinite): the dataset shuffled with `seed`, a
+new permutation each epoch, is a stream of positions 0, 1, 2, ... Row `r` of
+every global batch (`G = global_batch_size` rows) reads its own *row stream*,
+positions `r, r + G, r + 2G, ...`, skipping the examples longer than
+`max_length` (dropped, not truncated: a cut target would teach the model to
+stop mid-sentence; logged, and counted by `num_filtered`). Process `p` of `P`
+makes rows `[p * L, (p + 1) * L)`, `L = G // P`, reading only their examples.
+So with nothing dropped global batch `k` is positions `[k * G, (k + 1) * G)`,
+and a row depends only on the seed and the row, never on the process count:
+the concatenated local batches are the same for 1, 2 or 8 processes.
+Packing (`pack_length > 0`): a row takes the next examples of its stream
+while every 1-D feature fits in `pack_length` slots, with segment ids and
+positions (`_Packer`); both properties hold.
 
-- with nothing filtered, global batch `k` is exactly positions
-  `[k * G, (k + 1) * G)` of the shuffled order: "shuffle globally, batch
-  globally, each process takes its rows";
-- a row's content depends only on the seed and the row, never on the
-  process count: the concatenation of the processes' local batches at step
-  `k` is the same for 1, 2 or 8 processes, filtering included;
-- an example longer than `max_length` is dropped (not truncated: a truncated
-  target would teach the model to stop mid-sentence) and its row moves on to
-  the next position of the row stream; drops are logged and counted in the
-  state: `num_filtered(it)` is this process's count up to the last batch
-  returned.
+The state (`step`, per row `consumed` and `filtered`, and the seed, layout
+and dataset size, which `set_state` checks) is JSON and exact: `set_state`
+then `next` gives the batch the saved iterator would have. Batches are made
+`prefetch` steps ahead; the state is the last returned's.
 
-Packing (`pack_length > 0`): a row takes the next examples of its row stream
-while every 1-D feature of all of them fits in `pack_length` slots (the first
-that does not fit opens the row of the next batch), and carries segment ids and
-per-example positions (`_Packer`). The last two properties above still hold.
-
-The state is `{"step": k, "consumed": [per-row positions read], "filtered":
-[per-row drop counts], ...}`: plain JSON, exact (`set_state` then `next` gives
-the batch the saved iterator would have given), and it works with `grain.checkpoint.CheckpointSave/Restore` in an Orbax
-`CheckpointManager`. It also records the seed, the batch and process layout and
-the dataset size, and `set_state` refuses a state saved with others. Batches
-are prepared `prefetch` steps ahead in a background thread; the state is
-still that of the last batch returned.
-
-Evaluation: `eval_batches` (finite, one pass, in dataset order)
----------------------------------------------------------------
-Global batch `k` is examples `[k * G, (k + 1) * G)`, process `p` taking rows
-`[p * L, (p + 1) * L)`; positions past the end, and examples that do not fit
-`max_length` (counted and logged: the metric then covers fewer examples), are
-all-zero rows. Every process yields `ceil(len(source) / G)` batches.
-
-All-zero rows: the losses weight pad id 0 as zero, so a task must derive the
-weight of an example from a token feature (e.g. `inputs != 0`), not from a
-scalar label, whose padding value 0 is a valid class.
+Evaluation (`eval_batches`, one pass in dataset order): global batch `k` is
+examples `[k * G, (k + 1) * G)`, the rows split as in training; positions past
+the end and too-long examples (counted, logged) are all-zero rows, so every
+process yields `ceil(len(source) / G)` batches. The losses weight pad id 0 as
+zero, so a task must weight an example by a token feature (`inputs != 0`),
+not by a scalar label, whose padding 0 is a valid class.
 """
 
 from __future__ import annotations
@@ -58,6 +36,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import copy
+import dataclasses
 import functools
 import math
 import multiprocessing
@@ -79,36 +58,19 @@ MaxLength = int | Mapping[str, int]
 _SHUFFLE_PURPOSE = 0x5EED  # mixed into the user seed for the shuffle seed
 
 
-# ----------------------------------------------------------------- examples --
-
+@dataclasses.dataclass
 class _Prepare:
-    """`preprocess`, then pad every 1-D feature to its max length.
-
-    Returns `(row, too_long)`; a too-long example gives an all-zero row of the
-    right shapes, so the caller can count it and drop it or keep the zeros.
-    With `pad=False` the 1-D features keep their own lengths (for packing).
-    """
-
-    def __init__(self, preprocess: Preprocess, max_length: MaxLength,
-                 pad: bool = True):
-        self.preprocess = preprocess
-        self.max_length = max_length
-        self.pad = pad
-
-    def _length(self, key: str) -> int:
-        if isinstance(self.max_length, Mapping):
-            if key not in self.max_length:
-                raise ValueError(
-                    f"max_length has no entry for feature {key!r} (it has "
-                    f"{sorted(self.max_length)}); give one per 1-D feature.")
-            return self.max_length[key]
-        return self.max_length
+    """`preprocess`, then every 1-D feature padded to its max length (unless
+    `pad=False`, for packing): `(row, too_long)`, a too-long row all zeros."""
+    preprocess: Preprocess
+    max_length: MaxLength
+    pad: bool = True
 
     def __call__(self, example: Example) -> tuple[Batch, bool]:
         features = self.preprocess(example)
         if not isinstance(features, Mapping) or not features:
-            raise TypeError(f"preprocess must return a non-empty dict of arrays, "
-                            f"got {type(features).__name__}")
+            raise TypeError(f"preprocess returned a {type(features).__name__}; return a "
+                            "non-empty dict of arrays")
         row, too_long = {}, False
         for key, value in features.items():
             value = np.asarray(value)
@@ -117,22 +79,22 @@ class _Prepare:
             elif np.issubdtype(value.dtype, np.floating):
                 dtype = np.float32
             else:
-                raise TypeError(f"feature {key!r}: dtype {value.dtype} is neither "
-                                "integer, bool nor floating.")
-            if value.ndim == 0:
-                row[key] = value.astype(dtype)
-            elif value.ndim == 1:
-                length = self._length(key)
-                too_long |= value.shape[0] > length
+                raise TypeError(f"feature {key!r}: dtype {value.dtype}; use an integer, "
+                                "bool or floating one")
+            if value.ndim > 1:
+                raise ValueError(f"feature {key!r}: shape {value.shape}; preprocess returns "
+                                 "scalars or 1-D arrays")
+            row[key] = value.astype(dtype)
+            if value.ndim == 1:
+                length = self.max_length
+                if isinstance(length, Mapping):
+                    if key not in length:
+                        raise ValueError(f"max_length has no entry for feature {key!r}; "
+                                         "give one per 1-D feature")
+                    length = length[key]
+                too_long |= len(value) > length
                 if self.pad:
-                    padded = np.zeros(length, dtype)
-                    padded[:min(value.shape[0], length)] = value[:length]
-                    row[key] = padded
-                else:
-                    row[key] = value.astype(dtype)
-            else:
-                raise ValueError(f"feature {key!r} has shape {value.shape}: "
-                                 "preprocess must return scalars or 1-D arrays.")
+                    row[key] = np.pad(row[key][:length], (0, max(0, length - len(value))))
         if too_long and self.pad:
             row = {k: np.zeros_like(v) for k, v in row.items()}
         return row, too_long
@@ -147,26 +109,20 @@ def _stack(rows: Sequence[Batch]) -> Batch:
     return {k: np.stack([row[k] for row in rows]) for k in keys}
 
 
+@dataclasses.dataclass
 class _Packer:
-    """Packs whole examples into one row of `length` slots per 1-D feature.
-
-    Row features: every 1-D feature `key` concatenated and padded with 0, plus
-    `key_segmentation` (1, 2, ... per example, 0 at padding) and
-    `key_positions` (0, 1, ... restarting at every example), all `[length]`
-    int32: what the models take for packed sequences.
-    """
-
-    def __init__(self, length: int):
-        self.length = length
+    """Whole examples packed into one row of `length` slots: each 1-D feature
+    `key` concatenated and 0-padded, with `key_segmentation` (1, 2, ... per
+    example, 0 at padding) and `key_positions` (0, 1, ... per example), all
+    `[length]` int32: what the models take for packed sequences."""
+    length: int
 
     @staticmethod
     def _check(example: Batch) -> Batch:
         for key, value in example.items():
             if np.ndim(value) != 1:
-                raise ValueError(
-                    f"packing needs 1-D features, but preprocess returned {key!r} "
-                    f"with shape {np.shape(value)}; set pack_length=0 (no packing) "
-                    "for examples with scalar features.")
+                raise ValueError(f"feature {key!r}: shape {np.shape(value)}, and packing "
+                                 "needs 1-D features; set pack_length=0")
         return example
 
     def fits(self, segments: Sequence[Batch], example: Batch) -> bool:
@@ -190,26 +146,23 @@ class _Packer:
 def _check_layout(global_batch_size: int, process_index: int, process_count: int,
                   max_length: MaxLength) -> int:
     if global_batch_size <= 0:
-        raise ValueError(f"global_batch_size must be positive, got {global_batch_size}")
+        raise ValueError(f"global_batch_size={global_batch_size}; use a positive one")
     if process_count <= 0 or not 0 <= process_index < process_count:
-        raise ValueError(f"need 0 <= process_index < process_count, got "
-                         f"process_index={process_index}, process_count={process_count}")
+        raise ValueError(f"process_index={process_index}, process_count={process_count}; "
+                         "need 0 <= process_index < process_count")
     if global_batch_size % process_count:
-        raise ValueError(
-            f"global_batch_size={global_batch_size} is not divisible by "
-            f"process_count={process_count}: every process needs the same local "
-            "batch size; change the batch size.")
+        raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
+                         f"process_count={process_count}; change the batch size")
     lengths = max_length.values() if isinstance(max_length, Mapping) else [max_length]
     if any(int(n) <= 0 for n in lengths):
-        raise ValueError(f"max_length must be positive, got {max_length}")
+        raise ValueError(f"max_length={max_length}; use positive lengths")
     return global_batch_size // process_count
 
 
+@dataclasses.dataclass
 class _FilterLog:
     """Logs dropped examples: the first, then at every power of two."""
-
-    def __init__(self, what: str):
-        self.what = what
+    what: str
 
     def __call__(self, num_filtered: int, num_seen: int, max_length: MaxLength):
         if num_filtered & (num_filtered - 1) == 0:  # 1, 2, 4, 8, ...
@@ -218,13 +171,8 @@ class _FilterLog:
                 "(after preprocess).", self.what, num_filtered, num_seen, max_length)
 
 
-# ---------------------------------------------------------------- training --
-
 class TrainDatasetIterator(grain.DatasetIterator):
-    """Local batches of the row streams over an infinite shuffled `MapDataset`
-    (see module doc); state `{"step", "consumed", "filtered", ...}`: per local
-    row, the row-stream positions read so far and how many of them were
-    dropped as too long."""
+    """Local batches of the row streams over an infinite shuffled `MapDataset`."""
 
     def __init__(self, examples: grain.MapDataset, *, num_examples: int,
                  global_batch_size: int, local_batch_size: int, first_row: int,
@@ -252,9 +200,8 @@ class TrainDatasetIterator(grain.DatasetIterator):
         return self._examples[position]
 
     def _fill_row(self, i: int, consumed: list[int], filtered: list[int]) -> Batch:
-        """Local row `i`: the next example of its stream or, when packing, the
-        next examples while they fit; too-long examples are skipped and
-        counted."""
+        """Local row `i`: the next example of its stream (packing: the next
+        ones while they fit), too-long ones skipped and counted."""
         segments, run = [], 0
         while True:
             position = consumed[i] * self._global_batch_size + self._first_row + i
@@ -265,10 +212,9 @@ class TrainDatasetIterator(grain.DatasetIterator):
                 run += 1
                 self._log(sum(filtered), sum(consumed), self._max_length)
                 if run >= self._num_examples:
-                    raise ValueError(
-                        f"train_iterator: {run} examples in a row are longer than "
-                        f"max_length={self._max_length} (after preprocess); raise "
-                        "max_length or check preprocess.")
+                    raise ValueError(f"train_iterator: {run} examples in a row are longer "
+                                     f"than max_length={self._max_length}; raise it or "
+                                     "check preprocess")
                 continue
             run = 0
             if self._packer is None:
@@ -299,16 +245,13 @@ class TrainDatasetIterator(grain.DatasetIterator):
         mismatched = {k: (state.get(k), v) for k, v in self._identity.items()
                       if state.get(k) != v}
         if mismatched:
-            raise ValueError(
-                "train_iterator.set_state: the state was saved by a pipeline with "
-                "other settings, (saved, now): " + ", ".join(
-                    f"{k}={a!r} vs {b!r}" for k, (a, b) in mismatched.items()))
+            raise ValueError("train_iterator.set_state: saved by a pipeline with other "
+                             "settings, (saved, now): " + ", ".join(
+                                 f"{k}={a!r} vs {b!r}" for k, (a, b) in mismatched.items()))
         for key in ("consumed", "filtered"):
             if len(state.get(key, ())) != self._local_batch_size:
-                raise ValueError(
-                    f"train_iterator.set_state: {key!r} should have "
-                    f"{self._local_batch_size} rows, the state has "
-                    f"{state.get(key)!r}")
+                raise ValueError(f"train_iterator.set_state: {key}={state.get(key)!r}, not "
+                                 f"{self._local_batch_size} rows")
         self._step = int(state["step"])
         self._consumed = [int(n) for n in state["consumed"]]
         self._filtered = [int(n) for n in state["filtered"]]
@@ -319,14 +262,13 @@ class TrainDatasetIterator(grain.DatasetIterator):
 
 
 class _Prefetch(grain.DatasetIterator):
-    """Produces up to `size` batches ahead in one worker thread; the state is
-    that of the last batch returned, so checkpoints stay exact.
+    """Up to `size` batches ahead in one worker thread; the state is that of
+    the last batch returned, so checkpoints stay exact.
 
-    Not grain's `ThreadPrefetchIterDataset`: its daemon thread can still be
-    inside array_record's C++ reader when the interpreter exits, which aborts
-    the process (`terminate called without an active exception`, exit code
-    134) whenever an iterator is alive at exit. A `ThreadPoolExecutor` worker
-    is joined before interpreter teardown.
+    Not grain's `ThreadPrefetchIterDataset`: its daemon thread can still be in
+    array_record's C++ reader at interpreter exit, which aborts the process
+    (`terminate called without an active exception`, exit code 134). A
+    `ThreadPoolExecutor` worker is joined before teardown.
     """
 
     def __init__(self, parent: grain.DatasetIterator, size: int):
@@ -400,38 +342,29 @@ def _row_block(examples: grain.MapDataset, first_row: int, kwargs: dict[str, Any
 def _block_worker(make_rows: Callable[[], TrainDatasetIterator], state: dict[str, Any],
                   out: Any) -> None:
     """Worker process: the batches of one block of rows, each with its state,
-    into `out` (a bounded queue: it works `maxsize` batches ahead); an error
-    goes there too. It ends when its parent is gone (killed: nobody reads)."""
+    into the bounded queue `out`, an error too; it ends when its parent is gone."""
     try:
         rows = make_rows()
         rows.set_state(state)
         while True:
             item = (next(rows), rows.get_state())
-            while not _put(out, item):
-                if not multiprocessing.parent_process().is_alive():
-                    return
+            while True:
+                try:
+                    out.put(item, timeout=5)
+                    break
+                except queue.Full:
+                    if not multiprocessing.parent_process().is_alive():
+                        return
     except BaseException as e:  # noqa: BLE001 - raised again by the reader
         out.put(e)
 
 
-def _put(out, item) -> bool:
-    try:
-        out.put(item, timeout=5)
-        return True
-    except queue.Full:
-        return False
-
-
 class _Workers(grain.DatasetIterator):
-    """The local batches of `rows` made by `workers` processes, worker `w`
-    producing the `w`-th contiguous block of the local rows (its own
-    `TrainDatasetIterator`: rows are independent streams, and a transform keyed
-    by (step, global row) sees the same rows); the batch is their
-    concatenation, and the state the concatenation of theirs: the same state,
-    batches and resume as without workers, for any worker count.
-
-    Workers are spawned processes (they unpickle `preprocess` and the
-    transform), started at the first batch and again after `set_state`.
+    """The local batches of `rows` made by `workers` spawned processes, each
+    a contiguous block of the rows (its own `TrainDatasetIterator`: rows are
+    independent streams). Batch and state are the concatenation of theirs, so
+    they and a resume are the same for any worker count. Workers start at
+    the first batch and again after `set_state`.
     """
 
     def __init__(self, rows: TrainDatasetIterator, make_rows: Callable[[int, int], Any],
@@ -521,44 +454,27 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
                    batch_transform: BatchTransform | None = None,
                    prefetch: int = 2, workers: int = 0) -> grain.DatasetIterator:
     """Infinite local batches `[global_batch_size // process_count, max_length]`
-    (`pack_length` instead of `max_length` when packing).
+    (`pack_length` instead of `max_length` when packing); see the module doc.
 
-    Args:
-      source: random access (`len`, `source[i]`), e.g. `load_source(...)`.
-      global_batch_size: rows of one step over all processes.
-      seed: shuffle seed (the order of every epoch follows from it).
-      process_index, process_count: this process's share (rows
-        `[p * L, (p + 1) * L)` of every global batch).
-      preprocess: example -> dict of 1-D (or scalar) arrays.
-      max_length: the padded length of every 1-D feature, or a dict of them
-        per feature; longer examples are dropped (see module doc).
-      pack_length: 0 for one example per row; otherwise each row packs the
-        next examples of its row stream while all their 1-D features fit in
-        `pack_length` slots, and has `key_segmentation` and `key_positions`
-        features besides each 1-D feature `key` (see `_Packer`).
-      batch_transform: `f(batch, step, first_row)` applied to every local
-        batch (in the prefetch thread), `step` the 0-based index of the batch
-        and `first_row` the global index of its row 0: randomness derived from
-        (seed, step, global row) is then the same on resume and for any
-        process count (e.g. dynamic masked-LM masking).
-      prefetch: batches prepared ahead in a background thread; 0 for none.
-      workers: 0, or that many worker processes (spawned: `preprocess` and
-        `batch_transform` must pickle), each making a block of the local rows
-        `prefetch` batches ahead (`_Workers`); the batches and the state are the
-        same as with 0.
-
-    Returns:
-      A grain `DatasetIterator`: `next(it)`, `it.get_state()` (JSON),
-      `it.set_state(state)`; save it with `grain.checkpoint.CheckpointSave`.
+    `source`: random access (`len`, `source[i]`). `preprocess`: example ->
+    dict of 1-D (or scalar) arrays. `max_length`: one padded length, or one
+    per feature. `batch_transform(batch, step, first_row)` runs on every local
+    batch, `first_row` the global index of its row 0, so randomness derived
+    from (seed, step, global row) is the same on resume and for any process
+    count (e.g. dynamic masking). `prefetch`: batches made ahead in a thread.
+    `workers`: that many spawned processes (`preprocess` and the transform
+    must pickle), each making a block of the local rows; the same batches and
+    state as without. Save the returned iterator's state with grain's
+    `CheckpointSave`.
     """
     local = _check_layout(global_batch_size, process_index, process_count, max_length)
     num_examples = len(source)
     if num_examples == 0:
-        raise ValueError("train_iterator: the source has no examples")
+        raise ValueError("train_iterator: the source has no examples; check the split")
     lengths = max_length.values() if isinstance(max_length, Mapping) else [max_length]
     if pack_length and pack_length < max(lengths):
-        raise ValueError(f"pack_length={pack_length} is shorter than max_length="
-                         f"{max_length}: every example must fit in a packed row.")
+        raise ValueError(f"pack_length={pack_length} < max_length={max_length}; every "
+                         "example must fit in a packed row")
     examples = (grain.MapDataset.source(source)
                 .shuffle(seed=shuffle_seed(seed))
                 .repeat()
@@ -576,12 +492,9 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
     return _Prefetch(it, prefetch) if prefetch > 0 else it
 
 
-# -------------------------------------------------------------- evaluation --
-
 class EvalBatches(Iterator[Batch]):
-    """One pass of local eval batches; `len()` is the number of batches, the
-    same on every process. `num_filtered` counts this process's dropped
-    examples so far."""
+    """One pass of local eval batches (`len()`: the same on every process);
+    `num_filtered`: this process's dropped examples so far."""
 
     def __init__(self, it: Iterator[Batch], num_batches: int, max_length: MaxLength):
         self._it = it
@@ -605,13 +518,12 @@ class EvalBatches(Iterator[Batch]):
         return batch
 
 
+@dataclasses.dataclass
 class _EvalRow:
     """Position -> padded row (zeros past the end or when too long) + flags."""
-
-    def __init__(self, source, prepare: _Prepare, zero_row: Batch):
-        self.source = source
-        self.prepare = prepare
-        self.zero_row = zero_row
+    source: Sequence[Example]
+    prepare: _Prepare
+    zero_row: Batch
 
     def __call__(self, position: int) -> Batch:
         if position >= len(self.source):
@@ -631,17 +543,12 @@ class _EvalRow:
 def eval_batches(source: Sequence[Example], *, global_batch_size: int,
                  process_index: int, process_count: int, preprocess: Preprocess,
                  max_length: MaxLength) -> EvalBatches:
-    """Every example exactly once across processes, in dataset order.
-
-    Local batches have the same static shapes as `train_iterator`'s; the last
-    global batch is completed with all-zero rows, and examples longer than
-    `max_length` become all-zero rows too (counted and logged). Every process
-    yields `ceil(len(source) / global_batch_size)` batches.
-    """
+    """Every example exactly once across processes, in dataset order, in
+    batches of `train_iterator`'s shapes (see the module doc)."""
     local = _check_layout(global_batch_size, process_index, process_count, max_length)
     num_examples = len(source)
     if num_examples == 0:
-        raise ValueError("eval_batches: the source has no examples")
+        raise ValueError("eval_batches: the source has no examples; check the split")
     prepare = _Prepare(preprocess, max_length)
     first, _ = prepare(source[0])
     zero_row = {k: np.zeros_like(v) for k, v in first.items()}

@@ -3,53 +3,34 @@
 The data algorithm of google-research/bert `create_pretraining_data.py`,
 without TensorFlow and with the masking split off so that it can be applied
 statically (once per example, as the original) or dynamically (fresh masks
-every step, as RoBERTa):
+every step, as RoBERTa), e.g. `Masker(...)(tokens, masking_rng(seed, step, row))`.
 
-    documents = read_documents("corpus.txt")
-    docs = tokenize_documents(documents, vocab.encode)     # lines -> id lists
-    instances = create_instances(docs, max_seq_length=128, short_seq_prob=0.1,
-                                 dupe_factor=5, seed=0, cls_id=vocab.cls_id,
-                                 sep_id=vocab.sep_id)
-    masker = Masker(MaskingConfig(), vocab_size=vocab.size, mask_id=vocab.mask_id,
-                    special_ids=vocab.special_ids)
-    features = masker(padded_tokens, masking_rng(seed, step, row))
-
-1. Reading (`iter_documents`, `read_documents`). The
-   original's input format: one sentence (or paragraph) a line, a blank line
-   between documents. The WikiText raw format is read as well: a ` = Title = ` line starts an
-   article, deeper ` = = Heading = = ` lines are dropped. Documents never
-   span files. Bad UTF-8 is an error naming the file and the 1-based line.
+1. Reading (`iter_documents`): the original's format, one sentence (or
+   paragraph) a line and a blank line between documents; or WikiText raw,
+   where ` = Title = ` starts an article and ` = = Heading = = ` lines are
+   dropped. Documents never span files.
 
 2. Sentence pairs (`create_instances_from_document`, `create_instances`).
-   For each document, a target length is drawn: `max_seq_length - 3` (room for
-   [CLS] and two [SEP]s), or, with probability `short_seq_prob`, a uniform
-   length in [2, max_seq_length - 3] so that the model also sees short
-   inputs. Segments (lines) are gathered into a chunk until the chunk reaches
-   the target or the document ends; a random split point `a_end` makes
-   segments [0, a_end) sentence A. With probability 1/2 (always when the
-   chunk has a single segment) B is a *random next*: a run of segments from
-   a random point of another document, long enough to fill the target, and
-   the chunk's unused segments are put back for the next chunk; otherwise B
-   is the rest of the chunk (the *actual next*). The pair is then truncated
-   to `max_seq_length - 3` tokens by removing tokens from the longer side,
-   from the front or the back at random (`truncate_seq_pair`). The whole is
-   repeated `dupe_factor` times (the random choices differ each pass) and the
-   instances are shuffled. Everything draws from one `random.Random(seed)`.
-   The `bert_pretraining` builder calls `create_instances` once per shard of
-   the corpus (as the original was run once per input shard), so a random B
-   comes from another document of the same shard.
+   Per document a target length is drawn: `max_seq_length - 3`, or with
+   probability `short_seq_prob` a uniform one in [2, max_seq_length - 3].
+   Segments (lines) fill a chunk up to the target; a random split `a_end`
+   makes segments [0, a_end) sentence A. With probability 1/2 (always for a
+   one-segment chunk) B is a *random next*, segments from a random point of
+   another document, and the chunk's unused segments go back for the next
+   chunk; otherwise B is the rest of the chunk. `truncate_seq_pair` then cuts
+   the longer side, front or back at random. `dupe_factor` passes, the
+   instances shuffled; everything draws from one `random.Random(seed)`. The
+   `bert_pretraining` builder runs this per shard of the corpus (as the
+   original per input shard), so a random B comes from the same shard.
 
-3. Masked LM (`Masker`, `create_masked_lm_predictions` of the original).
-   Candidates are all non-special positions (with whole-word masking, a
-   `##` piece joins the word of the position before it). The candidate words
-   are shuffled and taken while they fit into
-   `num_to_predict = min(max_predictions_per_seq, max(1, round(n * masked_lm_prob)))`,
-   `n` the number of non-padding tokens ([CLS] and [SEP] included, as the
-   original counts them). Each chosen position becomes [MASK] (80%), a random
-   non-special token (10%) or stays as it is (10%); its original id is the
-   label. The random generator is numpy's, keyed by `masking_rng(seed, ...)`
-   so that a mask depends only on (seed, step, row), never on the order in
-   which rows were processed.
+3. Masked LM (`Masker`, the original's `create_masked_lm_predictions`).
+   Candidates are the non-special positions (whole-word masking: a `##`
+   piece joins the word before it), shuffled and taken while they fit into
+   `min(max_predictions_per_seq, max(1, round(n * masked_lm_prob)))`, `n` the
+   non-padding tokens ([CLS] and [SEP] included, as the original counts).
+   A chosen position becomes [MASK] (80%), a random non-special token (10%)
+   or stays (10%); its original id is the label. The generator is keyed by
+   `masking_rng(seed, ...)`, so a mask depends only on (seed, step, row).
 
 Differences from the original, all deliberate:
 - a random next is drawn until it comes from another document (the original
@@ -73,7 +54,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from bert_jax.data.text_files import utf8_lines_from
+from bert_jax.data.text_files import utf8_lines
 from bert_jax.errors import MissingFileError, UserError
 
 DOCUMENT_FORMATS = ("blank_lines", "wikitext")
@@ -82,71 +63,39 @@ MASKING_PURPOSE = 0x6D61736B  # "mask": separates masking streams from other use
 
 
 class CorpusError(UserError, ValueError):
-    """A corpus file that cannot be read; the message names the file and the 1-based line."""
-
-
-# -- 1. reading -----------------------------------------------------------------
-
-
-def _is_wikitext_title(line: str) -> bool:
-    """`= Title =` (the line stripped): exactly one '=' each side."""
-    return (len(line) > 4 and line.startswith("= ") and line.endswith(" =")
-            and not line.startswith("= =") and not line.endswith("= ="))
-
-
-def _is_wikitext_heading(line: str) -> bool:
-    """`= = Heading = =`, `= = = Sub = = =`, ... (the line stripped)."""
-    return line.startswith("= =") and line.endswith("= =")
+    """A corpus file that cannot be read."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Document:
-    """A document of a corpus file.
-
-    Attributes:
-      lines: its non-empty text lines, stripped.
-      start: (byte offset, 1-based line number) of its first line: where
-        `iter_documents(path, format, start)` resumes reading.
-    """
+    """A document: its non-empty lines, stripped, and the (byte offset,
+    1-based line) of its first line, where `iter_documents` can resume."""
     lines: list[str]
     start: tuple[int, int]
 
 
 def iter_documents(path: str, document_format: str = "blank_lines",
                    start: tuple[int, int] = (0, 1)) -> Iterator[Document]:
-    """The documents of one file, read one at a time (streaming), from the
-    file's beginning or from the `start` of one of its documents.
-
-    Formats:
-      'blank_lines': one sentence or paragraph a line, a blank line between
-        documents (the original's format); several blank lines count as one.
-      'wikitext': WikiText raw files: a line ` = Title = ` (exactly one '='
-        each side) starts a new document (the title itself is not text);
-        section heading lines (` = = Heading = = ` and deeper) are dropped;
-        blank lines are ignored.
-
-    A byte-order mark at the start is dropped. An empty file (or one with
-    only blank lines) gives no document (the caller records it).
-
-    Raises:
-      CorpusError: invalid UTF-8; the message names the file and the line.
-      ValueError: an unknown `document_format`.
-      FileNotFoundError: no such file.
-    """
+    """The documents of one file, streamed, from its beginning or from the
+    `start` of one of its documents. 'blank_lines': several blank lines count
+    as one; 'wikitext': the title line is not text, blank lines are ignored.
+    A file without text gives no document (the caller records it)."""
     if document_format not in DOCUMENT_FORMATS:
-        raise ValueError(f"document_format={document_format!r}: expected one of {DOCUMENT_FORMATS}")
+        raise ValueError(f"document_format={document_format!r}; use one of {DOCUMENT_FORMATS}")
     if not os.path.isfile(path):
-        raise MissingFileError(f"corpus file {path} does not exist")
+        raise MissingFileError(f"{path}: no such corpus file; check the path")
     wikitext = document_format == "wikitext"
     lines: list[str] = []
     first = start
-    for offset, lineno, text in utf8_lines_from(path, CorpusError, start=start):
+    for offset, lineno, text in utf8_lines(path, CorpusError, start):
         line = text.strip()
-        if _is_wikitext_title(line) if wikitext else not line:  # a document boundary
+        deep = (line.startswith("= ="), line.endswith("= ="))   # `= = Heading = =`
+        title = len(line) > 4 and line[:2] == "= " and line[-2:] == " =" and not any(deep)
+        if title if wikitext else not line:  # a document boundary
             if lines:
                 yield Document(lines, first)
                 lines = []
-        elif line and not (wikitext and _is_wikitext_heading(line)):
+        elif line and not (wikitext and all(deep)):
             if not lines:
                 first = (offset, lineno)
             lines.append(line)
@@ -155,48 +104,32 @@ def iter_documents(path: str, document_format: str = "blank_lines",
 
 
 def read_documents(path: str, document_format: str = "blank_lines") -> list[list[str]]:
-    """One file -> documents, each a list of its non-empty lines (stripped);
-    see `iter_documents`."""
+    """The `lines` of each of `iter_documents`."""
     return [document.lines for document in iter_documents(path, document_format)]
 
 
 def tokenize_documents(documents: Sequence[Sequence[str]], encode: Callable[[str], list[int]]
                        ) -> list[list[list[int]]]:
-    """Documents of lines -> documents of segments (token id lists), e.g. with
-    `WordPiece.encode`. Lines that give no tokens are dropped (as the original
-    does); a document may become empty (`create_instances` removes those), so
-    document indices stay those of `documents`."""
+    """Documents of lines -> of segments (token id lists); lines without tokens
+    are dropped, as the original does, but not documents (indices stay)."""
     return [[ids for ids in (list(encode(line)) for line in document) if ids]
             for document in documents]
 
 
-# -- 2. sentence pairs ---------------------------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class Instance:
-    """One next-sentence-prediction pair (before masking).
-
-    Attributes:
-      tokens: `[CLS] A [SEP] B [SEP]` ids, [length], length <= max_seq_length.
-      segment_ids: [length]; 0 for `[CLS] A [SEP]`, 1 for `B [SEP]`.
-      is_random_next: B comes from another document (the NSP label 1).
-      document: index of the document A comes from.
-      next_document: index of the document B comes from (== document unless random).
-    """
-    tokens: list[int]
-    segment_ids: list[int]
-    is_random_next: bool
-    document: int
-    next_document: int
+    """One next-sentence-prediction pair (before masking)."""
+    tokens: list[int]          # [CLS] A [SEP] B [SEP], [length <= max_seq_length]
+    segment_ids: list[int]     # [length]: 0 on [CLS] A [SEP], 1 on B [SEP]
+    is_random_next: bool       # B is from another document: the NSP label 1
+    document: int              # the index of A's document
+    next_document: int         # the index of B's (== document unless random)
 
 
 def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int,
                       rng: random.Random) -> None:
-    """Truncates the pair in place to at most `max_num_tokens` tokens in all, as
-    the original: one token at a time from the longer one (B when equal), from
-    the front or the back with probability 1/2 each (one `rng.random()` per
-    token removed)."""
+    """Truncates the pair in place to `max_num_tokens` in all, as the original:
+    a token at a time from the longer (B when equal), front or back at random."""
     while len(tokens_a) + len(tokens_b) > max_num_tokens:
         trunc_tokens = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
         if rng.random() < 0.5:
@@ -207,59 +140,21 @@ def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: 
 
 def _check_lengths(max_seq_length: int, short_seq_prob: float) -> None:
     if max_seq_length < 5:
-        raise ValueError(f"max_seq_length={max_seq_length}: it must hold [CLS], [SEP], [SEP] and "
-                         "at least one token of each sentence (>= 5)")
+        raise ValueError(f"max_seq_length={max_seq_length}; use at least 5 ([CLS], [SEP], "
+                         "[SEP] and a token of each sentence)")
     if not 0.0 <= short_seq_prob <= 1.0:
-        raise ValueError(f"short_seq_prob={short_seq_prob} is not a probability")
-
-
-def _random_other_document(num_documents: int, document_index: int, rng: random.Random) -> int:
-    """A uniform random index != document_index (retried until different; the
-    first draws consume `rng` as the original's loop does)."""
-    while True:
-        index = rng.randint(0, num_documents - 1)
-        if index != document_index:
-            return index
-
-
-def _random_next_segments(document: Sequence[Sequence[int]], target_b_length: int,
-                          rng: random.Random) -> list[int]:
-    """Tokens of segments from a random start of `document`, until at least
-    `target_b_length` (at least one segment)."""
-    tokens_b: list[int] = []
-    random_start = rng.randint(0, len(document) - 1)
-    for j in range(random_start, len(document)):
-        tokens_b.extend(document[j])
-        if len(tokens_b) >= target_b_length:
-            break
-    return tokens_b
-
-
-def _pair(tokens_a: list[int], tokens_b: list[int], cls_id: int, sep_id: int
-          ) -> tuple[list[int], list[int]]:
-    """`[CLS] A [SEP] B [SEP]` and its segment ids."""
-    tokens = [cls_id, *tokens_a, sep_id, *tokens_b, sep_id]
-    segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
-    return tokens, segment_ids
+        raise ValueError(f"short_seq_prob={short_seq_prob}; give a probability")
 
 
 def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int]]],
                                    document_index: int, *, max_seq_length: int,
                                    short_seq_prob: float, rng: random.Random,
                                    cls_id: int, sep_id: int) -> list[Instance]:
-    """The NSP pairs of one document: the original's algorithm line for line.
+    """The NSP pairs of one document, the original's algorithm line for line.
 
-    Args:
-      all_documents: documents as lists of segments (non-empty token id
-        lists); at least 2 documents (a random next needs another one).
-      document_index: the document to cut into pairs.
-      max_seq_length: length of `[CLS] A [SEP] B [SEP]` at most (>= 5).
-      short_seq_prob: probability of a shorter target length for this document.
-      rng: the one generator of the whole run (its state advances).
-      cls_id, sep_id: the [CLS] and [SEP] ids.
-
-    Returns:
-      Instances with tokens of length <= max_seq_length, A and B non-empty.
+    `all_documents`: at least 2 (a random next needs another), each a list
+    of non-empty segments (token id lists). `rng`: the one generator of the
+    whole run. A and B of every pair are non-empty.
     """
     _check_lengths(max_seq_length, short_seq_prob)
     if len(all_documents) < 2:
@@ -291,10 +186,15 @@ def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int
 
             if len(current_chunk) == 1 or rng.random() < 0.5:
                 is_random_next = True
-                next_document = _random_other_document(len(all_documents), document_index, rng)
+                next_document = document_index
+                while next_document == document_index:   # the original stops at 10 tries
+                    next_document = rng.randint(0, len(all_documents) - 1)
                 random_document = all_documents[next_document]
-                tokens_b = _random_next_segments(random_document,
-                                                 target_seq_length - len(tokens_a), rng)
+                tokens_b = []   # segments from a random start, at least one
+                for segment_b in random_document[rng.randint(0, len(random_document) - 1):]:
+                    tokens_b.extend(segment_b)
+                    if len(tokens_b) >= target_seq_length - len(tokens_a):
+                        break
                 # The chunk's segments after A go back, for the next chunk.
                 i -= len(current_chunk) - a_end
             else:
@@ -303,10 +203,11 @@ def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int
                 tokens_b = [t for segment_b in current_chunk[a_end:] for t in segment_b]
             truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
 
-            tokens, segment_ids = _pair(tokens_a, tokens_b, cls_id, sep_id)
-            instances.append(Instance(tokens=tokens, segment_ids=segment_ids,
-                                      is_random_next=is_random_next, document=document_index,
-                                      next_document=next_document))
+            instances.append(Instance(
+                tokens=[cls_id, *tokens_a, sep_id, *tokens_b, sep_id],
+                segment_ids=[0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1),
+                is_random_next=is_random_next, document=document_index,
+                next_document=next_document))
             current_chunk = []
             current_length = 0
         i += 1
@@ -316,24 +217,10 @@ def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int
 def create_instances(all_documents: Sequence[Sequence[Sequence[int]]], *, max_seq_length: int,
                      short_seq_prob: float, dupe_factor: int, seed: int, cls_id: int,
                      sep_id: int) -> list[Instance]:
-    """All NSP pairs of a corpus, as the original's `create_training_instances`.
-
-    Empty documents are removed first; then `dupe_factor` passes over all
-    documents with one `rng = random.Random(seed)`, and the instances are
-    shuffled with that rng. `Instance.document`/`next_document` index
-    `all_documents` as given (empty documents included).
-
-    Args:
-      all_documents: documents as lists of segments (token id lists; empty
-        segments are dropped).
-      max_seq_length, short_seq_prob: as `create_instances_from_document`.
-      dupe_factor: number of passes (>= 1).
-      seed: the seed of the one `random.Random`.
-      cls_id, sep_id: the [CLS] and [SEP] ids.
-
-    Raises:
-      ValueError: fewer than 2 non-empty documents, or a bad argument.
-    """
+    """All NSP pairs of a corpus, as the original's `create_training_instances`:
+    empty segments and documents dropped, `dupe_factor` passes with one
+    `random.Random(seed)`, then shuffled with it. `Instance.document` and
+    `next_document` index `all_documents` as given (empty ones included)."""
     _check_lengths(max_seq_length, short_seq_prob)
     if dupe_factor < 1:
         raise ValueError(f"dupe_factor={dupe_factor}: expected >= 1")
@@ -362,46 +249,30 @@ def create_instances(all_documents: Sequence[Sequence[Sequence[int]]], *, max_se
     return instances
 
 
-# -- 3. masked LM --------------------------------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class MaskingConfig:
-    """Masked-LM options (the original's flags).
-
-    Attributes:
-      masked_lm_prob: fraction of the (non-padding) tokens to predict.
-      max_predictions_per_seq: the most predictions in a sequence (the length
-        of the `masked_lm_*` arrays).
-      mask_token_prob: of the chosen tokens, the fraction replaced by [MASK].
-      random_token_prob: of the chosen tokens, the fraction replaced by a random
-        non-special token; the rest stay unchanged.
-      whole_word: choose whole words (a word and its `##` pieces) at once.
-    """
-    masked_lm_prob: float = 0.15
-    max_predictions_per_seq: int = 20
-    mask_token_prob: float = 0.8
-    random_token_prob: float = 0.1
-    whole_word: bool = False
+    """Masked-LM options (the original's flags)."""
+    masked_lm_prob: float = 0.15        # of the non-padding tokens, to predict
+    max_predictions_per_seq: int = 20   # the length of the masked_lm_* arrays
+    mask_token_prob: float = 0.8        # of the chosen: -> [MASK]
+    random_token_prob: float = 0.1      # of the chosen: -> a random non-special id
+    whole_word: bool = False            # a word and its ## pieces at once
 
     def __post_init__(self):
         for name in ("masked_lm_prob", "mask_token_prob", "random_token_prob"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"MaskingConfig.{name}={value} is not a probability")
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"MaskingConfig.{name}={getattr(self, name)}; give a probability")
         if self.mask_token_prob + self.random_token_prob > 1.0 + 1e-9:
-            raise ValueError(f"MaskingConfig: mask_token_prob + random_token_prob = "
-                             f"{self.mask_token_prob + self.random_token_prob} > 1")
+            raise ValueError("MaskingConfig: mask_token_prob + random_token_prob > 1; lower them")
         if self.max_predictions_per_seq < 1:
             raise ValueError(f"MaskingConfig.max_predictions_per_seq="
-                             f"{self.max_predictions_per_seq}: expected >= 1")
+                             f"{self.max_predictions_per_seq}; use at least 1")
 
 
 def masking_rng(seed: int, *key: int) -> np.random.Generator:
-    """The generator of one mask: `masking_rng(seed, step, row)` for dynamic
-    masking, `masking_rng(seed, example_index)` for static masking. Keys are
-    non-negative ints; `MASKING_PURPOSE` keeps these streams apart from other
-    generators seeded with the same `seed`."""
+    """The generator of one mask: `(seed, step, row)` for dynamic masking,
+    `(seed, example_index)` for static; `MASKING_PURPOSE` keeps these streams
+    apart from other generators of the same `seed`."""
     entropy = [int(seed), MASKING_PURPOSE, *(int(k) for k in key)]
     if any(k < 0 for k in entropy):
         raise ValueError(f"masking_rng(seed={seed}, key={key}): seed and keys must be >= 0")
@@ -411,14 +282,8 @@ def masking_rng(seed: int, *key: int) -> np.random.Generator:
 class Masker:
     """BERT's masked-LM corruption of one sequence (or a batch of them).
 
-    Args:
-      config: the masking options.
-      vocab_size: number of ids; random replacements are drawn from the
-        non-special ids in [0, vocab_size).
-      mask_id: the [MASK] id.
-      special_ids: ids never chosen nor drawn ([PAD], [UNK], [CLS], [SEP],
-        [MASK]: e.g. `WordPiece.special_ids`); the pad id 0 is always added.
-      continuation_ids: ids of `##` pieces, for whole-word masking.
+    `special_ids` (e.g. `WordPiece.special_ids`, plus the pad id 0) are never
+    chosen nor drawn as replacements; `continuation_ids`: the `##` pieces.
     """
 
     def __init__(self, config: MaskingConfig, *, vocab_size: int, mask_id: int,
@@ -441,9 +306,8 @@ class Masker:
         self.is_continuation[[int(i) for i in continuation_ids]] = True
 
     def __call__(self, tokens: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """Masks one sequence: [length] int ids, may end with padding 0s (never
-        chosen), and its generator (e.g. `masking_rng(seed, step, row)`); the
-        row of `mask_batch` with the same generator."""
+        """Masks one sequence `[length]` (padding 0s never chosen): the row of
+        `mask_batch` with the same generator."""
         tokens = np.asarray(tokens)
         if tokens.ndim != 1:
             raise ValueError(f"tokens: expected [length], got shape {tokens.shape}")

@@ -5,30 +5,17 @@ memory, and tfds datasets in `array_record` format, read without TensorFlow.
     source = load_source("parallel_text", "train", data_dir, path=..., ...)
     len(source); source[i]  # -> {"inputs": np.ndarray, ...} or {"source": text, ...}
 
-A built-in name (`GENERATED`) calls its module's `generate(**kwargs)` and
-picks the split (`splits.select`); nothing is written. Any other name or
-builder is a tfds dataset: `load_source` prepares it on first use
-(`download_and_prepare` with `file_format="array_record"`) and reads it with
-`builder.as_data_source`, the reader behind `tfds.data_source`;
-`tfds.load`/`as_dataset` would need TensorFlow.
+A built-in name (`GENERATED`) calls its module's `generate(**kwargs)`; a tfds
+dataset is prepared on first use and read with `builder.as_data_source`.
 
-Concurrent preparation: several processes on one machine may call
-`load_source` for the same dataset at once. The first takes an exclusive
-`fcntl` lock on a file named after the dataset folder in the temp dir
-(`$TMPDIR/bert_jax_tfds_locks/`) and builds (tfds itself writes into a
-temporary folder and renames it into place when complete); the others wait
-on the lock, then read what it built. Without the lock all but one would fail
-(tfds cannot rename onto the folder the first one put in place). The lock is
-per machine: for a `data_dir` shared between machines (NFS, GCS), prepare the
-dataset before starting the job, or let process 0 call `load_source` before
-the others (e.g. behind a barrier).
-
-Progress: while a dataset is prepared, a log line every
-PROGRESS_EVERY_SECONDS gives the time spent and the megabytes written so far,
-and one line at the end the examples per split; tfds's tqdm bars draw only
-when stderr is a terminal (in a log file they come out as garbled lines).
-
-Also works under `tfds.testing.mock_data` (catalog datasets, offline).
+Several processes of one machine may prepare the same dataset at once: the
+first takes an exclusive `fcntl` lock named after the dataset folder (in
+`$TMPDIR/bert_jax_tfds_locks/`) and builds, the others wait and then read what
+it built (without the lock all but one would fail: tfds cannot rename onto
+the folder the first put in place). For a `data_dir` shared between machines,
+prepare the dataset before the job, or from process 0 behind a barrier.
+While preparing, a log line every PROGRESS_EVERY_SECONDS gives the time and
+megabytes so far (tfds's tqdm bars draw only on a terminal).
 """
 
 from __future__ import annotations
@@ -52,7 +39,7 @@ from tensorflow_datasets.core.registered import DatasetNotFoundError
 
 # parallel_text registers its builder with tfds, so that it resolves by name.
 from bert_jax.data import parallel_text, synthetic_reverse, synthetic_translation  # noqa: F401
-from bert_jax.data.splits import DatasetError, select
+from bert_jax.data.splits import DatasetError, no_examples, no_split, select
 
 FILE_FORMAT = "array_record"
 PROGRESS_EVERY_SECONDS = 30.0
@@ -64,25 +51,10 @@ GENERATED = {"synthetic_reverse": synthetic_reverse.generate,
 def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
                 data_dir: str | os.PathLike | None = None,
                 **builder_kwargs: Any) -> Sequence[dict[str, Any]]:
-    """A random-access source of `split`, preparing a tfds dataset if needed.
-
-    Args:
-      builder: a built-in name (`GENERATED`), a tfds builder instance, or a
-        dataset name as `tfds.builder` takes it (`"wmt14_translate/de-en"`).
-      split: a split, slices included (`"train"`, `"validation[:100]"`).
-      data_dir: where tfds datasets live, for a name only (an instance has its
-        own; the built-in corpora are not written and ignore it); `None` or
-        `""` means the tfds default (`$TFDS_DATA_DIR` or `~/tensorflow_datasets`).
-      **builder_kwargs: for a name only, the dataset's parameters (for
-        `synthetic_reverse`: `vocab_size`, `num_train`, ...).
-
-    Returns:
-      A sequence: `len(source)`, and `source[i]` a dict of numpy arrays (or,
-      for a built-in text corpus, of str).
-
-    Raises:
-      DatasetError: no dataset of that name, or the split does not exist or
-        has no examples (the message names the dataset and the split).
+    """A random-access source of `split` (slices included: `"validation[:100]"`),
+    preparing a tfds dataset if needed. `builder`: a built-in name, a tfds
+    builder, or a name as `tfds.builder` takes it. `data_dir` (empty: tfds's
+    default) and `builder_kwargs` (the dataset's parameters) are for a name.
     """
     if isinstance(builder, str) and builder in GENERATED:
         generate = GENERATED[builder]
@@ -91,7 +63,7 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
         if unknown:
             raise DatasetError(
                 f"dataset {builder} has no parameter(s) {unknown} (config.data.builder_kwargs); "
-                f"it takes {sorted(takes)}.")
+                f"it takes {sorted(takes)}")
         return select(builder, generate(**builder_kwargs), split)
     if isinstance(builder, str):
         kwargs = dict(builder_kwargs)
@@ -103,13 +75,11 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
             raise DatasetError(_not_found(builder)) from e
     elif isinstance(builder, tfds.core.DatasetBuilder):
         if builder_kwargs or data_dir:
-            raise ValueError(
-                f"load_source: data_dir and builder keyword arguments apply to a "
-                f"dataset name; the builder {builder.info.full_name} already has "
-                f"them (data_dir={builder.data_dir}).")
+            raise ValueError(f"load_source: data_dir and builder_kwargs are for a name; "
+                             f"drop them for the builder {builder.info.full_name}")
     else:
-        raise TypeError(f"load_source: builder must be a dataset name or a tfds "
-                        f"DatasetBuilder, got {type(builder).__name__}.")
+        raise TypeError(f"load_source: builder is a {type(builder).__name__}; give a "
+                        "dataset name or a tfds DatasetBuilder")
     prepare(builder)
     if not builder.info.splits and is_prepared(builder):
         # Another process built it while we waited: this builder's info came
@@ -119,15 +89,11 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
     try:  # splits are unknown only under `tfds.testing.mock_data`
         empty = bool(splits) and splits[split].num_examples == 0
     except (KeyError, ValueError) as e:
-        raise DatasetError(
-            f"dataset {name} has no split {split!r} (its splits: "
-            f"{sorted(splits.keys())}); data in {builder.data_dir}: {e}") from e
+        raise no_split(name, split, splits.keys(), f"the data in {builder.data_dir}") from e
     # (array_record would fail on an empty split with an obscure error)
     source = None if empty else builder.as_data_source(split, file_format=FILE_FORMAT)
     if source is None or len(source) == 0:
-        raise DatasetError(
-            f"dataset {name} split {split!r} has no examples: check the split "
-            f"name or slice, and the data in {builder.data_dir}.")
+        raise no_examples(name, split, f"the data in {builder.data_dir}")
     return source
 
 
@@ -147,11 +113,10 @@ def is_prepared(builder: tfds.core.DatasetBuilder) -> bool:
 
 
 def prepare(builder: tfds.core.DatasetBuilder) -> None:
-    """Builds the dataset in `array_record` format unless it already exists;
-    safe when several processes of one machine call it at once (see module doc)."""
+    """Builds the dataset unless it exists; safe for concurrent processes."""
     if is_prepared(builder):
         return
-    with _exclusive_lock(_lock_path(builder)):
+    with _exclusive_lock(builder):
         if is_prepared(builder):  # another process built it while we waited
             logging.info("load_source: %s was prepared by another process",
                          builder.info.full_name)
@@ -204,29 +169,19 @@ def _megabytes(folder: str) -> float:
     return total / 1e6
 
 
-def _lock_path(builder: tfds.core.DatasetBuilder) -> str | None:
-    """A lock file per dataset folder, in the machine's temp dir (so that
-    nothing is written beside the data, nor into tfds's mock folders)."""
-    data_dir = os.fspath(builder.data_dir)
-    if "://" in data_dir:
-        return None
-    digest = hashlib.sha256(os.path.realpath(data_dir).encode()).hexdigest()[:16]
-    stem = builder.info.full_name.replace("/", "-")
-    return os.path.join(tempfile.gettempdir(), "bert_jax_tfds_locks",
-                        f"{stem}-{digest}.lock")
-
-
 @contextlib.contextmanager
-def _exclusive_lock(path: str | None):
-    if path is None:  # remote filesystem: no flock; see the module docstring
+def _exclusive_lock(builder: tfds.core.DatasetBuilder):
+    """A lock per dataset folder, on a file in the temp dir (not beside the data)."""
+    data_dir = os.fspath(builder.data_dir)
+    if "://" in data_dir:  # remote filesystem: no flock; see the module docstring
         logging.warning("load_source: no inter-process lock on a remote data_dir; "
                         "prepare the dataset from one process first.")
         yield
         return
+    digest = hashlib.sha256(os.path.realpath(data_dir).encode()).hexdigest()[:16]
+    stem = builder.info.full_name.replace("/", "-")
+    path = os.path.join(tempfile.gettempdir(), "bert_jax_tfds_locks", f"{stem}-{digest}.lock")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)   # released when the file closes
+        yield

@@ -2,15 +2,9 @@
 
     examples = read_split("../shared/data/squad_v1.1/dev-v1.1.json", "38:")  # QAExample
 
-A split is a range of the file's articles (entries of its `data` list),
-written `START:STOP` as a Python slice (`"0:38"`, `"38:"`, `":"` for all). The
-file is read by `squad_windows.read_squad`, so a file that is not SQuAD v1.1,
-a missing key, a repeated question id or an answer that is not at its
-`answer_start` is a `SquadFormatError` naming the file and the question.
-
-Users with network access can load the official splits from the tfds catalog
-(`load_source(CATALOG, "train")`) and turn its examples into `QAExample`s with
-`from_features`.
+A split is a range of the file's articles (its `data` list) written as a
+Python slice, `START:STOP` (`":"`: all). The tfds catalog's splits
+(`load_source(CATALOG, "train")`) become `QAExample`s through `from_features`.
 """
 
 from __future__ import annotations
@@ -32,23 +26,22 @@ def parse_articles(spec: str, what: str = "articles") -> slice:
     """`'0:38'` -> `slice(0, 38)`, `'38:'` -> `slice(38, None)`, `':'` -> all."""
     match = _ARTICLES.fullmatch(str(spec))
     if not match:
-        raise ValueError(f"{what}={spec!r} is not an article range START:STOP "
-                         f"(e.g. '0:38', '38:', ':').")
+        raise ValueError(f"{what}={spec!r}; give an article range START:STOP (e.g. "
+                         "'0:38', '38:', ':')")
     start, stop = (int(x) if x else None for x in match.groups())
     return slice(start, stop)
 
 
 def read_split(path: str | os.PathLike, articles: str) -> list[QAExample]:
     """The questions of the articles `START:STOP` of a SQuAD v1.1 file, in
-    file order; a range without questions is an error naming the file."""
+    file order; a range without questions is an error."""
     file = os.path.realpath(os.path.expanduser(os.fspath(path)))
     if not os.path.isfile(file):
-        raise MissingFileError(f"squad: {file} is not a file (path={os.fspath(path)!r}); "
-                               "pass a SQuAD v1.1 JSON file.")
+        raise MissingFileError(f"{file}: no such file; pass a SQuAD v1.1 JSON file")
     examples = read_squad(file, parse_articles(articles))
     if not examples:
-        raise SquadFormatError(f"squad: {file}: the articles {articles!r} hold no "
-                               "questions; check the article range.")
+        raise SquadFormatError(f"{file}: no questions in the articles {articles!r}; check "
+                               "the range")
     return examples
 
 

@@ -6,28 +6,18 @@
     predictions = predict_answers(examples, windows, start_logits, end_logits)
     bert_jax.evaluation.squad.evaluate(squad_json(examples), predictions)
 
-A context longer than the model's input is cut into overlapping windows as in
-google-research/bert `run_squad.py`: each window is `[CLS] question [SEP]
-context-window [SEP]`, the question cut to `max_query_length` tokens, the
-windows starting every `doc_stride` context tokens (the last one ending at the
-end of the context). The training target of a window is the token span of the
-example's first answer, or `(0, 0)` (the `[CLS]` token) when that answer does
-not lie entirely inside the window.
+Windows as google-research/bert `run_squad.py` cuts them: `[CLS] question
+[SEP] context-window [SEP]`, the question cut to `max_query_length` tokens, a
+window every `doc_stride` context tokens; a window's target is the token span
+of the first answer, or `(0, 0)` (`[CLS]`) when it is not wholly inside.
 
-Tokens are located in the context by the tokenizer's character offsets (as
-Hugging Face's `run_qa.py` does), not by `run_squad.py`'s whitespace words: the
-answer's tokens are those that cover any of its characters, and a predicted span
-is read back as `context[start_char_of_first_token:end_char_of_last_token]`, the
-original text with its case, accents and punctuation. An answer that begins or
-ends inside a word piece ("30" in "1930s") therefore comes back as the whole
-piece ("1930").
-
-At prediction time each window proposes its `n_best` spans
-(`bert_jax.evaluation.squad.best_spans`), whose start token must be one for
-which this window is the one with the most context (`run_squad.py`'s
-`_check_is_max_context`), so a span lying in the overlap of two windows is
-proposed by one of them only; the best `start_logit + end_logit` over all the
-windows of a question is its answer.
+Tokens are placed by the tokenizer's character offsets (as Hugging Face's
+`run_qa.py`), not by `run_squad.py`'s whitespace words: an answer's tokens are
+those covering any of its characters, and a predicted span is read back from
+the original context (case, accents, punctuation kept), so an answer ending
+inside a word piece ("30" in "1930s") comes back as the whole piece ("1930").
+A window proposes only spans starting where it has the most context
+(`_check_is_max_context`), so an overlap is proposed by one window.
 """
 
 from __future__ import annotations
@@ -41,27 +31,15 @@ import numpy as np
 from bert_jax.errors import UserError
 from bert_jax.evaluation.squad import best_spans, load_dataset
 
-WINDOW_KEYS = ("input_ids", "token_type_ids", "start_position", "end_position",
-               "example_index", "window_index", "context_offsets", "max_context")
-
 
 class SquadFormatError(UserError, ValueError):
-    """A SQuAD file that does not have the v1.1 layout, or an answer that is
-    not where its `answer_start` says it is."""
+    """A SQuAD file without the v1.1 layout, or an answer not at its `answer_start`."""
 
-
-# --------------------------------------------------------------------------
-# Examples.
 
 @dataclasses.dataclass(frozen=True)
 class QAExample:
-    """One question of a SQuAD file.
-
-    answers / answer_starts: the gold answer texts and their character offsets
-    in `context` (one each, same length; the first is the training target; may
-    be empty for a question without gold answers, which then never has a
-    target in its windows).
-    """
+    """One question of a SQuAD file; `answers` and their character offsets
+    `answer_starts` pair up, the first the training target (none: no target)."""
     id: str
     question: str
     context: str
@@ -71,50 +49,32 @@ class QAExample:
 
     def __post_init__(self):
         if len(self.answers) != len(self.answer_starts):
-            raise ValueError(f"question {self.id!r}: {len(self.answers)} answers but "
-                             f"{len(self.answer_starts)} answer_starts; give one start per answer.")
+            raise ValueError(f"question {self.id!r}: {len(self.answers)} answers, "
+                             f"{len(self.answer_starts)} answer_starts; give one each")
 
 
 def _require(mapping: Any, key: str, kind: type, path: str, where: str) -> Any:
     """`mapping[key]`, checked to be a `kind`; SquadFormatError otherwise."""
-    if not isinstance(mapping, dict):
-        raise SquadFormatError(f"{path}: {where} is a JSON {type(mapping).__name__}, "
-                               "expected an object; is this a SQuAD v1.1 dataset file?")
-    if key not in mapping:
-        raise SquadFormatError(f"{path}: {where} has no {key!r} key; a SQuAD v1.1 file needs it.")
-    value = mapping[key]
-    if kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        raise SquadFormatError(f"{path}: {where} {key!r} is a JSON {type(value).__name__}, "
-                               f"expected a {kind.__name__}.")
+    value = mapping.get(key) if isinstance(mapping, dict) else None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        found = ("no key" if isinstance(mapping, dict) and key not in mapping else
+                 f"a JSON {type(value if isinstance(mapping, dict) else mapping).__name__}")
+        raise SquadFormatError(f"{path}: {where}: {key!r} is {found}, not a {kind.__name__}; "
+                               "is it a SQuAD v1.1 file?")
     return value
 
 
 def read_squad(path: str, articles: slice | None = None, *,
                check_answers: bool = True) -> list[QAExample]:
-    """The questions of a SQuAD v1.1 JSON file, in file order.
-
-    articles: which articles (entries of `data`) to read, e.g. `slice(0, 38)`
-      and `slice(38, None)` for a train/eval split of the 48 development
-      articles; None reads them all.
-    check_answers: require every answer text to equal
-      `context[answer_start:answer_start + len(text)]`.
-
-    Raises SquadFormatError naming the file when it is not version 1.1, when a
-    key is missing (naming it, and the article / question), when a question id
-    repeats, or (check_answers) when an answer is not at its `answer_start`
-    (naming the question id and both strings).
-    """
+    """The questions of the `articles` (entries of `data`, e.g. `slice(0, 38)`;
+    None: all) of a SQuAD v1.1 JSON file, in file order; with `check_answers`,
+    every answer must be at its `answer_start`."""
     if articles is not None and not isinstance(articles, slice):
-        raise TypeError(f"articles must be a slice (e.g. slice(0, 38)) or None, "
-                        f"got {type(articles).__name__}.")
+        raise TypeError(f"articles: a {type(articles).__name__}; give a slice or None")
     data = load_dataset(path, SquadFormatError)
     if not isinstance(data, list):
-        raise SquadFormatError(f"{path}: 'data' is a JSON {type(data).__name__}, expected "
-                               "a list of articles.")
+        raise SquadFormatError(f"{path}: 'data' is a JSON {type(data).__name__}, not a "
+                               "list of articles; is it a SQuAD v1.1 file?")
     examples: list[QAExample] = []
     seen: set[str] = set()
     selected = range(len(data))[articles] if articles is not None else range(len(data))
@@ -130,8 +90,8 @@ def read_squad(path: str, articles: slice | None = None, *,
                 qid = _require(qa, "id", str, path, f"a question of {where}")
                 q_where = f"question {qid!r} ({where})"
                 if qid in seen:
-                    raise SquadFormatError(f"{path}: question id {qid!r} appears twice "
-                                           f"(again in {where}); ids must be unique.")
+                    raise SquadFormatError(f"{path}: question id {qid!r} twice (again in "
+                                           f"{where}); make the ids unique")
                 seen.add(qid)
                 question = _require(qa, "question", str, path, q_where)
                 texts, starts = [], []
@@ -143,9 +103,8 @@ def read_squad(path: str, articles: slice | None = None, *,
                         found = context[start:start + len(text)] if start >= 0 else ""
                         if found != text:
                             raise SquadFormatError(
-                                f"{path}: question {qid!r}: answer {i} {text!r} is not in its "
-                                f"context at answer_start={start}: the context has {found!r} "
-                                f"there (context length {len(context)}).")
+                                f"{path}: question {qid!r}: answer {i} {text!r} is not at "
+                                f"answer_start={start} (the context has {found!r}); fix it")
                     texts.append(text)
                     starts.append(start)
                 examples.append(QAExample(id=qid, question=question, context=context,
@@ -155,14 +114,9 @@ def read_squad(path: str, articles: slice | None = None, *,
 
 
 def squad_json(examples: Iterable[QAExample]) -> list[dict[str, Any]]:
-    """The `data` list of a SQuAD file holding `examples`, for
-    `bert_jax.evaluation.squad.evaluate`.
-
-    Consecutive examples with the same title form one article, consecutive
-    examples of an article with the same context one paragraph (the order
-    `read_squad` returns them in), so `squad_json(read_squad(path))` has the
-    file's articles, paragraphs and questions.
-    """
+    """The `data` list of a SQuAD file holding `examples` (for `evaluate`):
+    consecutive examples of one title are an article, of one context a
+    paragraph, so `squad_json(read_squad(path))` has the file's layout."""
     data: list[dict[str, Any]] = []
     for example in examples:
         if not data or data[-1]["title"] != example.title:
@@ -177,30 +131,21 @@ def squad_json(examples: Iterable[QAExample]) -> list[dict[str, Any]]:
     return data
 
 
-# --------------------------------------------------------------------------
-# Windows.
-
 @dataclasses.dataclass(frozen=True)
 class WindowConfig:
-    """How questions and contexts are cut (google-research/bert's defaults).
-
-    max_seq_length: tokens of a window, specials included.
-    doc_stride: context tokens between the starts of consecutive windows.
-    max_query_length: the question is cut to this many tokens.
-    """
-    max_seq_length: int = 384
-    doc_stride: int = 128
-    max_query_length: int = 64
+    """How questions and contexts are cut (google-research/bert's defaults)."""
+    max_seq_length: int = 384    # tokens of a window, specials included
+    doc_stride: int = 128        # context tokens between consecutive window starts
+    max_query_length: int = 64   # the question is cut to this many tokens
 
     def __post_init__(self):
         if self.doc_stride < 1 or self.max_query_length < 1:
-            raise ValueError(f"doc_stride={self.doc_stride} and max_query_length="
-                             f"{self.max_query_length} must be at least 1.")
+            raise ValueError(f"doc_stride={self.doc_stride}, max_query_length="
+                             f"{self.max_query_length}; use at least 1")
         if self.max_seq_length < self.max_query_length + 4:
-            raise ValueError(
-                f"max_seq_length={self.max_seq_length} leaves no room for context after a "
-                f"question of max_query_length={self.max_query_length} tokens and 3 special "
-                f"tokens: use max_seq_length >= {self.max_query_length + 4}.")
+            raise ValueError(f"max_seq_length={self.max_seq_length} leaves no room for "
+                             f"context; use at least max_query_length + 4 = "
+                             f"{self.max_query_length + 4}")
 
 
 def _answer_tokens(example: QAExample,
@@ -213,9 +158,8 @@ def _answer_tokens(example: QAExample,
     begin = example.answer_starts[0]
     end = begin + len(example.answers[0])
     if not 0 <= begin <= end <= len(example.context):
-        raise ValueError(f"question {example.id!r}: answer {example.answers[0]!r} at "
-                         f"answer_start={begin} lies outside its context of "
-                         f"{len(example.context)} characters.")
+        raise ValueError(f"question {example.id!r}: answer_start={begin} puts the answer "
+                         f"outside its context of {len(example.context)} characters")
     covering = [i for i, (s, e) in enumerate(offsets) if s < end and e > begin]
     return (covering[0], covering[-1]) if covering else None
 
@@ -247,10 +191,34 @@ def _is_max_context(spans: Sequence[tuple[int, int]], span_index: int, position:
     return best_index == span_index
 
 
-def _make_windows(example: QAExample, question_ids: Sequence[int], context_ids: Sequence[int],
-                  context_offsets: Sequence[tuple[int, int]], vocab, config: WindowConfig,
-                  example_index: int) -> list[dict[str, np.ndarray]]:
-    question_ids = list(question_ids)[:config.max_query_length]
+def make_windows(example: QAExample, vocab, config: WindowConfig, *, example_index: int,
+                 context: tuple[list[int], list[tuple[int, int]]] | None = None
+                 ) -> list[dict[str, np.ndarray]]:
+    """The model inputs of one question, `[CLS] question [SEP] window [SEP]`
+    (`vocab`: a `WordPiece`). Windows start at context token 0, then each
+    `min(doc_stride, window length)` after the previous, until one reaches
+    the end (an empty context: one window). Each, `n <= max_seq_length` long:
+
+      input_ids        [n] int32
+      token_type_ids   [n] int32: 0 on `[CLS] question [SEP]`, 1 on the
+                       context tokens and the last `[SEP]`
+      start_position,  int32 scalars: indices in the window of the first and
+      end_position     last token of the first answer; both 0 (`[CLS]`) when
+                       it is not entirely inside this window (or there is none)
+      example_index    int32 scalar: `example_index` (its place in the list)
+      window_index     int32 scalar: 0, 1, ... over this example's windows
+      context_offsets  [n, 2] int32: `(start, end)` character offsets into
+                       `example.context` of the context tokens; (-1, -1) on the
+                       question and special tokens
+      max_context      [n] bool: True on the context tokens for which this is
+                       the window with the most context (`run_squad.py`
+                       `_check_is_max_context`); each context token has it in
+                       exactly one window
+
+    `context`: `vocab.encode_with_offsets(example.context)`, if already made.
+    """
+    context_ids, context_offsets = context or vocab.encode_with_offsets(example.context)
+    question_ids = vocab.encode(example.question)[:config.max_query_length]
     max_tokens = config.max_seq_length - len(question_ids) - 3
     answer = _answer_tokens(example, context_offsets)
     spans = _doc_spans(len(context_ids), max_tokens, config.doc_stride)
@@ -284,72 +252,26 @@ def _make_windows(example: QAExample, question_ids: Sequence[int], context_ids: 
     return windows
 
 
-def make_windows(example: QAExample, vocab, config: WindowConfig, *,
-                 example_index: int) -> list[dict[str, np.ndarray]]:
-    """The model inputs of one question: `[CLS] question [SEP] window [SEP]`.
-
-    vocab: a `bert_jax.data.wordpiece.WordPiece` (`encode`,
-    `encode_with_offsets`, `cls_id`, `sep_id`). The question is cut to
-    `config.max_query_length` tokens; the context windows start at context
-    token 0, then each `min(doc_stride, window length)` tokens after the
-    previous start, until one reaches the end (an empty context gives one
-    window without context tokens). Each window, with `n <= max_seq_length`
-    its (unpadded) length:
-
-      input_ids        [n] int32
-      token_type_ids   [n] int32: 0 on `[CLS] question [SEP]`, 1 on the
-                       context tokens and the last `[SEP]`
-      start_position,  int32 scalars: indices in the window of the first and
-      end_position     last token of the first answer; both 0 (`[CLS]`) when
-                       it is not entirely inside this window (or there is none)
-      example_index    int32 scalar: `example_index` (its place in the list)
-      window_index     int32 scalar: 0, 1, ... over this example's windows
-      context_offsets  [n, 2] int32: `(start, end)` character offsets into
-                       `example.context` of the context tokens; (-1, -1) on the
-                       question and special tokens
-      max_context      [n] bool: True on the context tokens for which this is
-                       the window with the most context (`run_squad.py`
-                       `_check_is_max_context`); each context token has it in
-                       exactly one window
-
-    Raises ValueError naming the question when its first answer lies outside
-    its context.
-    """
-    context_ids, context_offsets = vocab.encode_with_offsets(example.context)
-    return _make_windows(example, vocab.encode(example.question), context_ids, context_offsets,
-                         vocab, config, example_index)
-
-
 def windows_for(examples: Sequence[QAExample], vocab,
                 config: WindowConfig) -> list[dict[str, np.ndarray]]:
-    """`make_windows` of every example (`example_index` = its place in
-    `examples`), all in one list, in order. Each distinct context is
-    tokenized once."""
+    """`make_windows` of every example (`example_index`: its place), in one
+    list; each distinct context is tokenized once."""
     contexts: dict[str, tuple[list[int], list[tuple[int, int]]]] = {}
     windows: list[dict[str, np.ndarray]] = []
     for index, example in enumerate(examples):
         if example.context not in contexts:
             contexts[example.context] = vocab.encode_with_offsets(example.context)
-        context_ids, context_offsets = contexts[example.context]
-        windows += _make_windows(example, vocab.encode(example.question), context_ids,
-                                 context_offsets, vocab, config, index)
+        windows += make_windows(example, vocab, config, example_index=index,
+                                context=contexts[example.context])
     return windows
 
 
-# --------------------------------------------------------------------------
-# Predictions.
-
 class Candidate(NamedTuple):
-    """A proposed answer of one question.
-
-    window: index into the `windows` list; start, end: token indices in that
-    window (inclusive); char_start, char_end: `text` is
-    `context[char_start:char_end]`; score: start_logit + end_logit.
-    """
-    text: str
-    score: float
-    window: int
-    start: int
+    """A proposed answer of one question."""
+    text: str          # context[char_start:char_end]
+    score: float       # start_logit + end_logit
+    window: int        # index into `windows`
+    start: int         # token indices in that window, inclusive
     end: int
     char_start: int
     char_end: int
@@ -360,15 +282,15 @@ def _logit_rows(logits: Any, name: str,
     """The per-window rows of `[n_windows, padded_length]` logits (a list of
     rows of different lengths is accepted too), cut to each window's length."""
     if len(logits) != len(windows):
-        raise ValueError(f"{name} has {len(logits)} rows but there are {len(windows)} "
-                         "windows: give one row of logits per window, in order.")
+        raise ValueError(f"{name}: {len(logits)} rows for {len(windows)} windows; give "
+                         "one row per window, in order")
     rows = []
     for w, (row, window) in enumerate(zip(logits, windows)):
         row = np.asarray(row, dtype=np.float32)
         n = len(window["input_ids"])
         if row.ndim != 1 or row.shape[0] < n:
-            raise ValueError(f"{name}[{w}] has shape {row.shape}, but window {w} has {n} "
-                             "tokens: each row must be [padded_length >= window length].")
+            raise ValueError(f"{name}[{w}]: shape {row.shape}, for a window of {n} tokens; "
+                             "give [padded_length >= window length]")
         rows.append(row[:n])
     return rows
 
@@ -376,14 +298,10 @@ def _logit_rows(logits: Any, name: str,
 def nbest_answers(examples: Sequence[QAExample], windows: Sequence[Mapping[str, np.ndarray]],
                   start_logits: Any, end_logits: Any, *, n_best: int = 20,
                   max_answer_length: int = 30) -> dict[str, list[Candidate]]:
-    """`{question id: its best candidate spans, best first}`, over all its
-    windows (at most `n_best` from each window; an empty list when none).
-
-    start_logits, end_logits: `[n_windows, padded_length]`, row `w` the
-    logits of `windows[w]` (beyond its length ignored). In each window,
-    `best_spans` searches the context tokens, the start restricted to tokens
-    whose `max_context` is True (the end may be any context token of the
-    window), so a span is proposed by one window only. Ties keep window order.
+    """`{question id: its best candidate spans, best first}` over all its
+    windows, at most `n_best`. `start_logits`, `end_logits`: `[n_windows,
+    padded_length]`, row `w` of `windows[w]`. A start must be a `max_context`
+    token, the end any context token; ties keep window order.
     """
     starts = _logit_rows(start_logits, "start_logits", windows)
     ends = _logit_rows(end_logits, "end_logits", windows)
@@ -391,9 +309,8 @@ def nbest_answers(examples: Sequence[QAExample], windows: Sequence[Mapping[str, 
     for w, window in enumerate(windows):
         index = int(window["example_index"])
         if not 0 <= index < len(examples):
-            raise ValueError(f"window {w} has example_index {index}, outside the "
-                             f"{len(examples)} examples: pass the examples the windows were "
-                             "made from.")
+            raise ValueError(f"window {w}: example_index {index}, of {len(examples)} "
+                             "examples; pass the examples the windows were made from")
         by_example[index].append(w)
     results: dict[str, list[Candidate]] = {}
     for index, example in enumerate(examples):
@@ -421,16 +338,8 @@ def nbest_answers(examples: Sequence[QAExample], windows: Sequence[Mapping[str, 
 def predict_answers(examples: Sequence[QAExample], windows: Sequence[Mapping[str, np.ndarray]],
                     start_logits: Any, end_logits: Any, *, n_best: int = 20,
                     max_answer_length: int = 30) -> dict[str, str]:
-    """`{question id: answer text}`, the input of `evaluate`.
-
-    start_logits, end_logits: `[n_windows, padded_length]`, one row per
-    window of `windows` (as `windows_for(examples, ...)` made them), padding
-    beyond each window's length ignored. The answer is the best-scoring
-    (start_logit + end_logit) span of `nbest_answers` over all the question's
-    windows, read from the original context
-    (`context[offsets[start][0]:offsets[end][1]]`, case and punctuation kept);
-    '' when no window has a valid span.
-    """
+    """`{question id: answer text}`, the input of `evaluate`: the best span
+    of `nbest_answers`, '' when no window has a valid one."""
     nbest = nbest_answers(examples, windows, start_logits, end_logits, n_best=n_best,
                           max_answer_length=max_answer_length)
     return {qid: candidates[0].text if candidates else "" for qid, candidates in nbest.items()}

@@ -1,16 +1,11 @@
 """Built-in documents for BERT pretraining: the default experiment runs anywhere.
 
-Sentences of the invented source language of `synthetic_translation` (its
-grammar: articles, adjectives after nouns, tense particle, subordinate
-clauses), grouped into documents with a *topic*: every document draws
-`TOPIC_NOUNS` nouns and each noun of its sentences is replaced by one of them
-(number kept). So a masked word is predictable from its sentence (grammar)
-and from its document (topic), and a "next" segment from the same document
-shares nouns with its first segment while a random one rarely does: both
-pretraining tasks have something to learn.
-
-    write_corpus(path, num_documents=2000, seed=0)   # one sentence a line,
-                                                     # a blank line between documents
+Sentences of `synthetic_translation`'s source language grouped into documents
+with a *topic*: each document draws `TOPIC_NOUNS` nouns that replace every noun
+of its sentences (number kept). So a masked word is predictable from its
+sentence (grammar) and its document (topic), and a true next segment shares
+nouns with the first while a random one rarely does: both pretraining tasks
+have something to learn.
 """
 
 from __future__ import annotations

@@ -10,12 +10,10 @@ the parameters, generated in memory in well under a second.
     splits["train"][i]   # {"inputs": int32 [length], "targets": int32 [length + 1]}
     load_source("synthetic_reverse", "train", num_train=64)   # the same, by name
 
-`train` and `validation` are drawn from different random streams, and a
-validation example whose `inputs` also occur in `train` is redrawn, so the
-splits are disjoint by construction. A split lists its examples in the order
-of the tfds builder this dataset used to be (tfds shuffled them by the MD5 of
-the split name and the example's index), so an experiment still reads the
-same examples in the same order.
+`train` and `validation` come from separate random streams, a validation
+example seen in `train` redrawn. A split keeps the order of the tfds builder
+this dataset used to be (by the MD5 of the split name and the example's
+index), so an experiment still reads the same examples in the same order.
 """
 
 from __future__ import annotations
@@ -44,25 +42,17 @@ def _tfds_order(split: str, count: int) -> list[int]:
 def generate(*, vocab_size: int = 32, min_length: int = 4, max_length: int = 12,
              num_train: int = 2000, num_validation: int = 200, seed: int = 0
              ) -> dict[str, tuple[dict[str, np.ndarray], ...]]:
-    """`{"train": examples, "validation": examples}` (see the module docstring);
-    cached, as a task asks for its splits one by one.
-
-    Raises:
-      DatasetError: a parameter that is not a non-negative int, `vocab_size`
-        leaving no token ids, `min_length` not in `[1, max_length]`, or
-        validation examples that cannot be disjoint from train.
-    """
+    """`{"train": examples, "validation": examples}`; cached, as a task asks
+    for its splits one by one."""
     check_counts("synthetic_reverse", vocab_size=vocab_size, min_length=min_length,
                  max_length=max_length, num_train=num_train, num_validation=num_validation,
                  seed=seed)
     if vocab_size <= FIRST_TOKEN_ID:
-        raise DatasetError(
-            f"synthetic_reverse: vocab_size={vocab_size} leaves no token ids; ids "
-            f"0, 1, 2 are pad, bos, eos, so vocab_size must be > {FIRST_TOKEN_ID}.")
+        raise DatasetError(f"synthetic_reverse: vocab_size={vocab_size}; use more than "
+                           f"{FIRST_TOKEN_ID} (pad, bos, eos)")
     if not 1 <= min_length <= max_length:
-        raise DatasetError(
-            f"synthetic_reverse: need 1 <= min_length <= max_length, got "
-            f"min_length={min_length}, max_length={max_length}.")
+        raise DatasetError(f"synthetic_reverse: min_length={min_length}, max_length="
+                           f"{max_length}; need 1 <= min_length <= max_length")
 
     def draw(rng: np.random.Generator) -> np.ndarray:
         length = int(rng.integers(min_length, max_length + 1))
@@ -77,9 +67,8 @@ def generate(*, vocab_size: int = 32, min_length: int = 4, max_length: int = 12,
     while len(validation) < num_validation:
         attempts += 1
         if attempts > 100 * (num_validation + 1):
-            raise DatasetError(
-                f"synthetic_reverse: cannot draw {num_validation} validation examples "
-                "disjoint from train; use a larger vocab_size or max_length.")
+            raise DatasetError(f"synthetic_reverse: num_validation={num_validation}: too few "
+                               "examples unseen in train; raise vocab_size or max_length")
         x = draw(rng)
         if x.tobytes() not in seen:
             validation.append(x)

@@ -1,36 +1,24 @@
 """`synthetic_translation`: a built-in parallel corpus between two invented languages.
 
-Each example is `{"source": str, "target": str}`: a sentence of the source
-language S and its one correct translation into the target language T, words
-and punctuation separated by single spaces (tokenize later, e.g. SentencePiece).
-Nothing is downloaded; the data are a pure function of `generate`'s parameters. Both
-languages are invented (the English glosses below are documentation only).
+Each example is `{"source": str, "target": str}`, a sentence of the language
+S and its one translation into T, tokens separated by spaces; a pure function
+of `generate`'s parameters.
 
 Why it is a translation task and not a copy task: T needs what attention is for.
-
-- Reordering. S puts adjectives after the noun, T before it; S is
-  subject-verb-object in every clause, T puts the verb *last* in subordinate
-  clauses (after the object and every prepositional phrase), like German.
-- Agreement across several words. Each T noun has a gender (masculine `m`,
-  feminine `f`, neuter `n`) that S does not mark: it is a property of the T
-  word, learnt per noun. T articles and adjectives agree with their noun in
-  gender and number, and they come *before* it, so the first word of a T noun
-  phrase depends on a noun up to three words later. T verbs agree in number
-  with their subject (plural for a coordinated subject `X nu Y`, and the head
-  noun decides, not a nearer noun inside a prepositional phrase), and carry
-  the tense that S marks with a separate particle `ka` before the verb.
-- Lengths from 4 tokens (`ta gak tor .`, "the dog runs" -> `ja troz tryskut .`)
-  to a few dozen: a main clause plus up to `max_clauses - 1` subordinate or
-  coordinated clauses, optional adjectives, prepositional phrases and
-  coordinated subjects. With the default `max_clauses=3`, source sentences
-  have 19 words on average, median 16, 99th percentile 45 (the longest of
-  the 50,000 default training sentences: 63).
+- Reordering: S puts adjectives after the noun, T before it; T puts the verb
+  *last* in subordinate clauses (after the object and every PP), like German.
+- Agreement across words: each T noun has a gender (`m`, `f`, `n`) that S
+  does not mark; T articles and adjectives agree with it in gender and number
+  and come *before* it, up to three words earlier. T verbs agree in number
+  with the subject's head (plural for `X nu Y`, never a nearer noun of a PP)
+  and carry the tense S marks with a separate particle `ka`.
+- Lengths from 4 tokens (`ta gak tor .`, "the dog runs") to a few dozen;
+  with `max_clauses=3`, 19 source words on average, 99th percentile 45.
 
 Grammar (S on the left, T on the right; `[]` optional, `*` repeated)::
 
-    sentence   := clause ("," connector clause)* "."   (same in T)
-    connector  := subordinator | conjunction           (clause after a
-                                                        subordinator: subordinate)
+    sentence   := clause ("," connector clause)* "."   (connector: subordinator,
+                                                        then subordinate; or conjunction)
     clause S   := subject ["ka"] verb [object] pp*
     main    T  := subject verb[tense,num] [object] pp*
     subord. T  := subject [object] pp* verb[tense,num]   (verb last)
@@ -39,55 +27,25 @@ Grammar (S on the left, T on the right; `[]` optional, `*` repeated)::
     np T       := det[g,num] adjective[g,num]* noun[num]  [pp]
     pp         := preposition np        (np without a pp of its own)
 
-Morphology. S: plural noun = stem + `i`; articles `ta` (definite) and `mu`
-(indefinite) never change; verbs never change; `ka` marks the past. T: plural
-noun = stem + `TARGET_PLURAL_SUFFIX[gender]`; articles from
-`DEFINITE_ARTICLES` / `INDEFINITE_ARTICLES[(gender, number)]`; adjective =
-stem + `ADJECTIVE_SUFFIXES[(gender, number)]`; verb = stem +
-`VERB_SUFFIXES[(tense, number)]`. Every surface form of each language is
-distinct, so a sentence can be parsed word by word (the tests'
-`synthetic_translation_reference.translate` parses S and renders T, a reference
-translator).
-
-Worked example (source, target, and where each target word comes from)::
+Morphology: S plural noun = stem + `i`, nothing else inflects. T: the tables
+below (`TARGET_PLURAL_SUFFIX`, `*_ARTICLES`, `ADJECTIVE_SUFFIXES`,
+`VERB_SUFFIXES`). Every surface form is distinct, so a sentence parses word by
+word (tests' `synthetic_translation_reference.translate` is a reference
+translator). Worked example::
 
     S: ta gak sis pek mu fosaki ka kim ta dusi , rer ta kut det mu lar filan gok ta kat .
-       the dog.SG small near a farmer.PL PAST meet the river.PL , because the
-       tree.SG find a stone.SG old under the song.SG .
     T: ja jicha troz tryth yvai qaskuvae drythys zon skirnir , vev hu xilm
        yvo vavyske skez snilm zo ziz xithut .
 
-    ja        definite f.sg: gender of `troz` (dog, f), 2 words later; number of `gak`
-    jicha     `sis` (small) + f.sg suffix `a`: agrees with `troz`, the next word
-    troz      `gak` (dog), moved after its adjective
-    tryth     `pek` (near)
-    yvai      indefinite f.pl: `qaskuv` (farmer) is f, `fosaki` is plural
-    qaskuvae  `fosaki` -> farmer + f plural suffix `ae`
-    drythys   `ka kim` (PAST meet): stem `dryth` + past.sg `ys`; singular
-              because the subject's head `gak` is singular (not `fosaki`)
-    zon       definite n.pl for `skirnir`;  skirnir: `dusi` (river.PL), n
-    vev       `rer` (because): the clause that follows is subordinate
-    hu xilm   `ta kut`: the tree (m, sg)
-    yvo vavyske skez   `mu lar filan`: a stone (n) old -> art, adj, noun
-    snilm zo ziz       `gok ta kat`: under the song (n)
-    xithut    `det` (find), present sg (`kut` is singular), moved from the
-              3rd place of its clause to the clause's end
+    ja jicha troz   the(f.sg) small(f.sg) dog: gender of `troz`, two words later
+    drythys         `ka kim` (PAST meet), singular: the head `gak`, not `fosaki`
+    vev ... xithut  `rer` (because) opens a subordinate clause: `det` (find)
+                    moves from its 3rd place to the clause's end
 
-Splits `train`, `validation` and `test` are drawn from different random
-streams; a validation or test sentence whose source occurs in an earlier split
-(or earlier in its own split) is redrawn, so no source sentence is shared
-between splits. `train` may repeat a short sentence, as real corpora do.
-Examples are in generation order; shuffle in the input pipeline. Randomness
-uses only `random.Random(str).random()`, which Python guarantees to reproduce
-across versions: the same seed gives the same corpus anywhere. The splits
-are generated in memory (50,000 pairs in a few seconds), nothing is written:
-
-    splits = generate(num_train=500, seed=3)   # {"train": ..., "validation": ..., "test": ...}
-    splits["train"][i]                         # {"source": str, "target": str}
-    load_source("synthetic_translation", "train", num_train=500, seed=3)   # the same
-
-Changing the grammar, the lexicon or the sampling changes the data of every
-experiment that uses it.
+The splits come from separate random streams; a validation or test source
+seen before is redrawn (`train` may repeat a short one). Randomness uses only
+`random.Random(str).random()`, which Python reproduces across versions.
+Changing the grammar, the lexicon or the sampling changes every experiment's data.
 """
 
 from __future__ import annotations
@@ -99,8 +57,6 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from bert_jax.data.splits import DatasetError, check_counts
-
-# ------------------------------------------------------------------ lexicon --
 
 
 class Noun(NamedTuple):
@@ -218,9 +174,6 @@ VERB_SUFFIXES = {("present", "sg"): "ut", ("present", "pl"): "unt",
 PUNCTUATION = (",", ".")
 
 
-# ------------------------------------------------------------ syntax trees --
-
-
 @dataclasses.dataclass(frozen=True)
 class NounPhrase:
     noun: int                          # index into NOUNS
@@ -253,62 +206,15 @@ class Clause:
 
     @property
     def subject_number(self) -> str:
-        if len(self.subject) > 1:
-            return "pl"
-        return "pl" if self.subject[0].plural else "sg"
+        return "pl" if len(self.subject) > 1 or self.subject[0].plural else "sg"
 
 
 Sentence = tuple[Clause, ...]
-
-# --------------------------------------------------------------- rendering --
-
-
-def _source_np(np_: NounPhrase) -> list[str]:
-    noun = NOUNS[np_.noun].source + (SOURCE_PLURAL_SUFFIX if np_.plural else "")
-    out = [SOURCE_DEFINITE if np_.definite else SOURCE_INDEFINITE, noun]
-    out += [ADJECTIVES[a].source for a in np_.adjectives]
-    if np_.modifier is not None:
-        out += _source_pp(np_.modifier)
-    return out
-
-
-def _source_pp(pp: PrepPhrase) -> list[str]:
-    return [PREPOSITIONS[pp.preposition].source] + _source_np(pp.np)
-
-
-def _connector_words(clause: Clause, side: str) -> list[str]:
-    if clause.connector is None:
-        return []
-    kind, i = clause.connector
-    word = (SUBORDINATORS if kind == "sub" else CONJUNCTIONS)[i]
-    return [",", getattr(word, side)]
-
-
-def render_source(sentence: Sentence) -> str:
-    out: list[str] = []
-    for clause in sentence:
-        out += _connector_words(clause, "source")
-        for k, np_ in enumerate(clause.subject):
-            if k:
-                out.append(SOURCE_NP_AND)
-            out += _source_np(np_)
-        if clause.past:
-            out.append(SOURCE_PAST)
-        out.append(VERBS[clause.verb].source)
-        if clause.object is not None:
-            out += _source_np(clause.object)
-        for pp in clause.pps:
-            out += _source_pp(pp)
-    return " ".join(out + ["."])
 
 
 def target_noun(noun: int, plural: bool) -> str:
     n = NOUNS[noun]
     return n.target + (TARGET_PLURAL_SUFFIX[n.gender] if plural else "")
-
-
-def target_article(definite: bool, gender: str, number: str) -> str:
-    return (DEFINITE_ARTICLES if definite else INDEFINITE_ARTICLES)[(gender, number)]
 
 
 def target_adjective(adjective: int, gender: str, number: str) -> str:
@@ -319,42 +225,53 @@ def target_verb(verb: int, past: bool, number: str) -> str:
     return VERBS[verb].target + VERB_SUFFIXES[("past" if past else "present", number)]
 
 
-def _target_np(np_: NounPhrase) -> list[str]:
-    gender = NOUNS[np_.noun].gender
-    number = "pl" if np_.plural else "sg"
-    out = [target_article(np_.definite, gender, number)]
-    out += [target_adjective(a, gender, number) for a in np_.adjectives]
-    out.append(target_noun(np_.noun, np_.plural))
-    if np_.modifier is not None:
-        out += _target_pp(np_.modifier)
-    return out
+def _np(np_: NounPhrase, side: str) -> list[str]:
+    if side == "source":
+        out = [SOURCE_DEFINITE if np_.definite else SOURCE_INDEFINITE,
+               NOUNS[np_.noun].source + (SOURCE_PLURAL_SUFFIX if np_.plural else "")]
+        out += [ADJECTIVES[a].source for a in np_.adjectives]
+    else:
+        gender, number = NOUNS[np_.noun].gender, "pl" if np_.plural else "sg"
+        out = [(DEFINITE_ARTICLES if np_.definite else INDEFINITE_ARTICLES)[(gender, number)]]
+        out += [target_adjective(a, gender, number) for a in np_.adjectives]
+        out.append(target_noun(np_.noun, np_.plural))
+    return out + (_pp(np_.modifier, side) if np_.modifier is not None else [])
 
 
-def _target_pp(pp: PrepPhrase) -> list[str]:
-    return [PREPOSITIONS[pp.preposition].target] + _target_np(pp.np)
+def _pp(pp: PrepPhrase, side: str) -> list[str]:
+    return [getattr(PREPOSITIONS[pp.preposition], side)] + _np(pp.np, side)
 
 
-def render_target(sentence: Sentence) -> str:
+def _render(sentence: Sentence, side: str) -> str:
     out: list[str] = []
     for clause in sentence:
-        out += _connector_words(clause, "target")
+        if clause.connector is not None:
+            kind, i = clause.connector
+            out += [",", getattr((SUBORDINATORS if kind == "sub" else CONJUNCTIONS)[i], side)]
         for k, np_ in enumerate(clause.subject):
             if k:
-                out.append(TARGET_NP_AND)
-            out += _target_np(np_)
-        verb = target_verb(clause.verb, clause.past, clause.subject_number)
-        if not clause.subordinate:
-            out.append(verb)
+                out.append(SOURCE_NP_AND if side == "source" else TARGET_NP_AND)
+            out += _np(np_, side)
+        if side == "source":
+            verb = [SOURCE_PAST] * clause.past + [VERBS[clause.verb].source]
+        else:
+            verb = [target_verb(clause.verb, clause.past, clause.subject_number)]
+        last = side == "target" and clause.subordinate   # T: verb last in a subordinate
+        out += [] if last else verb
         if clause.object is not None:
-            out += _target_np(clause.object)
+            out += _np(clause.object, side)
         for pp in clause.pps:
-            out += _target_pp(pp)
-        if clause.subordinate:
-            out.append(verb)   # verb last in a subordinate clause
+            out += _pp(pp, side)
+        out += verb if last else []
     return " ".join(out + ["."])
 
 
-# ------------------------------------------------------------- vocabulary --
+def render_source(sentence: Sentence) -> str:
+    return _render(sentence, "source")
+
+
+def render_target(sentence: Sentence) -> str:
+    return _render(sentence, "target")
 
 
 def _source_words() -> dict[str, tuple]:
@@ -382,9 +299,6 @@ def _source_words() -> dict[str, tuple]:
 
 
 SOURCE_WORDS = _source_words()   # checked at import: all S forms distinct
-
-
-# ---------------------------------------------------------------- sampling --
 
 
 def _uniform(rng: random.Random, n: int) -> int:
@@ -450,8 +364,6 @@ def sample_sentence(rng: random.Random, max_clauses: int) -> Sentence:
     return tuple(clauses)
 
 
-# ------------------------------------------------------------------ splits --
-
 SPLITS = ("train", "validation", "test")
 
 
@@ -460,18 +372,12 @@ def generate(*, num_train: int = 50000, num_validation: int = 1000, num_test: in
              max_clauses: int = 3, seed: int = 0
              ) -> dict[str, tuple[dict[str, str], ...]]:
     """`{split: ({"source": str, "target": str}, ...)}` for `SPLITS`, in
-    generation order (each later split avoids the sources of earlier ones);
-    cached, as a task asks for its splits one by one.
-
-    Raises:
-      DatasetError: a parameter that is not a non-negative int, `max_clauses`
-        < 1, or a split that cannot be drawn without repeating sources.
-    """
+    generation order; cached, as a task asks for its splits one by one."""
     check_counts("synthetic_translation", num_train=num_train, num_validation=num_validation,
                  num_test=num_test, max_clauses=max_clauses, seed=seed)
     if max_clauses < 1:
-        raise DatasetError(f"synthetic_translation: max_clauses must be >= 1 (the main "
-                           f"clause), got {max_clauses}")
+        raise DatasetError(f"synthetic_translation: max_clauses={max_clauses}; use at "
+                           "least 1 (the main clause)")
     sizes = {"train": num_train, "validation": num_validation, "test": num_test}
     seen: set[str] = set()
     splits = {}
@@ -483,16 +389,16 @@ def generate(*, num_train: int = 50000, num_validation: int = 1000, num_test: in
         while len(out) < sizes[split]:
             attempts += 1
             if attempts > 100 * (sizes[split] + 10):
-                raise DatasetError(
-                    f"synthetic_translation: cannot draw {sizes[split]} {split} sentences "
-                    f"unseen in earlier splits; use smaller splits or a larger max_clauses.")
+                raise DatasetError(f"synthetic_translation: num_{split}={sizes[split]}: too "
+                                   "few unseen sentences; use smaller splits or a larger "
+                                   "max_clauses")
             sentence = sample_sentence(rng, max_clauses)
             source = render_source(sentence)
-            if split != "train" and source in seen:
-                continue   # redraw: no source sentence shared between splits
-            out.append({"source": source, "target": render_target(sentence)})
             if split != "train":
+                if source in seen:
+                    continue   # redraw: no source sentence shared between splits
                 seen.add(source)
+            out.append({"source": source, "target": render_target(sentence)})
         if split == "train":
             seen.update(example["source"] for example in out)
         splits[split] = tuple(out)

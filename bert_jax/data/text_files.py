@@ -1,5 +1,5 @@
-"""Reading the project's local text files: UTF-8, line by line, with errors
-that name the file, the line and the column."""
+"""Reading the project's local text files: UTF-8, line by line, and the one
+form of a reader's error, `file:line[:column]: what is wrong; what to do`."""
 
 from __future__ import annotations
 
@@ -8,24 +8,20 @@ from collections.abc import Iterator
 import numpy as np
 
 
-def utf8_lines(path: str, error: type[Exception], prefix: str = ""
-               ) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text with its line break) of each line of `path`.
-
-    Lines end at '\\n' only; a byte-order mark at the start of the file is
-    dropped. A line that is not valid UTF-8 raises `error` with the message
-    `{prefix}{path}:{line}:{column}: invalid UTF-8 ...`, saying how to convert
-    the file.
-    """
-    for _, lineno, text in utf8_lines_from(path, error, prefix):
-        yield lineno, text
+def bad_line(error: type[Exception], path: str, line: int, what: str, todo: str,
+             column: int | None = None) -> Exception:
+    """`error` with the one-line report `path:line[:column]: what; todo`
+    (line and column 1-based; the column counts characters)."""
+    where = f"{path}:{line}" + (f":{column}" if column else "")
+    return error(f"{where}: {what}; {todo}")
 
 
-def utf8_lines_from(path: str, error: type[Exception], prefix: str = "",
-                    start: tuple[int, int] = (0, 1)) -> Iterator[tuple[int, int, str]]:
-    """(byte offset, 1-based line number, text) of each line of `path` from
-    `start`, the (byte offset, line number) of a line's beginning; as
-    `utf8_lines` otherwise."""
+def utf8_lines(path: str, error: type[Exception], start: tuple[int, int] = (0, 1)
+               ) -> Iterator[tuple[int, int, str]]:
+    """(byte offset, 1-based line number, text with its line break) of each
+    line of `path` from `start`, the (byte offset, line number) of a line's
+    beginning. Lines end at '\\n' only; a byte-order mark at the start of the
+    file is dropped; invalid UTF-8 raises `error` naming the line and column."""
     offset, first_line = start
     with open(path, "rb") as f:
         f.seek(offset)
@@ -33,10 +29,9 @@ def utf8_lines_from(path: str, error: type[Exception], prefix: str = "",
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise error(
-                    f"{prefix}{path}:{lineno}:{e.start + 1}: invalid UTF-8 ({e.reason} at "
-                    f"byte {e.start + 1} of line {lineno}); convert the file to UTF-8 "
-                    f"(e.g. `iconv -f latin1 -t utf-8`) or fix that line.") from None
+                raise bad_line(error, path, lineno, f"invalid UTF-8 ({e.reason})",
+                               "convert the file (e.g. `iconv -f latin1 -t utf-8`)",
+                               column=e.start + 1) from None
             yield offset, lineno, text.removeprefix("\ufeff") if offset == 0 else text
             offset += len(raw)
 

@@ -1,18 +1,15 @@
 """SentencePiece subword vocabularies (joint source + target for translation).
 
-Ids: 0 pad, 1 BOS, 2 EOS, 3 unknown, then the pieces, matching the
-Transformer's `pad_id`, `bos_id` and `eos_id`. `encode` adds no BOS/EOS; the
-input pipeline appends EOS to each sequence.
-
-A vocabulary is trained on the training split the first time a workdir is
-used and saved there (`WORKDIR/vocab/spm.model`); a resumed run, evaluation
-and `launch/translate.py` load that file, so ids never change under a
+Ids: 0 pad, 1 BOS, 2 EOS, 3 unknown, as the Transformer's; `encode` adds no
+BOS/EOS (the input pipeline appends EOS). Trained on the training split the
+first time a workdir is used and saved there, so ids never change under a
 checkpoint.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import os
 from typing import Iterable
 
@@ -56,14 +53,8 @@ class Vocabulary:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Detokenizes ids, stopping at the first EOS and ignoring pad and BOS."""
-        kept = []
-        for i in ids:
-            i = int(i)
-            if i == EOS_ID:
-                break
-            if i not in (PAD_ID, BOS_ID):
-                kept.append(i)
-        return self._processor.decode(kept)
+        ids = itertools.takewhile(lambda i: i != EOS_ID, map(int, ids))
+        return self._processor.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
 
 
 def train(texts: Iterable[str], vocab_size: int, *, model_type: str = "unigram",
@@ -83,25 +74,19 @@ def train(texts: Iterable[str], vocab_size: int, *, model_type: str = "unigram",
 
 def load_or_train(workdir: str, texts: Iterable[str], vocab_size: int, *,
                   model_type: str = "unigram", is_writer: bool = True) -> Vocabulary:
-    """The workdir's vocabulary, trained on `texts` (lazily read) if absent.
-
-    Only the writer (process 0) trains; the file is written atomically.
-    Other processes must wait for it (TranslationTask puts them behind a
-    barrier).
-    """
+    """The workdir's vocabulary, trained on `texts` (read lazily) if absent by
+    the writer (process 0; the others wait behind a barrier)."""
     path = os.path.join(workdir, VOCAB_DIR, MODEL_FILE)
     settings_path = os.path.join(workdir, VOCAB_DIR, SETTINGS_FILE)
     settings = {"vocab_size": vocab_size, "model_type": model_type}
     if os.path.isfile(path):
         saved = read_json(settings_path)
         if saved != settings:
-            raise SettingsMismatchError(
-                f"{path} was trained with {saved} but the config asks for {settings} "
-                "(config.data.vocab_size, config.data.vocab_type): use the workdir's config "
-                "or a new workdir.")
+            raise SettingsMismatchError(f"{path}: trained with {saved}, config.data asks for "
+                                        f"{settings}; use the workdir's config or a new one")
         return Vocabulary.load(path)
     if not is_writer:
-        raise FileNotFoundError(f"{path} is missing: process 0 trains it first.")
+        raise FileNotFoundError(f"{path}: missing; process 0 trains it first")
     vocab = train(texts, vocab_size, model_type=model_type)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_json(settings_path, settings)

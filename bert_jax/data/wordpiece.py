@@ -5,62 +5,36 @@
     ids, offsets = vocab.encode_with_offsets(context)  # SQuAD: spans -> text
     ids, word_ids = vocab.encode_words(["U.S.", "based"])  # tagging labels
 
-A vocabulary is a `vocab.txt`, one token per line, id = line number (0-based),
-the file format of google-research/bert and of every Hugging Face BERT
-checkpoint, so a pretrained checkpoint's file loads as is. It must hold the
-five special tokens `[PAD] [UNK] [CLS] [SEP] [MASK]` (anywhere: bert-base has
-`[PAD]`=0, `[UNK]`=100, `[CLS]`=101, ...; a vocabulary trained here puts them
-at ids 0-4). `encode` adds no special tokens: the input pipelines build
-`[CLS] a [SEP] b [SEP]` themselves.
+A vocabulary is a `vocab.txt` (google-research/bert's and Hugging Face's),
+id = line number, holding `[PAD] [UNK] [CLS] [SEP] [MASK]` anywhere. `encode`
+adds no special tokens: the input pipelines frame `[CLS] a [SEP] b [SEP]`.
 
-Tokenization is BERT's (google-research/bert `tokenization.py`, the same as
-`transformers`' pure-Python `BertTokenizer`), in three stages:
+Tokenization is BERT's (google-research/bert `tokenization.py`, as
+`transformers`' `BertTokenizer`): (1) normalize: drop NUL, U+FFFD and control
+characters, whitespace to spaces, spaces around CJK ideographs, NFC; uncased
+also lower-cases and strips accents; (2) split at whitespace and at every
+punctuation character (Unicode P*, and ``$+<=>^`|~``); (3) greedy
+longest-match-first WordPiece, `##` continuations; a word without a
+segmentation, or over 100 characters, is one `[UNK]`. The library's
+`BertNormalizer` and `BertPreTokenizer` do most of it; `_normalizer` and
+`_pre_tokenizer` close the gaps a test against the Python reference found:
+Greek final sigma (Python gives 'ς' word-finally, the Rust per-character
+lower-casing 'σ'), characters newer than the library's Unicode tables, and the
+CJK code points U+2B820-U+2B91F its CJK test skips.
 
-1. normalize: drop NUL, U+FFFD and control characters, map whitespace to
-   spaces, put spaces around CJK ideographs (each becomes its own word), NFC;
-   when uncased also lower-case and strip accents (NFD, drop the non-spacing
-   marks). Cased vocabularies keep case and accents.
-2. pre-tokenize: split on whitespace, and every punctuation character
-   (Unicode P*, plus the ASCII symbols ``$+<=>^`|~``) is a word of its own.
-3. WordPiece: greedy longest-match-first sub-words of each word, continuation
-   pieces prefixed `##`; a word with no segmentation, or longer than 100
-   characters, is one `[UNK]`.
+Deliberate differences from `transformers.BertTokenizer`: special-token
+strings in text are text ("[SEP]" in a document cannot inject a separator);
+unassigned code points (Cn) are kept, so their word is `[UNK]`, as in
+google-research/bert; the 16 code points (e.g. U+0890, U+166D) whose category
+differs between Python's `unicodedata` and the Rust tables follow the Rust ones.
 
-The library's `BertNormalizer` and `BertPreTokenizer` do most of this; three
-small additions (`_normalizer`, `_pre_tokenizer`) close the gaps that a test
-against the Python reference found: Greek final sigma (Python lower-cases a
-word-final capital sigma to 'ς', the Rust per-character lower-casing gives
-'σ'), characters newer than the library's Unicode tables (punctuation and
-combining marks of recent scripts) and CJK Extension B-F code points
-U+2B820-U+2B91F that the library's CJK test skips.
+`WordPiece.train` uses the library's `WordPieceTrainer`, made deterministic:
+the trainer numbers the `##c` characters in hash order, which breaks ties
+between equally frequent merges differently per run, so a first pass without
+merges lists them and the real pass receives them sorted.
 
-Known, deliberate differences from `transformers.BertTokenizer`:
-- special-token strings in the text are ordinary text: "[MASK]" in a
-  sentence is `[`, `mask`, `]`, never the mask id (a document that happens to
-  contain "[SEP]" cannot inject a separator);
-- unassigned code points (Unicode category Cn) are kept, so their word
-  becomes `[UNK]`, as google-research/bert does; `transformers` deletes them
-  (private-use ones are deleted by both);
-- a handful of code points (16 of the ~280,000 assigned ones, e.g. U+0890,
-  U+166D, U+13430-U+13438) whose category changed between the Unicode version
-  of Python's `unicodedata` and that of the Rust tables follow the Rust tables.
-
-Every result comes with its alignment: `encode_with_offsets` gives character
-offsets into the original string (accents, case, removed control characters
-and NFC composition included), `word_ids` the index of the pre-tokenized word
-each piece belongs to.
-
-Training (`WordPiece.train`) uses the library's `WordPieceTrainer` (BPE merges
-on words counted after normalization and pre-tokenization), made
-deterministic: the trainer numbers the `##c` continuation characters in hash
-order, which breaks ties between equally frequent merges differently from run
-to run, so a first pass without merges lists them and the real pass receives
-them, sorted, ahead of the alphabet.
-
-A workdir's vocabulary is trained the first time it is used and saved there
-(`WORKDIR/vocab/vocab.txt` + `wordpiece.json`, the options); a resumed run,
-evaluation and fine-tuning load that file, so ids never change under a
-checkpoint (`load_or_train`, the same contract as `vocabulary.py`).
+A workdir's vocabulary is trained once and saved there, so ids never change
+under a checkpoint (`load_or_train`).
 """
 
 from __future__ import annotations
@@ -71,7 +45,7 @@ from typing import Callable, Iterable, Sequence
 
 from tokenizers import Encoding, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from bert_jax.errors import MissingFileError, SettingsMismatchError
+from bert_jax.errors import MissingFileError, SettingsMismatchError, UserError
 from bert_jax.file_io import read_json, write_atomically, write_json
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -90,6 +64,10 @@ _FINAL_SIGMA = (r"(?<=[\p{Cased}&&\P{Case_Ignorable}]\p{Case_Ignorable}*)Σ"
 # Punctuation the library's older Unicode tables miss, and the CJK code points
 # U+2B820-U+2B91F its ideograph test skips: each is a word of its own.
 _EXTRA_SPLITS = r"[\p{P}\x{2B820}-\x{2B91F}]"
+
+
+class VocabularyError(UserError, ValueError):
+    """A `vocab.txt` that is not a BERT vocabulary."""
 
 
 def _normalizer(lowercase: bool) -> normalizers.Normalizer:
@@ -123,11 +101,11 @@ def _pipeline(model: models.Model, lowercase: bool) -> Tokenizer:
 
 
 def _check_tokens(tokens: Sequence[str], source: str) -> None:
-    """Raises ValueError naming `source` for an empty vocabulary, duplicate
-    tokens (with their 1-based line numbers) or a missing special token."""
+    """Raises VocabularyError naming `source` for an empty vocabulary, duplicate
+    tokens (with their 1-based lines) or a missing special token."""
     if not tokens:
-        raise ValueError(f"{source} is empty: a vocabulary has one token per line, "
-                         f"including {' '.join(SPECIAL_TOKENS)}.")
+        raise VocabularyError(f"{source}: empty; a vocabulary has one token a line, "
+                              f"{' '.join(SPECIAL_TOKENS)} among them")
     lines: dict[str, list[int]] = defaultdict(list)
     for line, token in enumerate(tokens, start=1):
         lines[token].append(line)
@@ -136,38 +114,29 @@ def _check_tokens(tokens: Sequence[str], source: str) -> None:
         shown = "; ".join(f"{token!r} on lines {', '.join(map(str, where))}"
                           for token, where in duplicates[:10])
         more = f" (and {len(duplicates) - 10} more)" if len(duplicates) > 10 else ""
-        raise ValueError(f"{source} has duplicate tokens: {shown}{more}. Each token must "
-                         "appear once (its id is its line number): remove the repeats.")
+        raise VocabularyError(f"{source}: duplicate tokens {shown}{more}; remove the "
+                              "repeats (a token's id is its line)")
     missing = [token for token in SPECIAL_TOKENS if token not in lines]
     if missing:
-        raise ValueError(f"{source} lacks the special token(s) {' '.join(missing)}; BERT needs "
-                         f"all of {' '.join(SPECIAL_TOKENS)}: add them (one per line) or "
-                         "train a vocabulary with WordPiece.train.")
+        raise VocabularyError(f"{source}: no special token(s) {' '.join(missing)}; add them, "
+                              "one a line, or train one with WordPiece.train")
 
 
 def _read_vocab_file(path: str) -> list[str]:
     """The tokens of a `vocab.txt`, in id order (only the line ends stripped)."""
     if not os.path.isfile(path):
-        raise MissingFileError(f"{path}: no vocabulary file there.")
+        raise MissingFileError(f"{path}: no such vocabulary file; check the path")
     with open(path, encoding="utf-8") as f:
-        text = f.read()
-    tokens = text.split("\n")
-    if tokens[-1] == "":  # the final newline ends the last line, it opens no token
-        tokens.pop()
-    return tokens
+        tokens = f.read().split("\n")
+    return tokens[:-1] if tokens[-1] == "" else tokens   # a final newline opens no token
 
 
 class WordPiece:
     """A WordPiece vocabulary: text <-> ids with BERT's tokenization.
 
-    Args:
-      tokens: the vocabulary in id order (token `i` has id `i`).
-      lowercase: uncased (lower-case and strip accents) or cased tokenization.
-        It must match the vocabulary: bert-base-uncased is `True`,
-        bert-base-cased `False`.
-      path: where the vocabulary was read from, for messages.
-      requested_size: the `vocab_size` it was trained for (None when loaded
-        from a vocabulary file); `size` may be smaller on a small corpus.
+    `tokens` in id order; `lowercase` must match the vocabulary (True for
+    bert-base-uncased); `requested_size`: the `vocab_size` it was trained for
+    (None when read from a file), `size` may be smaller on a small corpus.
     """
 
     def __init__(self, tokens: Sequence[str], *, lowercase: bool = True,
@@ -193,26 +162,18 @@ class WordPiece:
 
     @classmethod
     def from_vocab_file(cls, path: str, *, lowercase: bool = True) -> WordPiece:
-        """Loads a `vocab.txt` (one token per line, id = line number), e.g. the
-        one shipped with a Hugging Face BERT checkpoint."""
+        """Loads a `vocab.txt`, e.g. a Hugging Face BERT checkpoint's."""
         return cls(_read_vocab_file(path), lowercase=lowercase, path=path)
 
     @classmethod
     def train(cls, texts: Iterable[str] | Callable[[], Iterable[str]], *, vocab_size: int,
               lowercase: bool = True, min_frequency: int = 2) -> WordPiece:
-        """Trains a vocabulary of at most `vocab_size` tokens on `texts`.
-
-        Ids 0-4 are `[PAD] [UNK] [CLS] [SEP] [MASK]`, then every character of
-        the (normalized) corpus, then its `##` continuation forms, then the
-        merged pieces in the order they were learned; merging stops at
-        `vocab_size` or when no pair occurs `min_frequency` times, so a small
-        corpus gives fewer tokens. Deterministic: the same texts give the same
-        file. The trainer reads `texts` twice: a callable is called once per
-        pass and streamed (a corpus of any size: the trainer keeps only word
-        counts); a one-shot iterator is read into a list first.
-
-        Raises ValueError when `vocab_size` cannot hold the special tokens and
-        the corpus's characters (the trainer never drops a character).
+        """A vocabulary of at most `vocab_size` tokens trained on `texts`: the
+        special tokens (ids 0-4), the corpus's characters, their `##` forms,
+        then the merges in learned order, until `vocab_size` or no pair occurs
+        `min_frequency` times. Deterministic. `texts` is read twice: a callable
+        is called per pass and streamed (the trainer keeps only word counts),
+        an iterator is listed first.
         """
         if not callable(texts):
             texts = (lambda listed: lambda: listed)(list(texts))
@@ -221,10 +182,8 @@ class WordPiece:
         continuations = sorted(t for t in base if t.startswith(CONTINUATION)
                                and t not in SPECIAL_TOKENS)
         if vocab_size < len(base):
-            raise ValueError(
-                f"vocab_size={vocab_size} cannot hold the {len(SPECIAL_TOKENS)} special tokens "
-                f"and the {len(base) - len(SPECIAL_TOKENS)} characters (with their ## forms) of "
-                f"the training texts: ask for at least {len(base)}.")
+            raise ValueError(f"vocab_size={vocab_size} cannot hold the special tokens and "
+                             f"the corpus's characters; use at least {len(base)}")
         # Pass 2: the continuation characters numbered in sorted order.
         vocab = _train_pass(texts, vocab_size, lowercase, min_frequency,
                             SPECIAL_TOKENS + tuple(continuations))
@@ -240,9 +199,8 @@ class WordPiece:
     # -- files -----------------------------------------------------------------
 
     def save(self, directory: str) -> str:
-        """Writes `directory/vocab.txt` and `directory/wordpiece.json` (the
-        options: lowercase, size, requested_size); returns the vocab path.
-        Each file is written atomically, `vocab.txt` last."""
+        """Writes `vocab.txt` and its options (`wordpiece.json`) atomically into
+        `directory`, `vocab.txt` last; returns its path."""
         os.makedirs(directory, exist_ok=True)
         settings = {"lowercase": self.lowercase, "size": self.size,
                     "requested_size": self.requested_size}
@@ -257,17 +215,15 @@ class WordPiece:
         """Reads back what `save(directory)` wrote."""
         settings_path = os.path.join(directory, SETTINGS_FILE)
         if not os.path.isfile(settings_path):
-            raise FileNotFoundError(
-                f"{settings_path} is missing: `load` reads a directory written by "
-                "WordPiece.save; for a bare vocab.txt use WordPiece.from_vocab_file(path, "
-                "lowercase=...).")
+            raise MissingFileError(f"{settings_path}: no such file; for a bare vocab.txt "
+                                   "use WordPiece.from_vocab_file")
         settings = read_json(settings_path)
         path = os.path.join(directory, VOCAB_FILE)
         vocab = cls(_read_vocab_file(path), lowercase=settings["lowercase"], path=path,
                     requested_size=settings.get("requested_size"))
         if vocab.size != settings["size"]:
-            raise ValueError(f"{path} has {vocab.size} tokens but {settings_path} says "
-                             f"{settings['size']}: the vocabulary was edited after it was saved.")
+            raise VocabularyError(f"{path}: {vocab.size} tokens, {settings['size']} in "
+                                  f"{settings_path}; it was edited after it was saved")
         return vocab
 
     # -- ids -------------------------------------------------------------------
@@ -279,7 +235,11 @@ class WordPiece:
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         """Tokens of `ids` (any ints, numpy included); raises on an unknown id."""
-        return [self._tokens[_check_id(i, self.size)] for i in ids]
+        ids = [int(i) for i in ids]
+        outside = [i for i in ids if not 0 <= i < self.size]
+        if outside:
+            raise ValueError(f"id {outside[0]} is outside the vocabulary [0, {self.size})")
+        return [self._tokens[i] for i in ids]
 
     def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
         """Ids of whole tokens ('##ing' included); unknown tokens give `unk_id`."""
@@ -301,26 +261,20 @@ class WordPiece:
         return [e.ids for e in encode(list(texts), add_special_tokens=False)]
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Ids and, for each, the `(start, end)` character offsets of the
-        original `text` it comes from: `text[start:end]` is the piece before
-        normalization (with its case and accents; a `##` piece points at its
-        characters only)."""
+        """Ids and, for each, its `(start, end)` offsets in `text`: the piece
+        before normalization (a `##` piece: its characters only)."""
         encoding = self._encode(text)
         return encoding.ids, [tuple(offset) for offset in encoding.offsets]
 
     def word_ids(self, text: str) -> list[int]:
-        """For each id of `encode(text)`, the index of its word: words are
-        `text` split at whitespace, with every punctuation character and CJK
-        ideograph a word of its own (so 'U.S.' is 4 words). The pieces of one
-        word share its index; a word of more than 100 characters is one [UNK]."""
+        """For each id of `encode(text)`, the index of its pre-tokenized word
+        (every punctuation character is a word: 'U.S.' is 4 words)."""
         return list(self._encode(text).word_ids)
 
     def encode_words(self, words: Sequence[str]) -> tuple[list[int], list[int]]:
-        """Ids of already split `words` (e.g. a tagging dataset's tokens) and,
-        for each id, the index in `words` of the word it comes from: the
-        first-sub-token label alignment. Each word is tokenized as text (so
-        'U.S.' still gives several pieces, all with that word's index); a word
-        that normalizes to nothing (only control characters) gives no id."""
+        """Ids of already split `words` (a tagging dataset's) and, for each, the
+        index of its word, for first-sub-token labels; a word that normalizes
+        to nothing (only control characters) gives no id."""
         encoding = self._tokenizer.encode(list(words), is_pretokenized=True,
                                           add_special_tokens=False)
         return encoding.ids, list(encoding.word_ids)
@@ -333,28 +287,14 @@ class WordPiece:
     # -- ids -> text -----------------------------------------------------------
 
     def decode(self, ids: Iterable[int], *, skip_framing: bool = True) -> str:
-        """Text of `ids`: tokens joined by spaces, `##` pieces glued to the
-        previous one (BERT's detokenization; case, accents and the original
-        spacing of punctuation are not restored). `[PAD]`, `[CLS]` and `[SEP]`
-        are dropped unless `skip_framing=False`; `[UNK]` and `[MASK]` stand
-        for text and stay."""
-        ids = _ints(ids)
+        """BERT's detokenization (case, accents and spacing are not restored);
+        `[PAD]`, `[CLS]` and `[SEP]` dropped unless `skip_framing=False`."""
+        ids = [int(i) for i in ids]
         tokens = self.convert_ids_to_tokens(ids)
         if skip_framing:
             framing = (self.pad_id, self.cls_id, self.sep_id)
             tokens = [token for token, i in zip(tokens, ids) if i not in framing]
         return " ".join(tokens).replace(" " + CONTINUATION, "").strip()
-
-
-def _ints(ids: Iterable[int]) -> list[int]:
-    return [int(i) for i in ids]
-
-
-def _check_id(i: int, size: int) -> int:
-    i = int(i)
-    if not 0 <= i < size:
-        raise ValueError(f"id {i} is outside the vocabulary [0, {size}).")
-    return i
 
 
 def _train_pass(texts: Callable[[], Iterable[str]], vocab_size: int, lowercase: bool,
@@ -373,19 +313,10 @@ def load_or_train(workdir: str, texts: Iterable[str] | Callable[[], Iterable[str
                   vocab_size: int, *, lowercase: bool,
                   vocab_file: str = "", min_frequency: int = 2,
                   is_writer: bool = True) -> WordPiece:
-    """The vocabulary of a run.
-
-    - `vocab_file` given (a pretrained checkpoint's `vocab.txt`): that file,
-      and `vocab_size` is not used. A `wordpiece.json` or Hugging Face
-      `tokenizer_config.json` beside it that declares the other casing is an
-      error.
-    - else `workdir/vocab/vocab.txt` if it exists; its saved options must match
-      `lowercase` and `vocab_size`.
-    - else trained on `texts` (read only in this case; see `WordPiece.train`)
-      and saved there. Only the writer (process 0) trains; other processes
-      must wait for the files (behind a barrier) and raise FileNotFoundError
-      if they are missing.
-    """
+    """The vocabulary of a run: `vocab_file` (a checkpoint's; a settings file
+    beside it must not declare the other casing), else the workdir's (its
+    saved options must match), else trained on `texts` and saved there by the
+    writer (process 0; the others wait behind a barrier)."""
     if vocab_file:
         _check_declared_casing(vocab_file, lowercase)
         return WordPiece.from_vocab_file(vocab_file, lowercase=lowercase)
@@ -398,12 +329,11 @@ def load_or_train(workdir: str, texts: Iterable[str] | Callable[[], Iterable[str
                  "vocab_size": vocab.requested_size or vocab.size}
         if saved != requested:
             raise SettingsMismatchError(
-                f"{path} was made with {saved} but the config asks for {requested} "
-                "(config.data.lowercase, config.data.vocab_size): use the workdir's config "
-                "or a new workdir.")
+                f"{path}: made with {saved}, config.data asks for {requested}; use the "
+                "workdir's config or a new workdir")
         return vocab
     if not is_writer:
-        raise FileNotFoundError(f"{path} is missing: process 0 trains it first.")
+        raise FileNotFoundError(f"{path}: missing; process 0 trains it first")
     vocab = WordPiece.train(texts, vocab_size=vocab_size, lowercase=lowercase,
                             min_frequency=min_frequency)
     vocab.save(directory)
@@ -428,7 +358,6 @@ def _check_declared_casing(vocab_file: str, lowercase: bool) -> None:
     """Raises if a settings file beside `vocab_file` declares the other casing."""
     for settings_path, key, declared in declared_casings(os.path.dirname(vocab_file)):
         if declared != bool(lowercase):
-            raise SettingsMismatchError(
-                f"{settings_path} says {key}={declared} but lowercase={lowercase} was asked "
-                f"for {vocab_file}: use lowercase={bool(declared)} (an uncased checkpoint "
-                "needs lower-cased input, a cased one does not).")
+            raise SettingsMismatchError(f"{settings_path}: {key}={declared}, but "
+                                        f"lowercase={lowercase} was asked for {vocab_file}; "
+                                        f"use lowercase={bool(declared)}")
