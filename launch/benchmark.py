@@ -50,6 +50,7 @@ from bert_jax.modeling import BertForPreTraining, Transformer, bert_preset, tran
 from bert_jax.modeling.flops import bert_train_flops, transformer_train_flops
 from bert_jax.modeling.losses import bert_pretraining_sums, cross_entropy_sums
 from bert_jax.training import distributed
+from bert_jax.training.aot import compiled_memory
 from bert_jax.training.metrics import peak_flops_per_device
 from bert_jax.training.optimizer import make_optimizer
 from bert_jax.training.profiling import StepProfiler, profile_range
@@ -196,20 +197,6 @@ def _median_step(step: Callable[[], Any], steps: int, warmup: int,
     return statistics.median(times)
 
 
-def _memory(compiled) -> dict[str, float]:
-    """XLA's memory plan of the step, and the device's peak where it reports one."""
-    result = {}
-    analysis = compiled.memory_analysis()
-    if analysis is not None:
-        planned = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-                   + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
-        result["planned_gib"] = planned / 2**30
-    stats = jax.local_devices()[0].memory_stats() or {}
-    if "peak_bytes_in_use" in stats:
-        result["device_peak_gib"] = stats["peak_bytes_in_use"] / 2**30
-    return result
-
-
 def time_bert_jax(work: Workload, steps: int, warmup: int,
                   profiler: StepProfiler | None = None) -> dict[str, float]:
     mesh = make_mesh((-1, 1, 1))
@@ -230,7 +217,12 @@ def time_bert_jax(work: Workload, steps: int, warmup: int,
             jax.block_until_ready(metrics)
 
         seconds = _median_step(step, steps, warmup, profiler)
-    return {"step_seconds": seconds, "compile_seconds": compile_seconds, **_memory(compiled)}
+    result = {"step_seconds": seconds, "compile_seconds": compile_seconds,
+              "planned_gib": compiled_memory(compiled)["total"] / 2**30}
+    stats = jax.local_devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        result["device_peak_gib"] = stats["peak_bytes_in_use"] / 2**30
+    return result
 
 
 def _hf_bert_config(size: str):

@@ -130,15 +130,6 @@ def _sentences(path, limit):
     return [s["words"] for s in sentences], [s["tags"] for s in sentences]
 
 
-def _tag_set(train_tags):
-    """UPOS's fixed 17 tags, or every tag of the training sentences."""
-    from bert_jax.data.conllu import UPOS_TAGS, tag_vocabulary
-
-    if _FORMAT.value == "conllu" and (_TAG_COLUMN.value or "upos") == "upos":
-        return UPOS_TAGS
-    return tuple(tag_vocabulary({"tags": tags} for tags in train_tags))
-
-
 def _words(vocab, line):
     """The words of `line`: BERT's pre-tokenization (as the original text) or
     whitespace-separated."""
@@ -193,6 +184,7 @@ def _table(rows, eval_name):
 
 def _probe():
     from bert_jax.analysis.features import check_strategy, fit_probe, tag_ids, tag_scores
+    from bert_jax.tasks.finetune import tag_set
 
     strategies = _STRATEGIES.value
     for strategy in strategies:
@@ -214,7 +206,7 @@ def _probe():
         train_path, eval_path = files["train"], files[UD_SPLITS[_EVAL_SPLIT.value]]
     train_words, train_tags = _sentences(train_path, _TRAIN_SENTENCES.value)
     eval_words, eval_tags = _sentences(eval_path, _EVAL_SENTENCES.value)
-    tags = _tag_set(train_tags)
+    tags = tag_set(({"tags": t} for t in train_tags), _TAG_COLUMN.value, _FORMAT.value)
     train_labels, eval_labels = tag_ids(train_tags, tags), tag_ids(eval_tags, tags)
     unknown = sum(label == -100 for labels in eval_labels for label in labels)
     if unknown:

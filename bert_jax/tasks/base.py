@@ -93,6 +93,11 @@ class Task(abc.ABC):
     model_config: StackConfig
     model: nn.Module
     supports_abstract: bool = False  # can be built without data (`build_task`)
+    # Config keys (or `section.` prefixes) of this task an evaluation of its
+    # workdir may change, beyond `training.evaluation.EVALUATION_OVERRIDES`.
+    evaluation_overrides: tuple[str, ...] = ()
+    # Batch features the model takes by keyword when a batch has them.
+    model_keywords: tuple[str, ...] = ()
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | None,
                  abstract: bool = False):
@@ -112,6 +117,15 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def model_inputs(self, batch: Batch) -> tuple:
         """Positional model arguments taken from a batch."""
+
+    def _outputs(self, params: Any, batch: Batch, rng: jax.Array | None = None,
+                 model_kwargs: dict[str, Any] | None = None) -> Any:
+        """The model on `batch`: with dropout from `rng`, deterministic without."""
+        deterministic = rng is None
+        keywords = {key: batch[key] for key in self.model_keywords if key in batch}
+        return self.model.apply({"params": params}, *self.model_inputs(batch), **keywords,
+                                **(model_kwargs or {}), deterministic=deterministic,
+                                rngs=None if deterministic else {"dropout": rng})
 
     def batch_spec(self, train: bool = True) -> dict[str, jax.ShapeDtypeStruct]:
         """Shapes and dtypes of one global training (or evaluation) batch,

@@ -74,6 +74,8 @@ SYNTHETIC_CORPUS = os.path.join("corpus", "synthetic_documents.txt")
 class BertPretrainingTask(Task):
 
     supports_abstract = True
+    evaluation_overrides = ("data.eval_examples",)
+    model_keywords = ("position_ids",)
 
     def __init__(self, config, workdir, abstract=False):
         super().__init__(config, workdir, abstract)
@@ -248,13 +250,6 @@ class BertPretrainingTask(Task):
             max_length=self._lengths(self.max_predictions))
 
     # -- loss and evaluation -------------------------------------------------------
-
-    def _outputs(self, params, batch, rng=None, model_kwargs=None):
-        deterministic = rng is None
-        positions = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
-        return self.model.apply({"params": params}, *self.model_inputs(batch),
-                                **positions, **(model_kwargs or {}), deterministic=deterministic,
-                                rngs=None if deterministic else {"dropout": rng})
 
     def loss_fn(self, params, batch, rng):
         out = self._outputs(params, batch, rng)

@@ -41,8 +41,9 @@ processes the buckets are off (each process sees only its rows).
 
 from __future__ import annotations
 
+import abc
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -80,9 +81,18 @@ def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int
     return a, b
 
 
+def tag_set(sentences: Iterable[dict], tag_column: str, fmt: str) -> tuple[str, ...]:
+    """UPOS's fixed 17 tags for CoNLL-U's `upos` column, else every tag of `sentences`."""
+    if fmt == "conllu" and (tag_column or "upos") == "upos":
+        return conllu.UPOS_TAGS
+    return tuple(conllu.tag_vocabulary(sentences))
+
+
 class FinetuneTask(Task):
     """The shared fine-tuning mechanism; subclasses give examples, rows, a
     model head, its loss sums and its scoring."""
+
+    evaluation_overrides = ("data.path",)
 
     def __init__(self, config, workdir):
         super().__init__(config, workdir)
@@ -99,27 +109,29 @@ class FinetuneTask(Task):
 
     # -- what a subclass provides --------------------------------------------------
 
+    @abc.abstractmethod
     def examples(self, split: str) -> Sequence[Any]:
-        raise NotImplementedError
+        """The split's examples."""
 
+    @abc.abstractmethod
     def training_texts(self) -> Iterator[str]:
         """Texts of the training split (to train a vocabulary from scratch)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def featurize(self, split: str) -> list[Batch]:
         """The split's examples -> rows: `input_ids`, `token_type_ids`, labels."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def make_model(self):
-        raise NotImplementedError
+        """The backbone with the task's head."""
 
+    @abc.abstractmethod
     def head_sums(self, outputs, batch: Batch, real: jax.Array) -> dict[str, jax.Array]:
         """Loss sums of the head's outputs: loss and weight at least."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def head_predictions(self, outputs) -> Any:
         """Device-side predictions of a batch (arrays with a leading row axis)."""
-        raise NotImplementedError
 
     # -- rows and batches ------------------------------------------------------------
 
@@ -170,12 +182,6 @@ class FinetuneTask(Task):
         return map(self.trim, batches)
 
     # -- loss and evaluation -------------------------------------------------------------
-
-    def _outputs(self, params, batch, rng=None, model_kwargs=None):
-        deterministic = rng is None
-        return self.model.apply({"params": params}, *self.model_inputs(batch),
-                                **(model_kwargs or {}), deterministic=deterministic,
-                                rngs=None if deterministic else {"dropout": rng})
 
     def loss_fn(self, params, batch, rng):
         sums = self.head_sums(self._outputs(params, batch, rng), batch,
@@ -302,12 +308,9 @@ class TaggingTask(FinetuneTask):
 
     @functools.cached_property
     def tags(self) -> tuple[str, ...]:
-        """The tag set: Universal POS for `upos`, else every tag of the data."""
-        if (self.config.data.tag_column or "upos") == "upos" and self.config.data.get(
-                "format", "conllu") == "conllu":
-            return conllu.UPOS_TAGS
-        return tuple(conllu.tag_vocabulary(
-            s for split in self._sentences.values() for s in split))
+        data = self.config.data
+        return tag_set((s for split in self._sentences.values() for s in split),
+                       data.tag_column, data.get("format", "conllu"))
 
     def examples(self, split: str) -> Sequence[dict]:
         return select(f"conllu {self.config.data.path}", self._sentences, split)
@@ -380,6 +383,9 @@ class TaggingTask(FinetuneTask):
 @register("squad")
 class SquadTask(FinetuneTask):
     """Span QA on windows of long contexts; EM/F1 by the official evaluator."""
+
+    evaluation_overrides = FinetuneTask.evaluation_overrides + (
+        "data.eval_articles", "data.n_best", "data.max_answer_length")
 
     def __init__(self, config, workdir):
         data = config.data

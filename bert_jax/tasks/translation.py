@@ -62,6 +62,8 @@ def training_rows(config: ml_collections.ConfigDict) -> int:
 class TranslationTask(Task):
 
     supports_abstract = True
+    evaluation_overrides = ("data.bleu_examples", "data.builder_kwargs.path", "decode.")
+    model_keywords = _PACKING_FEATURES
 
     def __init__(self, config, workdir, abstract=False):
         super().__init__(config, workdir, abstract)
@@ -191,12 +193,7 @@ class TranslationTask(Task):
     # -- loss and evaluation ---------------------------------------------------
 
     def _sums(self, params, batch, rng=None, label_smoothing=0.0, model_kwargs=None):
-        deterministic = rng is None
-        packing = {key: batch[key] for key in _PACKING_FEATURES if key in batch}
-        logits = self.model.apply(
-            {"params": params}, batch["inputs"], batch["targets"], **packing,
-            **(model_kwargs or {}),
-            deterministic=deterministic, rngs=None if deterministic else {"dropout": rng})
+        logits = self._outputs(params, batch, rng, model_kwargs)
         weights = batch["targets"] != self.model_config.pad_id
         return cross_entropy_sums(logits, batch["targets"], weights, label_smoothing)
 

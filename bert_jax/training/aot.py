@@ -172,7 +172,9 @@ def attention_kernels(hlo_text: str) -> dict[str, int]:
     return dict(sorted(found.items()))
 
 
-def _memory(compiled) -> dict[str, int]:
+def compiled_memory(compiled) -> dict[str, int]:
+    """Bytes per device of a compiled step: its parts, and `total` (aliased
+    outputs share their donated arguments' buffers, so count once)."""
     stats = compiled.memory_analysis()
     memory = {"arguments": stats.argument_size_in_bytes,
               "outputs": stats.output_size_in_bytes,
@@ -204,7 +206,7 @@ def _compile(jitted, args, num_devices: int) -> StepReport:
             line.strip() for line in str(e).splitlines()[:3])) from e
     seconds = time.perf_counter() - start
     text = compiled.as_text()
-    return StepReport(seconds, _memory(compiled), _xla_flops(compiled, num_devices),
+    return StepReport(seconds, compiled_memory(compiled), _xla_flops(compiled, num_devices),
                       collectives(text), attention_kernels(text))
 
 

@@ -9,7 +9,7 @@ per device), where model FLOPs count only the matrix multiplications the model
 needs (3x the forward pass for a training step: forward, and backward for
 activations and weights), excluding recomputation. Each task gives its FLOPs
 per step (see `bert_jax.modeling.flops`). Peak FLOP/s per device comes from
-the config, else a table of known accelerators, else (CPU) a timed matmul.
+the config, else the chip tables of `topologies`, else (CPU) a timed matmul.
 """
 
 from __future__ import annotations
@@ -24,20 +24,8 @@ import jax.numpy as jnp
 from absl import logging
 
 from bert_jax.file_io import write_atomically
+from bert_jax.training.topologies import peak_flops
 from bert_jax.training.workdir import METRICS_FILE, read_metrics
-
-# Dense bfloat16 peak FLOP/s per device (vendor figures).
-PEAK_FLOPS = {
-    "TPU v4": 275e12,
-    "TPU v5 lite": 197e12,
-    "TPU v5e": 197e12,
-    "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12,
-    "NVIDIA H100": 989e12,
-    "NVIDIA H200": 989e12,
-    "NVIDIA A100": 312e12,
-}
-
 
 def measured_matmul_flops(size: int = 2048, repeats: int = 10) -> float:
     """FLOP/s of a float32 `size x size` matmul on the default device: the
@@ -54,14 +42,10 @@ def measured_matmul_flops(size: int = 2048, repeats: int = 10) -> float:
 
 
 def peak_flops_per_device(configured: float = 0.0) -> float:
-    """`configured` if positive, else the table entry for the device, else measured."""
+    """`configured` if positive, else `topologies.peak_flops` of the device, else measured."""
     if configured > 0:
         return configured
-    kind = jax.devices()[0].device_kind
-    for name, flops in PEAK_FLOPS.items():
-        if kind.startswith(name):
-            return flops
-    return measured_matmul_flops()
+    return peak_flops(jax.devices()[0].device_kind) or measured_matmul_flops()
 
 
 class MetricWriter:

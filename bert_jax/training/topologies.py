@@ -108,6 +108,10 @@ GPUS = {   # NVIDIA data sheets and CUDA occupancy tables (SXM parts)
                     126 * 2**20, 1.965, 233_472, 232_448, 128, 2.25e15),
 }
 GPUS_PER_NODE = 8
+# `jax.Device.device_kind` prefix -> the chip of TPUS or GPUS (for the peak FLOP/s of MFU).
+DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5p": "v5p",
+                "TPU v6 lite": "v6e", "NVIDIA H100": "h100", "NVIDIA H200": "h200",
+                "NVIDIA A100": "a100", "NVIDIA B200": "b200"}
 # JAX's GPU allocator takes this share of a GPU's memory (75% unless the
 # variable says otherwise; XLA_PYTHON_CLIENT_MEM_FRACTION is its older name):
 # a step that needs more runs out of memory on the node however large the card.
@@ -115,6 +119,14 @@ MEMORY_FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_F
 DEFAULT_MEMORY_FRACTION = 0.75
 CUDNN_VERSION = (9, 8)       # the cuDNN and CUDA the target configs describe
 CUDA_VERSION = (12, 8)
+
+
+def peak_flops(device_kind: str) -> float | None:
+    """Dense bfloat16 peak FLOP/s of one device of `device_kind` (None: unknown)."""
+    for prefix, chip in DEVICE_KINDS.items():
+        if device_kind.startswith(prefix):
+            return (TPUS.get(chip) or GPUS[chip]).peak_flops
+    return None
 
 
 def gpu_target_config(spec: GpuSpec) -> str:

@@ -37,6 +37,14 @@ def _boxed_state_fn(init_fn: Callable[[jax.Array], Any], apply_fn: Callable,
     return boxed_state
 
 
+def abstract_like(tree: Any, shardings: Any = None) -> Any:
+    """ShapeDtypeStructs of a tree of arrays, with `shardings` (default: their own)."""
+    if shardings is None:
+        shardings = jax.tree.map(lambda x: x.sharding, tree)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
 def abstract_train_state(init_fn: Callable[[jax.Array], Any], apply_fn: Callable,
                          tx: optax.GradientTransformation, mesh: Mesh,
                          rules=RULES) -> tuple[TrainState, Any]:
@@ -49,9 +57,7 @@ def abstract_train_state(init_fn: Callable[[jax.Array], Any], apply_fn: Callable
     """
     boxed = jax.eval_shape(_boxed_state_fn(init_fn, apply_fn, tx), jax.random.PRNGKey(0))
     shardings = logical_shardings(boxed, mesh, rules)
-    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            nn.meta.unbox(boxed), shardings)
-    return abstract, shardings
+    return abstract_like(nn.meta.unbox(boxed), shardings), shardings
 
 
 def create_train_state(init_fn: Callable[[jax.Array], Any], apply_fn: Callable,

@@ -33,7 +33,7 @@ from bert_jax.tasks import build_task
 from bert_jax.training import optimizer as optimizer_lib
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, set_aside_steps_after)
-from bert_jax.training.evaluation import abstract_like, make_evaluator
+from bert_jax.training.evaluation import make_evaluator
 from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
 from bert_jax.training.preemption import PreemptionWatcher
@@ -43,7 +43,7 @@ from bert_jax.training.workdir import (
     CHECKPOINT_DIR, CONFIG_FILE, WorkdirError, WorkdirLock, checkpoint_steps)
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
-    TrainState, create_train_state, jit_train_step, make_train_step)
+    TrainState, abstract_like, create_train_state, jit_train_step, make_train_step)
 from bert_jax.training.validation import check_training_config
 
 PROFILE_DIR = "profile"  # jax.profiler traces of config.train.profile_steps
@@ -108,14 +108,10 @@ def _saved_model_dtype(workdir: str) -> str | None:
     return read_json(path).get("model", {}).get("dtype")
 
 
-def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in sorted(set(old) | set(new)):
-            out += _differences(old.get(key), new.get(key), f"{prefix}{key}.")
-        return out
-    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} in the workdir, "
-                                  f"{new!r} now"]
+def _differences(old: dict, new: dict) -> list[str]:
+    old, new = (traverse_util.flatten_dict(tree, sep=".") for tree in (old, new))
+    return [f"{key}: {old.get(key)!r} in the workdir, {new.get(key)!r} now"
+            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
 
 
 def make_optimizer(config: ml_collections.ConfigDict):
