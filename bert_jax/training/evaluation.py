@@ -1,10 +1,8 @@
 """Evaluation: the evaluators of `config.evals` over one pass of the
 evaluation split, during training or from a workdir's checkpoint.
 
-From a workdir, the experiment is the one the workdir was trained with
-(`WORKDIR/config.json`); only what evaluation may change can be overridden
-(`EVALUATION_OVERRIDES`, `Task.evaluation_overrides`), and the checkpoint must hold exactly the model's
-parameters (`restore_for_inference`).
+From a workdir, the experiment is its `config.json`; only what evaluation may
+change can be overridden (`EVALUATION_OVERRIDES`, `Task.evaluation_overrides`).
 """
 
 from __future__ import annotations
@@ -45,16 +43,13 @@ TRAINING_ONLY = ("train.", "optimizer.", "seed", "peak_flops")
 
 
 def jit_predict(task: Task, mesh) -> Callable:
-    """`outputs(params, batch, model_kwargs)`: the task's prediction function for
-    one global batch, compiled, its outputs replicated on every device."""
+    """The task's `predict`, compiled, its outputs replicated on every device."""
     return jax.jit(task.predict, out_shardings=replicated(mesh))
 
 
 def evaluator_specs(task: Task) -> dict[str, dict[str, Any]]:
-    """name -> options of the evaluators to run: `config.evals`, or the task's
-    `default_evals()` when it is empty. `config.evals` is a dict (name ->
-    options) or a sequence of names (e.g. `--config.evals='("loss",)'`), each
-    with the task's default options for it."""
+    """name -> options: `config.evals` (a dict, or names taking the task's default
+    options), else the task's `default_evals()`."""
     defaults = task.default_evals()
     evals = task.config.get("evals") or defaults
     if isinstance(evals, (list, tuple)):
@@ -81,14 +76,11 @@ def make_evaluator(task: Task, mesh, files_dir: str | None = None
                    ) -> Callable[..., dict[str, float]]:
     """`evaluate(params, step, model_kwargs=None) -> {'eval/<name>': ...}`.
 
-    One pass over the evaluation split with the task's prediction function
-    sums the evaluation sums and gathers every real row's outputs; the task
-    decodes those (`decode_predictions`) once; then each evaluator of
-    `evaluator_specs` scores them (generation evaluators decode the split's
-    first examples). Prediction files go to `files_dir` (training: its workdir;
-    None: not written, so evaluating a workdir never writes into it). `model_kwargs`
-    (e.g. head masks for an ablation) reach the model; generation, which
-    decodes incrementally, is then skipped, and no file is written.
+    One pass over the split sums the evaluation sums and gathers every real
+    row's outputs, which the task decodes once for all evaluators. Files go to
+    `files_dir` (None: none, so evaluating a workdir never writes into it).
+    With `model_kwargs` (e.g. head masks) generation is skipped (incremental
+    decoding takes none) and no file is written.
     """
     predict = jit_predict(task, mesh)
     specs = evaluator_specs(task)
@@ -134,7 +126,6 @@ def _matches(key: str, patterns: tuple[str, ...]) -> bool:
 
 
 def saved_config(workdir: str) -> ml_collections.ConfigDict:
-    """The config a training run wrote to `workdir` (`config.json`)."""
     path = os.path.join(os.path.abspath(workdir), CONFIG_FILE)
     if not os.path.isfile(path):
         raise CheckpointError(f"--workdir={workdir} holds no {CONFIG_FILE}: it is not the "
@@ -143,8 +134,7 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def _tuples(values: dict) -> dict:
-    """JSON arrays back to the tuples configs are written with (and
-    `--config.KEY='(a, b)'` overrides)."""
+    """JSON arrays back to the tuples configs (and `--config.KEY='(a, b)'`) use."""
     def convert(value):
         return tuple(convert(v) for v in value) if isinstance(value, list) else value
     return {key: convert(value) for key, value in values.items()}
@@ -152,14 +142,9 @@ def _tuples(values: dict) -> dict:
 
 def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None = None
                       ) -> ml_collections.ConfigDict:
-    """The workdir's config with the overrides `requested` makes to it.
-
-    `requested` is the saved config after command-line overrides (None: no
-    override). Changes to `EVALUATION_OVERRIDES` and the task's
-    `evaluation_overrides` are taken; to `TRAINING_ONLY`
-    keys ignored; to anything else (the model, the vocabulary, the task)
-    refused, naming the key.
-    """
+    """The workdir's config with the changes `requested` (the saved config after
+    command-line overrides) makes: to `EVALUATION_OVERRIDES` and the task's
+    `evaluation_overrides` taken, to `TRAINING_ONLY` ignored, others refused."""
     saved = saved_config(workdir)
     if requested is None:
         return saved
@@ -205,11 +190,8 @@ def abstract_params(config: ml_collections.ConfigDict, workdir: str):
 
 def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
                           step: int | None = None):
-    """(task, mesh, params, step) for a workdir's checkpoint (default: latest).
-
-    The checkpoint must hold exactly the model's parameters: missing,
-    unexpected or mis-shaped arrays are an error naming them.
-    """
+    """(task, mesh, params, step) of a workdir's checkpoint (default: latest),
+    which must hold exactly the model's parameters."""
     directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
     steps = checkpoint_steps(directory)
     if not steps:
@@ -237,8 +219,6 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
                         step: int | None = None, files_dir: str | None = None
                         ) -> dict[str, float]:
-    """Restores the parameters of `step` (default: latest) and evaluates them;
-    prediction files go to `files_dir` (None: none written)."""
     task, mesh, params, step = restore_for_inference(config, workdir, step)
     with jax.set_mesh(mesh):
         metrics = make_evaluator(task, mesh, files_dir)(params, step)
