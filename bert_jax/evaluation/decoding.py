@@ -1,19 +1,14 @@
 """Greedy and beam search over an incremental decoder with a key/value cache.
 
-Both take `step(tokens [n, 1], cache) -> (logits [n, vocab], cache)`, which
-feeds one token per row and returns next-token logits. Cache leaves with a
-leading dimension are per row; scalar leaves (step counters) are shared.
-
-Beam search (K beams per example) keeps K live hypotheses and up to K finished
-ones (ended by EOS). Each step scores the K x vocab one-token extensions;
-among the best K of them, those ending in EOS join the finished set, scored
-with the GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al. 2016);
-the best K that do not end in EOS stay live. Since an EOS extension finishes
-only when it ranks among the best K (fairseq's rule), beam size 1 is exactly
-greedy search (with alpha = 0; a length penalty may legitimately prefer a
-longer hypothesis). The search stops when no live hypothesis can still beat
-the worst finished one, or at `max_length`. Neither search ever generates
-`pad_id` or `bos_id`.
+Both take `step(tokens [n, 1], cache) -> (logits [n, vocab], cache)`. Cache
+leaves with a leading dimension are per row; scalar leaves (step counters) are
+shared. Beam search keeps K live and up to K finished hypotheses: of the best K
+one-token extensions, those ending in EOS join the finished set, scored with
+the GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al. 2016), the
+others stay live. As an EOS extension finishes only when among the best K
+(fairseq's rule), beam size 1 with alpha = 0 is exactly greedy search. The
+search stops when no live hypothesis can beat the worst finished one, or at
+`max_length`. Neither search generates `pad_id` or `bos_id`.
 """
 
 from __future__ import annotations

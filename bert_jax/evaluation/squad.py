@@ -41,7 +41,6 @@ def exact_match_score(prediction: str, ground_truth: str) -> bool:
 
 
 def f1_score(prediction: str, ground_truth: str) -> float:
-    """Token-level F1 of the normalised answers (bag of words, with counts)."""
     prediction_tokens = normalize_answer(prediction).split()
     ground_truth_tokens = normalize_answer(ground_truth).split()
     common = collections.Counter(prediction_tokens) & collections.Counter(ground_truth_tokens)

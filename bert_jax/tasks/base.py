@@ -1,9 +1,8 @@
 """The Task interface: what an experiment family gives the one train loop.
 
-A task binds a model to its inputs, its loss and its evaluation. The loop
-(`bert_jax.training.trainer`) never looks inside batches: it asks the task for
-per-process iterators of numpy batches, a loss returning sums, and evaluation
-sums, and divides sums by weights itself so padding never counts.
+The loop (`bert_jax.training.trainer`) never looks inside batches: it asks the
+task for per-process iterators of numpy batches, a loss returning sums, and
+evaluation sums, and divides sums by weights itself so padding never counts.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ _REGISTRY: dict[str, Callable[[ml_collections.ConfigDict, str], "Task"]] = {}
 
 
 def register(name: str):
-    """Class decorator: makes a Task constructible as `config.task = name`."""
     def wrap(cls):
         _REGISTRY[name] = cls
         return cls
@@ -37,7 +35,6 @@ def register(name: str):
 
 
 def task_class(name: str) -> type["Task"] | None:
-    """The task registered as `name` (None: there is none)."""
     return _REGISTRY.get(name)
 
 

@@ -125,7 +125,6 @@ class BertPretrainingTask(Task):
                 yield from document.lines
 
     def dataset_builder(self) -> BertPretraining:
-        """The tfds builder of the run's instances (built on first use)."""
         data = self.config.data
         return BertPretraining(
             files=self.corpus_files, vocab_file=self.vocab.path, lowercase=data.lowercase,
@@ -216,7 +215,6 @@ class BertPretrainingTask(Task):
             workers=self.config.train.get("input_workers", 0))
 
     def _eval_source(self):
-        """The first `data.eval_examples` instances of `data.eval_split`."""
         data = self.config.data
         source = self._source(data.eval_split)
         if data.eval_examples and len(source) > data.eval_examples:

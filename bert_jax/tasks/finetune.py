@@ -135,7 +135,6 @@ class FinetuneTask(Task):
         return {key: self.max_length for key in self.sequence_keys}
 
     def trim(self, batch: Batch, *unused) -> Batch:
-        """Cuts the sequence features to the smallest bucket holding every row."""
         if jax.process_count() > 1 or len(self.buckets) == 1:
             return batch
         used = np.flatnonzero((batch["input_ids"] != 0).any(axis=0))
@@ -203,7 +202,6 @@ class FinetuneTask(Task):
 
 @register("glue")
 class GlueTask(FinetuneTask):
-    """Single-sentence or sentence-pair classification, or regression."""
 
     def __init__(self, config, workdir):
         self.spec = glue.get_task(config.data.glue_task)

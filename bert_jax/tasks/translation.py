@@ -100,7 +100,6 @@ class TranslationTask(Task):
             yield as_text(example[data.target_key])
 
     def _encode(self, value) -> np.ndarray:
-        """Text -> ids ending with EOS; id datasets are taken as they are."""
         if self.vocab is None:  # ids, or ids written as text ("5 3 7")
             if isinstance(value, (str, bytes)):
                 tokens = as_text(value).split()

@@ -90,7 +90,7 @@ class CompileReport:
         return {**dataclasses.asdict(self), "fits": self.fits}
 
     def summary(self) -> str:
-            slices = f", {self.num_slices} slices" if self.num_slices > 1 else ""
+        slices = f", {self.num_slices} slices" if self.num_slices > 1 else ""
         lines = [f"{self.topology} ({self.num_devices} x {self.chip}{slices}); "
                  f"mesh {self.mesh}; global batch "
                  f"{self.global_batch} ({self.per_device_batch:g} per device)"]
@@ -345,5 +345,4 @@ def fit_global_batch(config: ml_collections.ConfigDict, target: Target) -> Globa
 
 def projected_hours(report: CompileReport, steps: int, mfu: float, peak_flops: float
                     ) -> float:
-    """Hours for `steps` steps at `mfu` of the peak (a projection)."""
     return steps * report.model_flops / (mfu * peak_flops * report.num_devices) / 3600

@@ -43,7 +43,6 @@ TRAINING_ONLY = ("train.", "optimizer.", "seed", "peak_flops")
 
 
 def jit_predict(task: Task, mesh) -> Callable:
-    """The task's `predict`, compiled, its outputs replicated on every device."""
     return jax.jit(task.predict, out_shardings=replicated(mesh))
 
 
@@ -180,7 +179,6 @@ def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None 
 
 
 def abstract_params(config: ml_collections.ConfigDict, workdir: str):
-    """(task, mesh, the model's parameters as ShapeDtypeStructs with their shardings)."""
     task = build_task(config, workdir)
     mesh = mesh_from_config(config.mesh)
     state, _ = abstract_train_state(task.init_variables, task.model.apply,

@@ -97,7 +97,6 @@ class Progress:
         self._step, self._time = step, time.perf_counter()
 
     def measure(self, step: int) -> dict[str, float]:
-        """Rates since the last call (the caller has synced on this step)."""
         now = time.perf_counter()
         steps = max(step - self._step, 1)
         seconds = max(now - self._time, 1e-9)

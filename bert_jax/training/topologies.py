@@ -41,6 +41,7 @@ COMPILE_ONLY_ENVIRONMENT = {
 
 
 class TopologyError(UserError, ValueError):
+    """An accelerator name that is not understood, or a compiler that is missing."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +124,6 @@ def peak_flops(device_kind: str) -> float | None:
 
 
 def gpu_target_config(spec: GpuSpec) -> str:
-    """The XLA `GpuTargetConfig` text proto of `spec`."""
     major, minor = spec.compute_capability
     info = {
         "threads_per_block_limit": 1024, "threads_per_warp": 32,

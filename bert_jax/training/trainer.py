@@ -122,7 +122,6 @@ def make_optimizer(config: ml_collections.ConfigDict):
 
 
 def initialise_from(state: TrainState, path: str, workdir: str) -> TrainState:
-    """Overwrites the parameters `path` (`config.init_from`) holds."""
     path = checkpoint_path(path)
     restored, names, missing = restore_params(path, abstract_like(state.params))
     flat = traverse_util.flatten_dict(state.params)
@@ -136,7 +135,6 @@ def initialise_from(state: TrainState, path: str, workdir: str) -> TrainState:
 
 
 def _restore_point(workdir: str, step: int) -> None:
-    """Makes `step` the latest checkpoint: process 0 moves later ones aside."""
     steps = checkpoint_steps(os.path.join(workdir, CHECKPOINT_DIR))
     if step not in steps:
         raise CheckpointError(f"--restore_step={step}: no such checkpoint in {workdir} "
