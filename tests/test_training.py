@@ -634,7 +634,7 @@ def test_config_flags_reject_unknown_keys_and_bad_types(tmp_path):
 @pytest.mark.slow
 def test_restore_into_a_different_mesh(tmp_path):
     from bert_jax.modeling import BertForTokenClassification, bert_preset
-    from bert_jax.training.evaluation import abstract_like
+    from bert_jax.training.train_step import abstract_like
     from bert_jax.training.optimizer import make_optimizer
     from bert_jax.training.sharding import make_mesh
     from bert_jax.training.train_step import create_train_state
@@ -666,7 +666,7 @@ def test_params_only_restore_tolerates_new_heads(tmp_path):
     from bert_jax.convert import save_pretrained
     from bert_jax.modeling import BertForSequenceClassification, BertModel, bert_preset
     from bert_jax.training.checkpoints import restore_params
-    from bert_jax.training.evaluation import abstract_like
+    from bert_jax.training.train_step import abstract_like
 
     config = bert_preset("tiny", hidden_size=32, num_heads=4, mlp_dim=64, vocab_size=96,
                          max_len=16)

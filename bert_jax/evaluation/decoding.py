@@ -1,19 +1,14 @@
 """Greedy and beam search over an incremental decoder with a key/value cache.
 
-Both take `step(tokens [n, 1], cache) -> (logits [n, vocab], cache)`, which
-feeds one token per row and returns next-token logits. Cache leaves with a
-leading dimension are per row; scalar leaves (step counters) are shared.
-
-Beam search (K beams per example) keeps K live hypotheses and up to K finished
-ones (ended by EOS). Each step scores the K x vocab one-token extensions;
-among the best K of them, those ending in EOS join the finished set, scored
-with the GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al. 2016);
-the best K that do not end in EOS stay live. Since an EOS extension finishes
-only when it ranks among the best K (fairseq's rule), beam size 1 is exactly
-greedy search (with alpha = 0; a length penalty may legitimately prefer a
-longer hypothesis). The search stops when no live hypothesis can still beat
-the worst finished one, or at `max_length`. Neither search ever generates
-`pad_id` or `bos_id`.
+Both take `step(tokens [n, 1], cache) -> (logits [n, vocab], cache)`. Cache
+leaves with a leading dimension are per row; scalar leaves (step counters) are
+shared. Beam search keeps K live and up to K finished hypotheses: of the best K
+one-token extensions, those ending in EOS join the finished set, scored with
+the GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al. 2016), the
+others stay live. As an EOS extension finishes only when among the best K
+(fairseq's rule), beam size 1 with alpha = 0 is exactly greedy search. The
+search stops when no live hypothesis can beat the worst finished one, or at
+`max_length`. Neither search generates `pad_id` or `bos_id`.
 """
 
 from __future__ import annotations
@@ -29,19 +24,16 @@ NEG_INF = -1.0e9
 
 
 def _forbid(logits: Array, *token_ids: int) -> Array:
-    """Logits with `token_ids` made impossible (pad and BOS are never generated)."""
     return logits.astype(jnp.float32).at[..., jnp.array(token_ids)].set(NEG_INF)
 
 
 def length_penalty(length: Array, alpha: float) -> Array:
-    """GNMT length normalisation: ((5 + length) / 6) ** alpha."""
     return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
 
 
 def greedy_search(step: StepFn, cache: Any, batch_size: int, max_length: int, bos_id: int,
                   eos_id: int, pad_id: int = 0) -> Array:
-    """Most likely next token at every step: `[batch, max_length]` tokens,
-    padded with `pad_id` after EOS."""
+    """`[batch, max_length]` tokens, `pad_id` after EOS."""
     def body(state):
         i, tokens, cache, done = state
         previous = jax.lax.dynamic_slice_in_dim(tokens, i, 1, axis=1)
@@ -77,20 +69,11 @@ def _gather_beams(tree: Any, indices: Array, batch_size: int, beam_size: int) ->
 def beam_search(step: StepFn, cache: Any, batch_size: int, beam_size: int,
                 max_length: int, bos_id: int, eos_id: int, alpha: float = 0.0,
                 pad_id: int = 0) -> tuple[Array, Array]:
-    """Beam search.
-
-    Args:
-      step: one decoder step over `batch_size * beam_size` rows (example-major:
-        row `b * beam_size + k` is beam k of example b).
-      cache: the decoder cache for those rows, before the first step.
-      alpha: length-penalty exponent (0: plain log-probability).
-
-    Returns:
-      sequences `[batch, beam, max_length]` (best first, EOS included, then
-      `pad_id`) and their scores `[batch, beam]` (length-normalised
-      log-probabilities; unfinished hypotheses are used only when an example
-      finished none).
-    """
+    """`step` runs `batch_size * beam_size` rows, example-major (row
+    `b * beam_size + k` is beam k of example b). Returns sequences `[batch,
+    beam, max_length]` (best first, EOS included, then `pad_id`) and their
+    length-normalised scores `[batch, beam]` (unfinished hypotheses only where
+    an example finished none)."""
     B, K, T = batch_size, beam_size, max_length
     live = jnp.full((B, K, T + 1), pad_id, jnp.int32).at[:, :, 0].set(bos_id)
     live_logprob = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1)), (B, 1))
@@ -151,13 +134,9 @@ def beam_search(step: StepFn, cache: Any, batch_size: int, beam_size: int,
 
 def transformer_search(model, params: Any, inputs: Array, *, max_length: int,
                        beam_size: int = 1, alpha: float = 0.0) -> tuple[Array, Array]:
-    """Translates `inputs` `[batch, src_len]` with a `Transformer(config,
-    incremental=True)`: greedy for `beam_size=1`, else beam search.
-
-    Returns the best hypotheses `[batch, max_length]` (EOS included, padded
-    with `pad_id`) and, for beam search, all beams `[batch, beam, max_length]`
-    with their scores (greedy: None).
-    """
+    """`inputs` `[batch, src_len]` through a `Transformer(config,
+    incremental=True)`, greedy for `beam_size=1`: the best hypotheses `[batch,
+    max_length]` and (beam search; greedy: None) all beams with their scores."""
     config = model.config
     config.check_length(max_length, "max_length")
     batch = inputs.shape[0]

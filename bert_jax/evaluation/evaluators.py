@@ -1,20 +1,13 @@
-"""Evaluators by name, in the manner of big_vision: `config.evals` lists what
-runs at each evaluation.
+"""Evaluators by name, as big_vision's: `config.evals` lists what each
+evaluation runs (empty: `Task.default_evals`), e.g.
 
     config.evals = {"loss": {}, "classification": {"metrics": ("accuracy", "f1")}}
 
-An empty `config.evals` takes the task's own list (`Task.default_evals`).
-Every evaluator reads the one pass the evaluation loop
-(`bert_jax.training.evaluation`) makes over the split with the task's
-prediction function (`Task.predict`): the summed evaluation sums, and the
-task's decoded predictions of the whole split (`Task.decode_predictions`:
-labels, tags, answers). Generation evaluators (`bleu`) run the task's decoder on
-the first examples of the split instead. An evaluator returns its metrics and,
-where it has them, files of predictions (relative path -> JSON content), which
-the loop writes under the workdir.
-
-To add one: a function `name(context, **options) -> Result`, decorated with
-`@register("name")`.
+All read the one pass of `training.evaluation` over the split: the summed
+evaluation sums and the task's decoded predictions of the whole split;
+generation evaluators (`bleu`) run the task's decoder instead. Each returns
+metrics and files (relative path -> JSON content) the loop writes. To add one:
+`@register("name")` on `name(context, **options) -> Result`.
 """
 
 from __future__ import annotations
@@ -33,16 +26,9 @@ from bert_jax.modeling.losses import sums_to_means
 
 @dataclasses.dataclass
 class Context:
-    """What an evaluator reads.
-
-    sums: the task's evaluation sums added over the split (`weight` included).
-    decoded: `Task.decode_predictions` of the split's per-row outputs (None
-      when the task predicts no rows).
-    generate: `generate(count) -> (sources, references, hypotheses)`, the
-      task's decoder on the split's first `count` examples (None when the task
-      has none or masks are applied: incremental decoding takes none).
-    split, step: the evaluation split and the training step.
-    """
+    """What an evaluator reads. `decoded`: None when the task predicts no rows;
+    `generate` (`Task.generator`): None when masks are applied (incremental
+    decoding takes none)."""
 
     sums: dict[str, float]
     decoded: dict[str, Any] | None
@@ -62,7 +48,6 @@ _REGISTRY: dict[str, Evaluator] = {}
 
 
 def register(name: str):
-    """Function decorator: makes an evaluator usable as `config.evals[name]`."""
     def wrap(fn: Evaluator) -> Evaluator:
         _REGISTRY[name] = fn
         return fn
@@ -70,7 +55,6 @@ def register(name: str):
 
 
 def registered() -> list[str]:
-    """The names `config.evals` may use."""
     return sorted(_REGISTRY)
 
 
@@ -85,15 +69,14 @@ def _needs(context: Context, name: str, *keys: str) -> dict[str, Any]:
     decoded = context.decoded or {}
     missing = [k for k in keys if k not in decoded]
     if missing:
-        raise ConfigError(f"config.evals: evaluator {name!r} needs predictions {missing}, "
-                          f"which this task does not give (it gives {sorted(decoded)}).")
+        raise ConfigError(f"config.evals: {name!r} needs predictions {missing}; this task "
+                          f"gives {sorted(decoded)}.")
     return decoded
 
 
 @register("loss")
 def loss(context: Context) -> Result:
-    """Means of the evaluation sums (`modeling.losses.sums_to_means`: `x /
-    weight`, `nsp_x / nsp_weight`), and a perplexity for every `*nll` mean."""
+    """Means of the sums (`sums_to_means`), and a perplexity for every `*nll`."""
     sums = dict(context.sums)
     weight = sums.pop("weight")
     metrics = {k: float(v) for k, v in jax.device_get(sums_to_means(sums, weight)).items()}
@@ -126,8 +109,7 @@ def regression(context: Context, metrics=("pearson", "spearman")) -> Result:
 
 @register("tagging")
 def tagging(context: Context) -> Result:
-    """Accuracy over words (a word cut off by the sequence length counts as
-    wrong), in percent."""
+    """Accuracy over words, in percent (a word cut off counts as wrong)."""
     decoded = _needs(context, "tagging", "index", "predicted_tags", "gold_tags")
     pairs = [(p, g) for ps, gs in zip(decoded["predicted_tags"], decoded["gold_tags"])
              for p, g in zip(ps, gs)]
@@ -149,8 +131,7 @@ def entity_f1(context: Context) -> Result:
 
 @register("squad")
 def squad_v1(context: Context) -> Result:
-    """Exact match and F1 by the official SQuAD v1.1 evaluator; the
-    predictions file is its `{question id: answer}` input."""
+    """Exact match and F1 by the official SQuAD v1.1 evaluator, and its input file."""
     decoded = _needs(context, "squad", "answers", "dataset")
     result = squad.evaluate(decoded["dataset"], decoded["answers"])
     return Result({"exact_match": result["exact_match"], "f1": result["f1"]},
@@ -159,8 +140,8 @@ def squad_v1(context: Context) -> Result:
 
 @register("bleu")
 def bleu(context: Context, examples: int = 0) -> Result:
-    """sacreBLEU and chrF of the decoder's outputs for the first `examples`
-    examples of the split; `samples/<step>.jsonl` lists them."""
+    """sacreBLEU and chrF on the split's first `examples`, listed in
+    `samples/<step>.jsonl`."""
     if not examples or context.generate is None:
         return Result({})
     sources, references, hypotheses = context.generate(examples)

@@ -1,17 +1,11 @@
 """SQuAD v1.1 evaluation and the span search of extractive question answering.
 
-The scoring functions reproduce the official `evaluate-v1.1.py` script line for
-line in behaviour (normalisation, exact match, token-level F1, the maximum over
-the gold answers, percentages), so figures computed here compare directly with
-published ones; the test suite checks that the BERT ensemble's leaderboard
-predictions score EM 86.2 / F1 92.2 on the development set. The only departure
-is reporting: unanswered questions are counted in one logging warning instead
-of one stderr line each, and a file of the wrong version is refused.
-
-`best_spans` is the n-best answer-span search of google-research/bert
-`run_squad.py`, on the logits of one window, in numpy.
-
-Command line, printing the same JSON as the official script:
+The scoring reproduces the official `evaluate-v1.1.py` in behaviour
+(normalisation, exact match, token F1, the maximum over gold answers,
+percentages): the tests score the BERT ensemble's leaderboard predictions EM
+86.2 / F1 92.2 on dev. Departures: unanswered questions are one logged warning,
+and a file of another version is refused. `best_spans` is google-research/bert
+`run_squad.py`'s n-best span search on one window's logits.
 
     python -m bert_jax.evaluation.squad dev-v1.1.json predictions.json
 """
@@ -35,26 +29,18 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 log = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------
-# The official metric.
-
 def normalize_answer(text: str) -> str:
-    """Lowercase, drop punctuation, drop the articles a/an/the, collapse spaces.
-
-    In that order, as the official script does: `normalize_answer("The  Denver
-    Broncos!")` is `"denver broncos"`.
-    """
+    """Lowercase, drop punctuation, then a/an/the, collapse spaces (the official
+    order): `normalize_answer("The  Denver Broncos!")` is `"denver broncos"`."""
     text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
 def exact_match_score(prediction: str, ground_truth: str) -> bool:
-    """Whether the two answers are equal after `normalize_answer`."""
     return normalize_answer(prediction) == normalize_answer(ground_truth)
 
 
 def f1_score(prediction: str, ground_truth: str) -> float:
-    """Token-level F1 of the normalised answers (bag of words, with counts)."""
     prediction_tokens = normalize_answer(prediction).split()
     ground_truth_tokens = normalize_answer(ground_truth).split()
     common = collections.Counter(prediction_tokens) & collections.Counter(ground_truth_tokens)
@@ -68,19 +54,14 @@ def f1_score(prediction: str, ground_truth: str) -> float:
 
 def metric_max_over_ground_truths(metric_fn: Callable[[str, str], float], prediction: str,
                                   ground_truths: Sequence[str]) -> float:
-    """The best score of `prediction` against any of the gold answers."""
     return max(metric_fn(prediction, ground_truth) for ground_truth in ground_truths)
 
 
 def evaluate(dataset: Sequence[Mapping[str, Any]],
              predictions: Mapping[str, str]) -> dict[str, float]:
-    """Exact match and F1, in percent, over every question of `dataset`.
-
-    dataset: the `data` list of a SQuAD v1.1 JSON file (articles → paragraphs →
-    qas, each qa with an `id` and gold `answers`). predictions: `{question_id:
-    answer_text}`. A question without a prediction scores 0 (and is counted in a
-    warning); predictions for unknown ids are ignored, as in the official script.
-    """
+    """Exact match and F1, in percent, over every question of `dataset` (a SQuAD
+    file's `data` list); `predictions`: `{question_id: answer_text}`. A question
+    without a prediction scores 0; unknown ids are ignored (as the official script)."""
     exact_match = f1 = 0.0
     total = 0
     missing: list[str] = []
@@ -97,51 +78,37 @@ def evaluate(dataset: Sequence[Mapping[str, Any]],
                     exact_match_score, prediction, ground_truths)
                 f1 += metric_max_over_ground_truths(f1_score, prediction, ground_truths)
     if total == 0:
-        raise ValueError("dataset holds no questions; pass the `data` list of a SQuAD file.")
+        raise ValueError("dataset holds no questions: pass a SQuAD file's `data` list.")
     if missing:
         log.warning("%d of %d questions have no prediction and score 0 (first: %s).",
                     len(missing), total, ", ".join(missing[:5]))
     return {"exact_match": 100.0 * exact_match / total, "f1": 100.0 * f1 / total}
 
 
-# --------------------------------------------------------------------------
-# Files.
-
 def load_dataset(path: str, error: type[ValueError] = ValueError) -> list[dict[str, Any]]:
-    """The `data` list of a SQuAD v1.1 JSON file.
-
-    Raises `error` naming the file when it is not JSON, has no `data` or is not
-    version 1.1 (SQuAD 2.0 has unanswerable questions, which neither this
-    metric nor the project's windows handle).
-    """
+    """The `data` list of a SQuAD v1.1 JSON file, else `error` naming the file
+    (2.0's unanswerable questions are handled neither here nor by the windows)."""
     with open(path, encoding="utf-8") as f:
         try:
             contents = json.load(f)
         except json.JSONDecodeError as e:
             raise error(f"{path} is not valid JSON ({e}).") from e
     if not isinstance(contents, dict) or "data" not in contents:
-        raise error(f"{path} has no top-level 'data' list; pass a SQuAD dataset file "
-                    "(such as dev-v1.1.json), not a predictions file.")
+        raise error(f"{path} has no top-level 'data' list: pass a SQuAD dataset file.")
     version = contents.get("version")
     if version != EXPECTED_VERSION:
-        raise error(f"{path} is SQuAD version {version!r} but {EXPECTED_VERSION!r} is "
-                    "expected (version 2.0 has unanswerable questions); pass a SQuAD "
-                    "v1.1 file.")
+        raise error(f"{path} is SQuAD version {version!r}; pass a v{EXPECTED_VERSION} file.")
     return contents["data"]
 
 
 def load_predictions(path: str) -> dict[str, str]:
-    """`{question_id: answer_text}` from a predictions JSON file."""
     with open(path, encoding="utf-8") as f:
         predictions = json.load(f)
     if not isinstance(predictions, dict):
-        raise ValueError(f"{path} holds a JSON {type(predictions).__name__}, but predictions "
-                         "must be one object mapping question ids to answer texts.")
+        raise ValueError(f"{path} holds a JSON {type(predictions).__name__}: give an object "
+                         "{question id: answer text}.")
     return predictions
 
-
-# --------------------------------------------------------------------------
-# Span search.
 
 class Span(NamedTuple):
     """A candidate answer: tokens `start..end` inclusive of one window."""
@@ -151,7 +118,6 @@ class Span(NamedTuple):
 
 
 def _top_indices(logits: np.ndarray, valid: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the `k` largest valid logits, largest first."""
     candidates = np.flatnonzero(valid)
     order = np.argsort(-logits[candidates], kind="stable")
     return candidates[order[:k]]
@@ -159,18 +125,13 @@ def _top_indices(logits: np.ndarray, valid: np.ndarray, k: int) -> np.ndarray:
 
 def best_spans(start_logits, end_logits, *, n_best: int, max_answer_length: int,
                valid) -> list[Span]:
-    """The `n_best` highest-scoring answer spans of one window, best first.
+    """The `n_best` best answer spans of one window, best first.
 
-    start_logits, end_logits: `[length]`; valid: `[length]` booleans, True on
-    context tokens (False on the question, special tokens and padding).
-
-    As google-research/bert `run_squad.py`: take the `n_best` largest start
-    logits and the `n_best` largest end logits, keep the pairs with start <= end,
-    end - start + 1 <= max_answer_length and both ends valid, and sort them by
-    start_logit + end_logit. One refinement: the top-k is taken over valid tokens
-    only, so question and padding tokens cannot use up candidate slots. The
-    search is over these candidates only, so it may return fewer than `n_best`
-    spans (none at all if every best end precedes every best start).
+    start_logits, end_logits, valid: `[length]` (valid: True on context tokens).
+    As google-research/bert `run_squad.py`: pairs of the `n_best` largest start
+    and end logits with start <= end < start + max_answer_length, by
+    start_logit + end_logit; but the top-k is over valid tokens only, so the
+    question and padding use up no slots. It may return fewer than `n_best`.
     """
     start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
     valid = np.asarray(valid, dtype=bool)
@@ -178,8 +139,8 @@ def best_spans(start_logits, end_logits, *, n_best: int, max_answer_length: int,
         raise ValueError(f"start_logits {start_logits.shape}, end_logits {end_logits.shape} "
                          f"and valid {valid.shape} must all be [length] for one window.")
     if n_best < 1 or max_answer_length < 1:
-        raise ValueError(f"n_best={n_best} and max_answer_length={max_answer_length} "
-                         "must both be at least 1.")
+        raise ValueError(f"n_best={n_best}, max_answer_length={max_answer_length}: "
+                         "both must be at least 1.")
     spans = [Span(int(start), int(end), float(start_logits[start] + end_logits[end]))
              for start in _top_indices(start_logits, valid, n_best)
              for end in _top_indices(end_logits, valid, n_best)
@@ -187,9 +148,6 @@ def best_spans(start_logits, end_logits, *, n_best: int, max_answer_length: int,
     spans.sort(key=lambda span: (-span.score, span.start, span.end))
     return spans[:n_best]
 
-
-# --------------------------------------------------------------------------
-# Command line.
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(

@@ -1,9 +1,8 @@
 """The Task interface: what an experiment family gives the one train loop.
 
-A task binds a model to its inputs, its loss and its evaluation. The loop
-(`bert_jax.training.trainer`) never looks inside batches: it asks the task for
-per-process iterators of numpy batches, a loss returning sums, and evaluation
-sums, and divides sums by weights itself so padding never counts.
+The loop (`bert_jax.training.trainer`) never looks inside batches: it asks the
+task for per-process iterators of numpy batches, a loss returning sums, and
+evaluation sums, and divides sums by weights itself so padding never counts.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ _REGISTRY: dict[str, Callable[[ml_collections.ConfigDict, str], "Task"]] = {}
 
 
 def register(name: str):
-    """Class decorator: makes a Task constructible as `config.task = name`."""
     def wrap(cls):
         _REGISTRY[name] = cls
         return cls
@@ -37,36 +35,31 @@ def register(name: str):
 
 
 def task_class(name: str) -> type["Task"] | None:
-    """The task registered as `name` (None: there is none)."""
     return _REGISTRY.get(name)
 
 
 def build_task(config: ml_collections.ConfigDict, workdir: str | None,
                abstract: bool = False) -> "Task":
     """The task named by `config.task`; `workdir` holds its state (vocabularies).
-
-    `abstract=True` builds the model and the batch shapes only, reading no data
-    and writing nothing (`workdir` may be None): what ahead-of-time compilation
-    (`bert_jax.training.aot`) needs. Vocabulary sizes then come from the config.
-    """
+    `abstract=True`: the model and batch shapes only, reading no data and
+    writing nothing (ahead-of-time compilation); vocabulary sizes from the config."""
     config = resolve_model_dtype(config)  # 'auto' -> the local devices' dtype
     if config.task not in _REGISTRY:
-        raise ConfigError(f"config.task={config.task!r}: unknown task; registered tasks "
-                         f"are {sorted(_REGISTRY)}.")
+        raise ConfigError(f"config.task={config.task!r}: unknown; use one of "
+                          f"{sorted(_REGISTRY)}.")
     cls = _REGISTRY[config.task]
     if not abstract:
         return cls(config, workdir)
     if not cls.supports_abstract:
         supported = sorted(name for name, c in _REGISTRY.items() if c.supports_abstract)
-        raise ConfigError(f"config.task={config.task!r} cannot be built without its data "
-                         f"(ahead-of-time compilation); tasks that can: {supported}.")
+        raise ConfigError(f"config.task={config.task!r} cannot be compiled ahead of time "
+                          f"(it needs its data); tasks that can: {supported}.")
     return cls(config, workdir, abstract=True)
 
 
 def cached_method(method: Callable) -> Callable:
-    """Caches `method(self, arg)` per instance and argument (e.g. the rows of a
-    split). Unlike `functools.cache` on a method, the cache lives and dies with
-    its task instead of keeping every task alive."""
+    """Caches `method(self, arg)` per instance and argument; unlike
+    `functools.cache`, the cache dies with its task."""
     @functools.wraps(method)
     def cached(self, arg):
         cache = self.__dict__.setdefault("_method_cache", {})
@@ -93,6 +86,11 @@ class Task(abc.ABC):
     model_config: StackConfig
     model: nn.Module
     supports_abstract: bool = False  # can be built without data (`build_task`)
+    # Config keys (or `section.` prefixes) of this task an evaluation of its
+    # workdir may change, beyond `training.evaluation.EVALUATION_OVERRIDES`.
+    evaluation_overrides: tuple[str, ...] = ()
+    # Batch features the model takes by keyword when a batch has them.
+    model_keywords: tuple[str, ...] = ()
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | None,
                  abstract: bool = False):
@@ -113,10 +111,18 @@ class Task(abc.ABC):
     def model_inputs(self, batch: Batch) -> tuple:
         """Positional model arguments taken from a batch."""
 
+    def _outputs(self, params: Any, batch: Batch, rng: jax.Array | None = None,
+                 model_kwargs: dict[str, Any] | None = None) -> Any:
+        """The model on `batch`: with dropout from `rng`, deterministic without."""
+        deterministic = rng is None
+        keywords = {key: batch[key] for key in self.model_keywords if key in batch}
+        return self.model.apply({"params": params}, *self.model_inputs(batch), **keywords,
+                                **(model_kwargs or {}), deterministic=deterministic,
+                                rngs=None if deterministic else {"dropout": rng})
+
     def batch_spec(self, train: bool = True) -> dict[str, jax.ShapeDtypeStruct]:
-        """Shapes and dtypes of one global training (or evaluation) batch,
-        known without reading data: what ahead-of-time compilation lowers the
-        train and evaluation steps with."""
+        """Shapes and dtypes of one global training (or evaluation) batch, known
+        without data (for ahead-of-time compilation)."""
         raise NotImplementedError(f"{type(self).__name__} gives no batch_spec.")
 
     @abc.abstractmethod
@@ -135,30 +141,25 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def predict(self, params: Any, batch: Batch, model_kwargs: dict[str, Any] | None = None
                 ) -> dict[str, Any]:
-        """The model's evaluation outputs for one global batch (jit-compiled by the
-        evaluation loop): `sums`, the evaluation sums with a `weight` entry
-        (metrics are `sum / weight`), and for tasks scored on the predictions of
-        the whole split, per-row arrays `[batch, ...]` with `row` (the row's
-        index in the split) and `real` (False for padding rows), which
-        `decode_predictions` reads. `model_kwargs`: extra keyword arguments of
-        the model's `__call__` (e.g. `head_mask` `[layers, heads]`)."""
+        """Evaluation outputs of one global batch: `sums` (with `weight`: metrics
+        are `sum / weight`), and for tasks scored on the whole split's
+        predictions per-row arrays `[batch, ...]` with `row` (index in the split)
+        and `real` (False for padding), for `decode_predictions`. `model_kwargs`:
+        extra model arguments (e.g. `head_mask` `[layers, heads]`)."""
 
     def default_evals(self) -> dict[str, dict[str, Any]]:
-        """The evaluators (`bert_jax.evaluation.evaluators`) run when
-        `config.evals` is empty: name -> options."""
+        """Evaluator name -> options, run when `config.evals` is empty."""
         return {"loss": {}}
 
     def decode_predictions(self, split: str, rows: dict[int, dict[str, Any]]
                            ) -> dict[str, Any]:
-        """The split's predictions, for the evaluators, from `predict`'s per-row
-        outputs (row index -> numpy arrays of that row), e.g. `index`,
-        `predicted`, `labels` for classification."""
+        """The split's predictions for the evaluators (e.g. `index`, `predicted`,
+        `labels`), from `predict`'s per-row outputs (row index -> its arrays)."""
         raise NotImplementedError(f"{type(self).__name__} predicts no rows.")
 
     def generator(self, params: Any, mesh) -> Callable[[int], tuple[list, list, list]] | None:
-        """`generate(count) -> (sources, references, hypotheses)`: the task's
-        decoder on the first `count` examples of the evaluation split, as text;
-        None for tasks that do not generate."""
+        """`generate(count) -> (sources, references, hypotheses)` as text, on the
+        evaluation split's first examples; None: the task does not generate."""
         del params, mesh
         return None
 

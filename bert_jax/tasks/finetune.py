@@ -1,48 +1,34 @@
-"""Fine-tuning BERT: GLUE-style classification and regression, token tagging,
-SQuAD span question answering.
+"""Fine-tuning BERT: GLUE classification and regression, token tagging, SQuAD.
 
-Three tasks share one mechanism (`FinetuneTask`): the backbone
-(`bert_backbone.resolve_backbone`: a Hugging Face folder, a bert_jax pretrained
-folder or workdir through `config.init_from`, or from scratch), examples turned
-into rows of token ids once per split, the one input pipeline with length
-bucketing, and the loss as sums. Evaluation is one pass over the split
-(`predict`: the loss sums and every row's prediction); the task metrics come
-from the predictions of the whole split (F1, Matthews, Pearson/Spearman, SQuAD
-EM/F1 need every prediction, not sums), decoded here (`decode_predictions`) and
-scored by the evaluators of `bert_jax.evaluation.evaluators`, which write them
-to `WORKDIR/predictions/<split>_<step>.json` (for SQuAD the official
-`{question id: answer}` file).
+One mechanism (`FinetuneTask`) for the three: the backbone of
+`bert_backbone.resolve_backbone`, rows of token ids made once per split, the
+one input pipeline with length bucketing, the loss as sums. The task metrics
+need every prediction of the split (F1, Matthews, correlations, EM/F1), so
+`predict` returns each row's prediction, `decode_predictions` maps them back to
+examples, and `bert_jax.evaluation.evaluators` scores and writes them
+(`WORKDIR/predictions/<split>_<step>.json`; SQuAD: the official file).
 
-  task='glue'     `data.glue_task` (sst2, mrpc, stsb, cola, rte, qnli, mnli;
-                  `bert_jax.data.glue.GLUE_TASKS`) read from `data.path` (the
-                  task's TSV folder) or, with `data.path=''`, from the tfds
-                  catalog; `[CLS] A [SEP] (B [SEP])`, the pair truncated longest
-                  first; a classifier (cross-entropy) or a regression output
-                  (`num_labels=1`, squared error) on the pooled sequence:
-                  `head.pooling` 'cls' (BERT's pooler on [CLS]) or 'mean' (the
-                  mean over real tokens, as Sentence-BERT models were trained).
-  task='tagging'  CoNLL-U (or CoNLL-2003, `data.format`) files in `data.path`
-                  (`data.splits`: split -> file name; {} = UD's
-                  `*-ud-{train,dev,test}.conllu`), tag column `data.tag_column`
-                  (CoNLL-2003 word column `data.word_column`); the label of a
-                  word sits on its first sub-token (the others are not scored);
-                  accuracy over words, and entity F1 when the tags are BIO.
-  task='squad'    SQuAD v1.1 JSON `data.path` (`squad_json.read_split`), articles
-                  `data.train_articles` / `data.eval_articles` (`'0:38'`, `'38:'`),
-                  or with `data.path=''` the catalog's `squad/v1.1`: windows of
-                  `max_seq_length` every `doc_stride` tokens, start/end logits,
-                  n-best span search (`bert_jax.data.squad_windows`).
+  glue     `data.glue_task` (`glue.GLUE_TASKS`) from the TSV folder `data.path`
+           or ('') the tfds catalog; `[CLS] A [SEP] (B [SEP])`, the pair cut
+           longest first; a classifier, or a regression (`num_labels=1`) on
+           `head.pooling` 'cls' (BERT's pooler) or 'mean' (Sentence-BERT's).
+  tagging  CoNLL-U or CoNLL-2003 (`data.format`) files of `data.path`; a word's
+           label sits on its first sub-token; accuracy over words, and entity
+           F1 when the tags are BIO.
+  squad    SQuAD v1.1 JSON `data.path` split by articles (`data.train_articles`,
+           `data.eval_articles`, e.g. '0:38', '38:') or ('') the catalog's
+           `squad/v1.1`; windows every `doc_stride` tokens, n-best span search.
 
-Length bucketing (`data.length_buckets`, e.g. `(32, 64, 128)`): every batch is
-cut to the smallest bucket that holds its longest row, so short sentences are
-not padded to `max_seq_length` (one compiled step per bucket). With several
-processes the buckets are off (each process sees only its rows).
+Length bucketing (`data.length_buckets`): a batch is cut to the smallest bucket
+holding its longest row (one compiled step per bucket); off with several
+processes (each sees only its rows).
 """
 
 from __future__ import annotations
 
+import abc
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -72,17 +58,25 @@ def _buckets(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
 
 
 def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int], list[int]]:
-    """Drops tokens from the end of the longer sequence until both fit (BERT's
-    `_truncate_seq_pair`)."""
+    """BERT's `_truncate_seq_pair`: pops from the longer one until both fit."""
     a, b = list(a), list(b)
     while len(a) + len(b) > max_tokens:
         (a if len(a) > len(b) else b).pop()
     return a, b
 
 
+def tag_set(sentences: Iterable[dict], tag_column: str, fmt: str) -> tuple[str, ...]:
+    """UPOS's fixed 17 tags for CoNLL-U's `upos` column, else every tag of `sentences`."""
+    if fmt == "conllu" and (tag_column or "upos") == "upos":
+        return conllu.UPOS_TAGS
+    return tuple(conllu.tag_vocabulary(sentences))
+
+
 class FinetuneTask(Task):
     """The shared fine-tuning mechanism; subclasses give examples, rows, a
     model head, its loss sums and its scoring."""
+
+    evaluation_overrides = ("data.path",)
 
     def __init__(self, config, workdir):
         super().__init__(config, workdir)
@@ -99,27 +93,29 @@ class FinetuneTask(Task):
 
     # -- what a subclass provides --------------------------------------------------
 
+    @abc.abstractmethod
     def examples(self, split: str) -> Sequence[Any]:
-        raise NotImplementedError
+        """The split's examples."""
 
+    @abc.abstractmethod
     def training_texts(self) -> Iterator[str]:
         """Texts of the training split (to train a vocabulary from scratch)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def featurize(self, split: str) -> list[Batch]:
         """The split's examples -> rows: `input_ids`, `token_type_ids`, labels."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def make_model(self):
-        raise NotImplementedError
+        """The backbone with the task's head."""
 
+    @abc.abstractmethod
     def head_sums(self, outputs, batch: Batch, real: jax.Array) -> dict[str, jax.Array]:
         """Loss sums of the head's outputs: loss and weight at least."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def head_predictions(self, outputs) -> Any:
         """Device-side predictions of a batch (arrays with a leading row axis)."""
-        raise NotImplementedError
 
     # -- rows and batches ------------------------------------------------------------
 
@@ -132,15 +128,13 @@ class FinetuneTask(Task):
         return rows
 
     @property
-    def sequence_keys(self) -> tuple[str, ...]:
-        """The row features of length `max_seq_length`."""
+    def sequence_keys(self) -> tuple[str, ...]:  # features of length max_seq_length
         return ("input_ids", "token_type_ids")
 
     def _lengths(self) -> dict[str, int]:
         return {key: self.max_length for key in self.sequence_keys}
 
     def trim(self, batch: Batch, *unused) -> Batch:
-        """Cuts the sequence features to the smallest bucket holding every row."""
         if jax.process_count() > 1 or len(self.buckets) == 1:
             return batch
         used = np.flatnonzero((batch["input_ids"] != 0).any(axis=0))
@@ -171,20 +165,12 @@ class FinetuneTask(Task):
 
     # -- loss and evaluation -------------------------------------------------------------
 
-    def _outputs(self, params, batch, rng=None, model_kwargs=None):
-        deterministic = rng is None
-        return self.model.apply({"params": params}, *self.model_inputs(batch),
-                                **(model_kwargs or {}), deterministic=deterministic,
-                                rngs=None if deterministic else {"dropout": rng})
-
     def loss_fn(self, params, batch, rng):
         sums = self.head_sums(self._outputs(params, batch, rng), batch,
                               batch["input_ids"][:, 0] != 0)
         return sums.pop("loss"), sums.pop("weight"), sums
 
     def predict(self, params, batch, model_kwargs=None):
-        """The evaluation loss sums and each row's prediction (the task metrics
-        come from the predictions of the whole split: `decode_predictions`)."""
         outputs = self._outputs(params, batch, model_kwargs=model_kwargs)
         real = batch["input_ids"][:, 0] != 0
         sums = self.head_sums(outputs, batch, real)
@@ -195,8 +181,7 @@ class FinetuneTask(Task):
 
     @functools.cached_property
     def mean_batch_length(self) -> float:
-        """The expected length of a training batch after bucketing, from 256
-        batches drawn at random from the training rows (for FLOPs and tokens)."""
+        """Expected training batch length after bucketing (256 random batches)."""
         if len(self.buckets) == 1:
             return float(self.max_length)
         lengths = np.array([len(row["input_ids"]) for row in self.rows("train")])
@@ -217,7 +202,6 @@ class FinetuneTask(Task):
 
 @register("glue")
 class GlueTask(FinetuneTask):
-    """Single-sentence or sentence-pair classification, or regression."""
 
     def __init__(self, config, workdir):
         self.spec = glue.get_task(config.data.glue_task)
@@ -285,8 +269,7 @@ class GlueTask(FinetuneTask):
 
 @register("tagging")
 class TaggingTask(FinetuneTask):
-    """One label per word, on its first sub-token (`labels` = tag id + 1, 0 =
-    not scored)."""
+    """`labels`: tag id + 1 on a word's first sub-token, 0 (not scored) elsewhere."""
 
     def __init__(self, config, workdir):
         data = config.data
@@ -295,19 +278,15 @@ class TaggingTask(FinetuneTask):
 
     @functools.cached_property
     def _sentences(self) -> dict[str, list[dict]]:
-        """Every split's sentences (`words`, `tags`), read once."""
         data = self.config.data
         return conllu.read_splits(self._files, data.tag_column or None,
                                   data.get("format", "conllu"), data.get("word_column", 0))
 
     @functools.cached_property
     def tags(self) -> tuple[str, ...]:
-        """The tag set: Universal POS for `upos`, else every tag of the data."""
-        if (self.config.data.tag_column or "upos") == "upos" and self.config.data.get(
-                "format", "conllu") == "conllu":
-            return conllu.UPOS_TAGS
-        return tuple(conllu.tag_vocabulary(
-            s for split in self._sentences.values() for s in split))
+        data = self.config.data
+        return tag_set((s for split in self._sentences.values() for s in split),
+                       data.tag_column, data.get("format", "conllu"))
 
     def examples(self, split: str) -> Sequence[dict]:
         return select(f"conllu {self.config.data.path}", self._sentences, split)
@@ -361,8 +340,7 @@ class TaggingTask(FinetuneTask):
         return evals
 
     def decode_predictions(self, split, rows):
-        """Predicted and gold tags per sentence; a word beyond the sequence
-        length is predicted as None (wrong)."""
+        """A word beyond the sequence length is predicted as None (wrong)."""
         examples, featurized = self.examples(split), self.rows(split)
         predicted_tags, gold_tags = [], []
         for index in sorted(rows):
@@ -381,6 +359,9 @@ class TaggingTask(FinetuneTask):
 class SquadTask(FinetuneTask):
     """Span QA on windows of long contexts; EM/F1 by the official evaluator."""
 
+    evaluation_overrides = FinetuneTask.evaluation_overrides + (
+        "data.eval_articles", "data.n_best", "data.max_answer_length")
+
     def __init__(self, config, workdir):
         data = config.data
         self.window_config = squad_windows.WindowConfig(
@@ -393,18 +374,15 @@ class SquadTask(FinetuneTask):
         data = self.config.data
         articles = {"train": data.train_articles, "validation": data.eval_articles}
         if split not in articles:
-            raise ConfigError(f"squad has splits 'train' and 'validation' (the articles "
-                              f"data.train_articles / data.eval_articles), not {split!r}.")
+            raise ConfigError(f"squad split {split!r}: use 'train' or 'validation'.")
         if data.path:
             return squad_json.read_split(data.path, articles[split])
         if all(str(a).strip() in ("", ":") for a in articles.values()):
             source = sources.load_source(squad_json.CATALOG, split, data.data_dir or None)
         else:
-            raise ConfigError(
-                f"config.data.path='' reads the tfds catalog's {squad_json.CATALOG}, whose "
-                f"splits are whole: set data.train_articles=':' and data.eval_articles=':' "
-                f"(they are {data.train_articles!r}, {data.eval_articles!r}), or give "
-                f"data.path a SQuAD JSON file to split by articles.")
+            raise ConfigError(f"config.data.path='': the catalog's {squad_json.CATALOG} "
+                              "splits are whole; set data.train_articles=':' and "
+                              "data.eval_articles=':', or give data.path a JSON file.")
         return [squad_json.from_features(source[i]) for i in range(len(source))]
 
     def training_texts(self):
@@ -438,8 +416,7 @@ class SquadTask(FinetuneTask):
         return {"loss": {}, "squad": {}}
 
     def decode_predictions(self, split, rows):
-        """The best answer of each question over its windows (n-best span
-        search), and the split in the official SQuAD JSON form."""
+        """Each question's best answer over its windows, and the official JSON."""
         examples, windows = self.examples(split), self.windows(split)
         if len(rows) != len(windows):
             raise RuntimeError(f"squad: {len(rows)} predicted windows of {len(windows)}.")

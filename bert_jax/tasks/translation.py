@@ -1,24 +1,17 @@
 """Translation: the encoder-decoder Transformer on parallel text.
 
-Examples come from the dataset `config.data.builder` with parameters
-`data.builder_kwargs` (`sources.load_source`: a built-in corpus generated in
-memory, or a tfds builder whose data live in `data.data_dir`), either as text
-(`data.source_key`, `data.target_key`: e.g. 'source'/'target', or 'de'/'en' for
-the WMT catalog datasets), tokenized with the workdir's SentencePiece
-vocabulary (`data.vocab_size` pieces, trained on the training split on first
-use), or already as token ids (`data.vocab_size = 0`, e.g. `synthetic_reverse`).
+Examples: the dataset `data.builder` with `data.builder_kwargs`
+(`sources.load_source`), as text (`data.source_key`, `data.target_key`)
+tokenized with the workdir's SentencePiece vocabulary (`data.vocab_size`
+pieces, trained on first use), or as token ids (`data.vocab_size = 0`).
 
-Batches are `{'inputs', 'targets'}` `[batch, data.max_length]` int32, padded
-with 0, each sequence ending with EOS. With `data.pack_length > 0`, training
-rows are `pack_length` long and pack several pairs each, with
-`inputs_/targets_segmentation` and `inputs_/targets_positions` (see
-`bert_jax.data.pipeline`); `data.batch_tokens > 0` sets the rows of a training
-batch to `batch_tokens // row_length` instead of `train.batch_size` (evaluation
-batches stay `train.batch_size` unpacked rows). The loss is (label-smoothed)
-cross-entropy over real target tokens; evaluation reports per-token NLL and
-accuracy, and, when `data.bleu_examples > 0`, sacreBLEU and chrF of
-beam-search translations of the first examples of the evaluation split
-(`decode.beam_size`, `decode.alpha`), writing `WORKDIR/samples/<step>.jsonl`.
+Batches: `{'inputs', 'targets'}` `[batch, data.max_length]` int32, 0-padded,
+ending with EOS. With `data.pack_length > 0`, training rows pack several pairs,
+with `*_segmentation` and `*_positions` (`bert_jax.data.pipeline`);
+`data.batch_tokens > 0` makes a training batch `batch_tokens // row_length`
+rows (evaluation batches stay `train.batch_size` unpacked rows). Evaluation:
+per-token NLL and accuracy, and with `data.bleu_examples > 0` sacreBLEU and
+chrF of beam-search translations (`decode.*`) into `WORKDIR/samples/<step>.jsonl`.
 """
 
 from __future__ import annotations
@@ -46,15 +39,14 @@ _PACKING_FEATURES = ("inputs_segmentation", "targets_segmentation",
 
 def training_rows(config: ml_collections.ConfigDict) -> int:
     """Rows of a global training batch: `train.batch_size`, or
-    `data.batch_tokens // row length` (translation's token budget)."""
+    `data.batch_tokens // row length`."""
     tokens = config.data.get("batch_tokens", 0)
     if not tokens:
         return config.train.batch_size
     row_length = config.data.get("pack_length", 0) or config.data.max_length
     if tokens % row_length:
-        raise ConfigError(
-            f"config.data.batch_tokens={tokens} is not a multiple of the row "
-            f"length {row_length} (data.pack_length or data.max_length); make it one.")
+        raise ConfigError(f"config.data.batch_tokens={tokens}: make it a multiple of the "
+                          f"row length {row_length} (data.pack_length or data.max_length).")
     return tokens // row_length
 
 
@@ -62,6 +54,8 @@ def training_rows(config: ml_collections.ConfigDict) -> int:
 class TranslationTask(Task):
 
     supports_abstract = True
+    evaluation_overrides = ("data.bleu_examples", "data.builder_kwargs.path", "decode.")
+    model_keywords = _PACKING_FEATURES
 
     def __init__(self, config, workdir, abstract=False):
         super().__init__(config, workdir, abstract)
@@ -83,8 +77,6 @@ class TranslationTask(Task):
     # -- data ------------------------------------------------------------------
 
     def _vocabulary(self) -> vocabulary.Vocabulary:
-        """The workdir's vocabulary: process 0 trains it if absent, the others
-        wait at a barrier and then load it."""
         data = self.config.data
         return written_by_process_zero(
             lambda is_writer: vocabulary.load_or_train(
@@ -99,7 +91,6 @@ class TranslationTask(Task):
                                    **data.builder_kwargs.to_dict())
 
     def _training_texts(self):
-        """Source and target sentences of (a sample of) the training split."""
         source = self._source("train")
         data = self.config.data
         count = min(len(source), data.vocab_sample)
@@ -109,7 +100,6 @@ class TranslationTask(Task):
             yield as_text(example[data.target_key])
 
     def _encode(self, value) -> np.ndarray:
-        """Text -> ids ending with EOS; id datasets are taken as they are."""
         if self.vocab is None:  # ids, or ids written as text ("5 3 7")
             if isinstance(value, (str, bytes)):
                 tokens = as_text(value).split()
@@ -121,14 +111,13 @@ class TranslationTask(Task):
         return np.array(self.vocab.encode(as_text(value)) + [vocabulary.EOS_ID], np.int32)
 
     def preprocess(self, example) -> Batch:
-        """An example -> {'inputs', 'targets'} int32 ids."""
         data = self.config.data
         return {"inputs": self._encode(example[data.source_key]),
                 "targets": self._encode(example[data.target_key])}
 
     def encode_sources(self, texts: list[str]) -> np.ndarray:
-        """Source sentences -> `[n, max_length]` padded ids ending with EOS.
-        Longer sentences are cut to max_length (EOS kept last)."""
+        """Source sentences -> `[n, max_length]` padded ids ending with EOS (kept
+        last when a sentence is cut)."""
         inputs = np.zeros((len(texts), self.max_length), np.int32)
         for i, text in enumerate(texts):
             ids = self._encode(text)
@@ -191,12 +180,7 @@ class TranslationTask(Task):
     # -- loss and evaluation ---------------------------------------------------
 
     def _sums(self, params, batch, rng=None, label_smoothing=0.0, model_kwargs=None):
-        deterministic = rng is None
-        packing = {key: batch[key] for key in _PACKING_FEATURES if key in batch}
-        logits = self.model.apply(
-            {"params": params}, batch["inputs"], batch["targets"], **packing,
-            **(model_kwargs or {}),
-            deterministic=deterministic, rngs=None if deterministic else {"dropout": rng})
+        logits = self._outputs(params, batch, rng, model_kwargs)
         weights = batch["targets"] != self.model_config.pad_id
         return cross_entropy_sums(logits, batch["targets"], weights, label_smoothing)
 
@@ -227,8 +211,7 @@ class TranslationTask(Task):
 
     @cached_method
     def _search(self, mesh):
-        """Beam search, compiled; its output replicated on every device (the
-        model keeps activations batch-sharded, see `layers.batch_sharded`)."""
+        """Beam search, its output replicated (activations are batch-sharded)."""
         decode = self.config.decode
         model = Transformer(self.model_config, incremental=True)
         return jax.jit(lambda params, inputs: transformer_search(
@@ -251,7 +234,6 @@ class TranslationTask(Task):
         return np.concatenate(outputs)
 
     def generator(self, params, mesh):
-        """Beam-search translations of the split's first examples, detokenized."""
         def generate(count: int):
             source = self._source(self.config.data.eval_split)
             examples = [source[i] for i in range(min(count, len(source)))]

@@ -1,25 +1,16 @@
 """Ahead-of-time compilation of an experiment's train and evaluation steps for
 accelerators that are not here (`launch/compile.py`).
 
-The steps are the ones `launch/train.py` runs: the task (built without data,
-`build_task(abstract=True)`), its loss through `make_train_step` and
-`jit_train_step` (donation included), the optimizer of `trainer.make_optimizer`,
-the state's shardings from the logical axis rules, the mesh of `config.mesh`,
-and the evaluation step of `evaluation.jit_predict`; only the arrays are
-abstract (`jax.ShapeDtypeStruct`s carrying their shardings).
+The steps are those `launch/train.py` runs (the task built without data, its
+loss through `make_train_step`/`jit_train_step` with donation, the trainer's
+optimizer, the logical-axis shardings, `config.mesh`, `evaluation.jit_predict`);
+only the arrays are abstract (`jax.ShapeDtypeStruct`s with their shardings).
 
-What a compiled step reports (`StepReport`):
-  memory   per device, from `compiled.memory_analysis()`: arguments, outputs,
-           temporaries, generated code, minus the output bytes aliased to
-           donated arguments; their total against the chip's memory.
-  flops    XLA's count (`cost_analysis()`, per device, times the devices; the TPU
-           compiler gives it, the GPU compiler does not) next to the model FLOPs
-           of `bert_jax.modeling.flops` (matmuls only).
-  collectives  the communication ops of the compiled program with their count
-           and result bytes per device, as they appear in its text: an op inside
-           a loop (scanned layers, gradient accumulation) is counted once.
-  attention kernels  the fused attention custom calls it contains (cuDNN's
-           `__cudnn$fmha*`, the Pallas/Mosaic `tpu_custom_call`s of splash).
+A `StepReport` gives, per device: memory (`compiled_memory`) against the
+chip's; XLA's FLOP count (TPU only; the GPU compiler gives none) beside the
+model FLOPs of `bert_jax.modeling.flops`; the collectives in the program text
+with count and result bytes (an op inside a loop counted once); the fused
+attention kernels (cuDNN's, splash's).
 """
 
 from __future__ import annotations
@@ -62,7 +53,6 @@ class DoesNotFit(UserError, RuntimeError):
 
 @dataclasses.dataclass
 class StepReport:
-    """What the compiler says of one step (see the module docstring)."""
 
     compile_seconds: float
     memory: dict[str, int]
@@ -77,7 +67,6 @@ class StepReport:
 
 @dataclasses.dataclass
 class CompileReport:
-    """A compiled experiment: the target, the mesh, the batch, both steps."""
 
     topology: str
     chip: str
@@ -101,7 +90,6 @@ class CompileReport:
         return {**dataclasses.asdict(self), "fits": self.fits}
 
     def summary(self) -> str:
-        """A few lines a person reads: memory against the chip, FLOPs, collectives."""
         slices = f", {self.num_slices} slices" if self.num_slices > 1 else ""
         lines = [f"{self.topology} ({self.num_devices} x {self.chip}{slices}); "
                  f"mesh {self.mesh}; global batch "
@@ -132,10 +120,6 @@ class CompileReport:
         return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------
-# Reading a compiled program.
-
-
 def _array_bytes(shape_text: str) -> int:
     """Bytes of every `dtype[d0,d1,...]` in an HLO shape (a tuple sums them)."""
     return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
@@ -143,9 +127,8 @@ def _array_bytes(shape_text: str) -> int:
 
 
 def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
-    """`{kind: {'count', 'bytes'}}` of the communication ops in a compiled
-    program's text; an asynchronous pair (`-start`/`-done`) counts once, with
-    the bytes of its result."""
+    """`{kind: {'count', 'bytes'}}` of a compiled program's communication ops; an
+    asynchronous pair (`-start`/`-done`) counts once, with its result's bytes."""
     found: dict[str, dict[str, float]] = collections.defaultdict(
         lambda: {"count": 0, "bytes": 0})
     for line in hlo_text.splitlines():
@@ -158,9 +141,8 @@ def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
 
 
 def attention_kernels(hlo_text: str) -> dict[str, int]:
-    """Fused attention calls in a compiled program: cuDNN's `__cudnn$fmha*`
-    custom calls, and the Mosaic (Pallas TPU) kernels by the name of their
-    instruction (e.g. `splash_mha_fwd_segmented_residuals`)."""
+    """cuDNN's `__cudnn$fmha*` calls, and Mosaic kernels by instruction name
+    (e.g. `splash_mha_fwd_segmented_residuals`)."""
     found: collections.Counter = collections.Counter()
     for line in hlo_text.splitlines():
         for target in _CUSTOM_CALL.findall(line):
@@ -172,7 +154,9 @@ def attention_kernels(hlo_text: str) -> dict[str, int]:
     return dict(sorted(found.items()))
 
 
-def _memory(compiled) -> dict[str, int]:
+def compiled_memory(compiled) -> dict[str, int]:
+    """Bytes per device of a compiled step: its parts, and `total` (aliased
+    outputs share their donated arguments' buffers, so count once)."""
     stats = compiled.memory_analysis()
     memory = {"arguments": stats.argument_size_in_bytes,
               "outputs": stats.output_size_in_bytes,
@@ -204,18 +188,13 @@ def _compile(jitted, args, num_devices: int) -> StepReport:
             line.strip() for line in str(e).splitlines()[:3])) from e
     seconds = time.perf_counter() - start
     text = compiled.as_text()
-    return StepReport(seconds, _memory(compiled), _xla_flops(compiled, num_devices),
+    return StepReport(seconds, compiled_memory(compiled), _xla_flops(compiled, num_devices),
                       collectives(text), attention_kernels(text))
-
-
-# ----------------------------------------------------------------------------
-# Compiling an experiment.
 
 
 def with_per_device_batch(config: ml_collections.ConfigDict, per_device: int,
                           batch_devices: int) -> ml_collections.ConfigDict:
-    """`config` with a global training batch of `per_device * batch_devices`
-    rows (a token budget, `data.batch_tokens`, is dropped in favour of rows)."""
+    """`config` with `per_device * batch_devices` rows a step (no token budget)."""
     config = ml_collections.ConfigDict(config.to_dict())
     config.train.batch_size = per_device * batch_devices
     if config.data.get("batch_tokens", 0):
@@ -224,13 +203,11 @@ def with_per_device_batch(config: ml_collections.ConfigDict, per_device: int,
 
 
 def batch_devices(mesh) -> int:
-    """Devices the batch is split over (`data` x `fsdp`)."""
     return math.prod(mesh.shape[axis] for axis in BATCH_AXES)
 
 
 def target_hardware(target: Target) -> Hardware:
-    """What model.dtype='auto' is resolved against: the target's chips, not the
-    CPU that compiles for them."""
+    """model.dtype='auto' is resolved for the target, not the compiling CPU."""
     capability = next((spec.compute_capability for spec in GPUS.values()
                        if spec.description == target.chip), None)
     return Hardware(target.platform, target.chip, capability)
@@ -238,7 +215,6 @@ def target_hardware(target: Target) -> Hardware:
 
 def compile_experiment(config: ml_collections.ConfigDict, target: Target,
                        eval_step: bool = True) -> CompileReport:
-    """Compiles `config`'s train step (and evaluation step) for `target`."""
     from bert_jax.training.trainer import make_optimizer  # the trainer imports this module's peers
 
     config = resolve_model_dtype(config, target_hardware(target))
@@ -259,10 +235,9 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
     train_batch = batch(True)
     global_rows = next(iter(train_batch.values())).shape[0]
     if global_rows % batch_devices(mesh):
-        raise ValueError(
-            f"the global training batch of {global_rows} rows does not split over "
-            f"{batch_devices(mesh)} devices (mesh data x fsdp of {dict(mesh.shape)}): "
-            "set config.train.batch_size (or data.batch_tokens) to a multiple.")
+        raise ValueError(f"a batch of {global_rows} rows does not split over "
+                         f"{batch_devices(mesh)} devices (data x fsdp): set "
+                         "config.train.batch_size (or data.batch_tokens) to a multiple.")
     with jax.set_mesh(mesh):
         step = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps),
                               shardings, mesh)
@@ -282,7 +257,6 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
 
 @dataclasses.dataclass
 class MaxBatch:
-    """The largest per-device training batch that fits (`find_max_batch`)."""
 
     per_device: int               # 0 when the first size tried does not fit
     report: CompileReport | None  # the step at that batch
@@ -292,12 +266,9 @@ class MaxBatch:
 
 def find_max_batch(config: ml_collections.ConfigDict, target: Target, start: int = 1,
                    limit: int = 4096, bisect: bool = True) -> MaxBatch:
-    """The largest per-device training batch whose step fits the chip's memory:
-    doubling from `start` up to `limit`, then (`bisect`) bisection to within
-    1/8 of the answer; without bisection the answer is a power-of-two multiple
-    of `start` and the next doubling does not fit. The search compiles the step
-    about log2(answer / start) + 1 times, plus 3 to bisect. A compile the
-    compiler itself refuses for memory counts as not fitting."""
+    """The largest per-device training batch that fits: doubling from `start` up
+    to `limit`, then (`bisect`) bisection to within 1/8 of the answer. About
+    log2(answer / start) + 1 compiles, plus 3 to bisect."""
     mesh = mesh_from_config(config.mesh, target.devices)
     devices = batch_devices(mesh)
 
@@ -330,7 +301,6 @@ def find_max_batch(config: ml_collections.ConfigDict, target: Target, start: int
 
 @dataclasses.dataclass
 class GlobalBatchFit:
-    """How a fixed global batch runs on a target (`fit_global_batch`)."""
 
     micro_batch: int              # rows per device in one micro-batch
     grad_accum_steps: int         # micro-batches a step: global = micro x devices x steps
@@ -340,13 +310,10 @@ class GlobalBatchFit:
 
 def fit_global_batch(config: ml_collections.ConfigDict, target: Target) -> GlobalBatchFit:
     """The largest per-device micro-batch for `config.train.batch_size` rows a
-    step: bisection over the divisors of each device's share (an answer must
-    divide it), compiling the train step with `grad_accum_steps` = share /
-    micro-batch, which is the step `launch/train.py` runs (accumulation is a
-    scan in the step, so its buffers are counted). A step assumed to fit at
-    every micro-batch below one that fits. With the parameters and optimizer
-    state replicated (`config.mesh`) and nothing fitting, it tries them sharded
-    over the whole target (FSDP). About log2(number of divisors) + 1 compiles."""
+    step: bisection over the divisors of each device's share, compiling the
+    step `launch/train.py` runs (`grad_accum_steps` = share / micro-batch; the
+    accumulation scan's buffers count), assuming every smaller micro-batch fits.
+    If nothing fits with `config.mesh`, it tries FSDP over the whole target."""
     meshes = [tuple(config.mesh.shape), (1, -1, 1)]
     for shape in dict.fromkeys(meshes):
         config = ml_collections.ConfigDict(config.to_dict())
@@ -354,9 +321,8 @@ def fit_global_batch(config: ml_collections.ConfigDict, target: Target) -> Globa
         devices = batch_devices(mesh_from_config(config.mesh, target.devices))
         share, rest = divmod(config.train.batch_size, devices)
         if rest or not share:
-            raise ConfigError(f"config.train.batch_size={config.train.batch_size} does not "
-                              f"split over the {devices} devices of {target.name} "
-                              f"(mesh {shape}); use a multiple of {devices}.")
+            raise ConfigError(f"config.train.batch_size={config.train.batch_size}: use a "
+                              f"multiple of {target.name}'s {devices} devices (mesh {shape}).")
         sizes = [size for size in range(1, share + 1) if share % size == 0]
         low, high, best = -1, len(sizes), None   # sizes[low] fits, sizes[high] does not
         while high - low > 1:
@@ -373,13 +339,10 @@ def fit_global_batch(config: ml_collections.ConfigDict, target: Target) -> Globa
                 high = middle
         if best:
             return best
-    raise DoesNotFit(f"one row per device does not fit {target.name}, with the parameters "
-                     "replicated or sharded (FSDP): set config.model.remat, or shard over "
-                     "config.mesh.shape's tensor axis.")
+    raise DoesNotFit(f"one row per device does not fit {target.name}, even with FSDP: set "
+                     "config.model.remat, or use config.mesh.shape's tensor axis.")
 
 
 def projected_hours(report: CompileReport, steps: int, mfu: float, peak_flops: float
                     ) -> float:
-    """Hours for `steps` steps if the devices reach `mfu` of their peak: a
-    projection from the model FLOPs, not a measurement."""
     return steps * report.model_flops / (mfu * peak_flops * report.num_devices) / 3600

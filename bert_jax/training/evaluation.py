@@ -1,10 +1,8 @@
 """Evaluation: the evaluators of `config.evals` over one pass of the
 evaluation split, during training or from a workdir's checkpoint.
 
-From a workdir, the experiment is the one the workdir was trained with
-(`WORKDIR/config.json`); only what evaluation may change can be overridden
-(`EVALUATION_OVERRIDES`), and the checkpoint must hold exactly the model's
-parameters (`restore_for_inference`).
+From a workdir, the experiment is its `config.json`; only what evaluation may
+change can be overridden (`EVALUATION_OVERRIDES`, `Task.evaluation_overrides`).
 """
 
 from __future__ import annotations
@@ -13,33 +11,30 @@ import json
 import os
 from typing import Any, Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
+from flax import traverse_util
 
 from bert_jax.evaluation import evaluators as evaluators_lib
 from bert_jax.file_io import read_json
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import Task, build_task
+from bert_jax.tasks.base import task_class
 from bert_jax.training.checkpoints import (
     CheckpointError, DamagedCheckpointError, restore_params)
-from bert_jax.training.sharding import (
-    global_batch, logical_shardings, mesh_from_config, replicated)
+from bert_jax.training.sharding import global_batch, mesh_from_config, replicated
+from bert_jax.training.train_step import abstract_train_state
 from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps
 
 
-# Config keys an evaluation may change (a key or a section prefix); the rest
-# defines the model, the vocabulary, the task or the training run.
+# Config keys any evaluation may change (a key or a `section.` prefix); a task
+# adds its own (`Task.evaluation_overrides`). The rest defines the model, the
+# vocabulary, the task or the training run.
 EVALUATION_OVERRIDES = (
-    "evals",
-    "data.eval_split", "data.eval_examples", "data.bleu_examples", "data.data_dir",
-    "data.path", "data.builder_kwargs.path", "data.eval_articles",
-    "data.n_best", "data.max_answer_length",
-    "decode.",
-    "train.batch_size",
-    "mesh.",
+    "evals", "data.eval_split", "data.data_dir", "train.batch_size", "mesh.",
     "model.attention_impl", "model.remat", "model.dtype",
 )
 # Config keys of training alone: a value given for evaluation (e.g. by naming
@@ -47,23 +42,13 @@ EVALUATION_OVERRIDES = (
 TRAINING_ONLY = ("train.", "optimizer.", "seed", "peak_flops")
 
 
-def abstract_like(tree: Any) -> Any:
-    """ShapeDtypeStructs (with shardings) of a tree of arrays."""
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-
-
 def jit_predict(task: Task, mesh) -> Callable:
-    """`outputs(params, batch, model_kwargs)`: the task's prediction function for
-    one global batch, compiled, its outputs replicated on every device."""
     return jax.jit(task.predict, out_shardings=replicated(mesh))
 
 
 def evaluator_specs(task: Task) -> dict[str, dict[str, Any]]:
-    """name -> options of the evaluators to run: `config.evals`, or the task's
-    `default_evals()` when it is empty. `config.evals` is a dict (name ->
-    options) or a sequence of names (e.g. `--config.evals='("loss",)'`), each
-    with the task's default options for it."""
+    """name -> options: `config.evals` (a dict, or names taking the task's default
+    options), else the task's `default_evals()`."""
     defaults = task.default_evals()
     evals = task.config.get("evals") or defaults
     if isinstance(evals, (list, tuple)):
@@ -90,14 +75,11 @@ def make_evaluator(task: Task, mesh, files_dir: str | None = None
                    ) -> Callable[..., dict[str, float]]:
     """`evaluate(params, step, model_kwargs=None) -> {'eval/<name>': ...}`.
 
-    One pass over the evaluation split with the task's prediction function
-    sums the evaluation sums and gathers every real row's outputs; the task
-    decodes those (`decode_predictions`) once; then each evaluator of
-    `evaluator_specs` scores them (generation evaluators decode the split's
-    first examples). Prediction files go to `files_dir` (training: its workdir;
-    None: not written, so evaluating a workdir never writes into it). `model_kwargs`
-    (e.g. head masks for an ablation) reach the model; generation, which
-    decodes incrementally, is then skipped, and no file is written.
+    One pass over the split sums the evaluation sums and gathers every real
+    row's outputs, which the task decodes once for all evaluators. Files go to
+    `files_dir` (None: none, so evaluating a workdir never writes into it).
+    With `model_kwargs` (e.g. head masks) generation is skipped (incremental
+    decoding takes none) and no file is written.
     """
     predict = jit_predict(task, mesh)
     specs = evaluator_specs(task)
@@ -137,22 +119,12 @@ def make_evaluator(task: Task, mesh, files_dir: str | None = None
 # -- from a workdir ----------------------------------------------------------------
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out = {}
-        for key, value in tree.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): tree}
-
-
 def _matches(key: str, patterns: tuple[str, ...]) -> bool:
     return any(key == p or (p.endswith(".") and key.startswith(p)) or key.startswith(p + ".")
                for p in patterns)
 
 
 def saved_config(workdir: str) -> ml_collections.ConfigDict:
-    """The config a training run wrote to `workdir` (`config.json`)."""
     path = os.path.join(os.path.abspath(workdir), CONFIG_FILE)
     if not os.path.isfile(path):
         raise CheckpointError(f"--workdir={workdir} holds no {CONFIG_FILE}: it is not the "
@@ -161,8 +133,7 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def _tuples(values: dict) -> dict:
-    """JSON arrays back to the tuples configs are written with (and
-    `--config.KEY='(a, b)'` overrides)."""
+    """JSON arrays back to the tuples configs (and `--config.KEY='(a, b)'`) use."""
     def convert(value):
         return tuple(convert(v) for v in value) if isinstance(value, list) else value
     return {key: convert(value) for key, value in values.items()}
@@ -170,31 +141,29 @@ def _tuples(values: dict) -> dict:
 
 def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None = None
                       ) -> ml_collections.ConfigDict:
-    """The workdir's config with the overrides `requested` makes to it.
-
-    `requested` is the saved config after command-line overrides (None: no
-    override). Changes to `EVALUATION_OVERRIDES` are taken; to `TRAINING_ONLY`
-    keys ignored; to anything else (the model, the vocabulary, the task)
-    refused, naming the key.
-    """
+    """The workdir's config with the changes `requested` (the saved config after
+    command-line overrides) makes: to `EVALUATION_OVERRIDES` and the task's
+    `evaluation_overrides` taken, to `TRAINING_ONLY` ignored, others refused."""
     saved = saved_config(workdir)
     if requested is None:
         return saved
-    old = _flatten(json.loads(saved.to_json_best_effort()))
-    new = _flatten(json.loads(requested.to_json_best_effort()))
+    task = task_class(saved.task)
+    overrides = EVALUATION_OVERRIDES + (task.evaluation_overrides if task else ())
+    old, new = (traverse_util.flatten_dict(json.loads(c.to_json_best_effort()), sep=".")
+                for c in (saved, requested))
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    refused = [k for k in changed if not _matches(k, EVALUATION_OVERRIDES)
+    refused = [k for k in changed if not _matches(k, overrides)
                and not _matches(k, TRAINING_ONLY)]
     if refused:
         raise ConfigError(
             "evaluation cannot change " + ", ".join(
                 f"config.{k} ({old.get(k)!r} in {workdir}/{CONFIG_FILE})" for k in refused)
             + ": it defines the model, its data or its task. Evaluation may change "
-            + ", ".join(f"config.{k.rstrip('.')}" for k in EVALUATION_OVERRIDES)
+            + ", ".join(f"config.{k.rstrip('.')}" for k in overrides)
             + ". To evaluate another model, use its workdir.")
     config = saved.copy_and_resolve_references()
     config.unlock()
-    for key in (k for k in changed if _matches(k, EVALUATION_OVERRIDES)):
+    for key in (k for k in changed if _matches(k, overrides)):
         *sections, name = key.split(".")
         source, target = requested, config
         for section in sections:
@@ -210,22 +179,17 @@ def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None 
 
 
 def abstract_params(config: ml_collections.ConfigDict, workdir: str):
-    """(task, mesh, the model's parameters as ShapeDtypeStructs with their shardings)."""
     task = build_task(config, workdir)
     mesh = mesh_from_config(config.mesh)
-    boxed = jax.eval_shape(task.init_variables, jax.random.PRNGKey(0))["params"]
-    return task, mesh, jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        nn.meta.unbox(boxed), logical_shardings(boxed, mesh))
+    state, _ = abstract_train_state(task.init_variables, task.model.apply,
+                                    optax.identity(), mesh)
+    return task, mesh, state.params
 
 
 def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
                           step: int | None = None):
-    """(task, mesh, params, step) for a workdir's checkpoint (default: latest).
-
-    The checkpoint must hold exactly the model's parameters: missing,
-    unexpected or mis-shaped arrays are an error naming them.
-    """
+    """(task, mesh, params, step) of a workdir's checkpoint (default: latest),
+    which must hold exactly the model's parameters."""
     directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
     steps = checkpoint_steps(directory)
     if not steps:
@@ -253,8 +217,6 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
                         step: int | None = None, files_dir: str | None = None
                         ) -> dict[str, float]:
-    """Restores the parameters of `step` (default: latest) and evaluates them;
-    prediction files go to `files_dir` (None: none written)."""
     task, mesh, params, step = restore_for_inference(config, workdir, step)
     with jax.set_mesh(mesh):
         metrics = make_evaluator(task, mesh, files_dir)(params, step)

@@ -1,15 +1,12 @@
 """Metric writers (JSON lines + TensorBoard) and the training progress line.
 
-Only process 0 writes. `WORKDIR/metrics.jsonl` holds one JSON object per line:
-`{"step": N, "train/loss": ..., ...}`; TensorBoard event files go to
-`WORKDIR/tensorboard/` (tensorboardX: no TensorFlow needed).
+Process 0 writes `WORKDIR/metrics.jsonl` (`{"step": N, "train/loss": ...}` a
+line) and TensorBoard events to `WORKDIR/tensorboard/` (tensorboardX).
 
-Model FLOPs utilization (MFU) = model FLOPs per second / (devices x peak FLOP/s
-per device), where model FLOPs count only the matrix multiplications the model
-needs (3x the forward pass for a training step: forward, and backward for
-activations and weights), excluding recomputation. Each task gives its FLOPs
-per step (see `bert_jax.modeling.flops`). Peak FLOP/s per device comes from
-the config, else a table of known accelerators, else (CPU) a timed matmul.
+MFU = model FLOPs per second / (devices x peak FLOP/s per device). Model FLOPs
+count the model's matmuls only (3x the forward pass for a training step),
+without recomputation (`bert_jax.modeling.flops`). Peak: the config's, else the
+chip table of `topologies`, else (CPU) a timed matmul.
 """
 
 from __future__ import annotations
@@ -24,24 +21,12 @@ import jax.numpy as jnp
 from absl import logging
 
 from bert_jax.file_io import write_atomically
+from bert_jax.training.topologies import peak_flops
 from bert_jax.training.workdir import METRICS_FILE, read_metrics
 
-# Dense bfloat16 peak FLOP/s per device (vendor figures).
-PEAK_FLOPS = {
-    "TPU v4": 275e12,
-    "TPU v5 lite": 197e12,
-    "TPU v5e": 197e12,
-    "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12,
-    "NVIDIA H100": 989e12,
-    "NVIDIA H200": 989e12,
-    "NVIDIA A100": 312e12,
-}
-
-
 def measured_matmul_flops(size: int = 2048, repeats: int = 10) -> float:
-    """FLOP/s of a float32 `size x size` matmul on the default device: the
-    fastest of `repeats` (a peak, and steadier than the median on a shared CPU)."""
+    """FLOP/s of a float32 `size x size` matmul: the fastest of `repeats` (a peak,
+    and steadier than the median on a shared CPU)."""
     x = jnp.ones((size, size), jnp.float32)
     matmul = jax.jit(lambda a: a @ a)
     matmul(x).block_until_ready()
@@ -54,18 +39,13 @@ def measured_matmul_flops(size: int = 2048, repeats: int = 10) -> float:
 
 
 def peak_flops_per_device(configured: float = 0.0) -> float:
-    """`configured` if positive, else the table entry for the device, else measured."""
+    """`configured` if positive, else `topologies.peak_flops` of the device, else measured."""
     if configured > 0:
         return configured
-    kind = jax.devices()[0].device_kind
-    for name, flops in PEAK_FLOPS.items():
-        if kind.startswith(name):
-            return flops
-    return measured_matmul_flops()
+    return peak_flops(jax.devices()[0].device_kind) or measured_matmul_flops()
 
 
 class MetricWriter:
-    """Writes scalars to metrics.jsonl and TensorBoard (process 0 only)."""
 
     def __init__(self, workdir: str, *, resume_step: int = 0):
         self.enabled = jax.process_index() == 0
@@ -81,9 +61,7 @@ class MetricWriter:
                                           purge_step=resume_step + 1 if resume_step else None)
 
     def _drop_lines_after(self, step: int) -> None:
-        """On resume, forget metrics logged after the restored checkpoint: the
-        resumed run recomputes (and logs) exactly those steps again. A torn line
-        (a crash while it was written) is dropped too."""
+        """On resume: the steps after `step` are logged again; a torn line goes too."""
         if os.path.exists(self.path):
             write_atomically(self.path, "".join(
                 json.dumps(m) + "\n" for m in read_metrics(os.path.dirname(self.path))
@@ -105,7 +83,6 @@ class MetricWriter:
 
 
 class Progress:
-    """Throughput, MFU and ETA between two logging points."""
 
     def __init__(self, *, total_steps: int, first_step: int, flops_per_step: float,
                  tokens_per_step: float, peak_flops: float):
@@ -117,11 +94,9 @@ class Progress:
         self._time = time.perf_counter()
 
     def restart(self, step: int) -> None:
-        """Starts the next interval at `step`, now (e.g. after an evaluation)."""
         self._step, self._time = step, time.perf_counter()
 
     def measure(self, step: int) -> dict[str, float]:
-        """Rates since the last call (the caller has synced on this step)."""
         now = time.perf_counter()
         steps = max(step - self._step, 1)
         seconds = max(now - self._time, 1e-9)

@@ -36,7 +36,6 @@ NO_DECAY = ("bias", "scale", "output_bias")
 
 def learning_rate_schedule(name: str, learning_rate: float, warmup_steps: int,
                            total_steps: int, decay_power: float = 0.5) -> optax.Schedule:
-    """The named schedule; see the module docstring for the formulas."""
     if name not in SCHEDULES:
         raise ConfigError(f"schedule={name!r}: unknown; choose one of {list(SCHEDULES)}.")
     if warmup_steps < 0 or total_steps <= 0 or warmup_steps > total_steps:
@@ -64,8 +63,8 @@ def learning_rate_schedule(name: str, learning_rate: float, warmup_steps: int,
 
 
 def decay_mask(params: Any, scanned: bool | None = None) -> Any:
-    """True for parameters that take weight decay (not biases, not LayerNorm);
-    `scanned` True/False: only those inside/outside an `nn.scan` stack ('layers')."""
+    """True where weight decay applies; `scanned` True/False: only inside/outside
+    an `nn.scan` stack ('layers')."""
     def decays(path, _):
         names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
         return names[-1] not in NO_DECAY and scanned in (None, "layers" in names)
@@ -87,25 +86,22 @@ def make_optimizer(name: str, learning_rate: optax.ScalarOrSchedule, *,
                    ) -> optax.GradientTransformation:
     """Global-norm clipping, then AdamW or LAMB, both with `decay_mask`.
 
-    LAMB (You et al. 2019) is `optax.lamb`'s chain (scale_by_adam,
-    add_decayed_weights, scale_by_trust_ratio, scale_by_learning_rate) with the
-    layer-wise trust ratio on the decayed parameters only: biases and LayerNorm
-    get Adam's update (`optax.adam`; eps outside the square root in both). The
-    references agree on this. NVIDIA's FusedLAMB applies the trust ratio only
-    where weight decay != 0, unless use_nvlamb (DeepLearningExamples@729963d,
+    LAMB (You et al. 2019) is `optax.lamb`'s chain with the layer-wise trust
+    ratio on the decayed parameters only: biases and LayerNorm get Adam's update
+    (eps outside the square root in both), as the references agree. NVIDIA's
+    FusedLAMB applies the trust ratio only where weight decay != 0, unless
+    use_nvlamb (DeepLearningExamples@729963d,
     PyTorch/LanguageModeling/BERT/lamb_amp_opt/csrc/multi_tensor_lamb.cu:274-282),
     and run_pretraining.py:423-427 gives biases and LayerNorm decay 0. The
     paper's code (tensorflow_addons optimizers/lamb.py; albert@b772393
-    lamb_optimizer.py:61-64) excludes from the trust ratio what it excludes
-    from decay unless told otherwise, and ALBERT (optimization.py:82-90)
-    excludes LayerNorm and bias. We follow the paper's code: one mask by name,
-    so weight_decay=0 keeps the trust ratio (with NVIDIA's kernel it would
-    vanish everywhere). NVIDIA's defaults are these: betas (0.9, 0.999), eps
-    1e-6, gradients clipped to global norm 1.0 before the moments
+    lamb_optimizer.py:61-64) excludes from the trust ratio what it excludes from
+    decay, and ALBERT (optimization.py:82-90) excludes LayerNorm and bias. We
+    follow the paper's code: one mask by name, so weight_decay=0 keeps the trust
+    ratio (NVIDIA's kernel would drop it everywhere). NVIDIA's defaults are ours:
+    betas (0.9, 0.999), eps 1e-6, clipping to global norm 1.0 before the moments
     (fused_lamb.py:13-17, multi_tensor_lamb.cu:79,137). One trust ratio per
-    parameter tensor, and per layer of an `nn.scan` stack (`scan_layers`), so
-    scanning does not change the update. One moment tree serves both groups
-    (optax.multi_transform of optax.lamb and optax.adam would keep two).
+    tensor, and per layer of an `nn.scan` stack, so scanning does not change the
+    update; one moment tree serves both groups (optax.multi_transform would keep two).
     """
     if name not in OPTIMIZERS:
         raise ConfigError(f"optimizer={name!r}: unknown; choose one of {list(OPTIMIZERS)}.")

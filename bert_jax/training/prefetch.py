@@ -1,11 +1,9 @@
 """Host-to-device prefetch: batches are on the devices before their step.
 
-The input pipeline already prepares numpy batches ahead in a host thread
-(`bert_jax.data.pipeline`). `DevicePrefetch` also starts their transfer to the
-devices `size` steps ahead, so the step never waits for a host-to-device copy
-(on accelerators the copy of batch k+1 overlaps step k). Its state is that of
-the last batch *returned*, so a checkpoint saved after step k resumes at batch
-k+1 however many batches are in flight.
+The input pipeline prepares numpy batches ahead in a host thread;
+`DevicePrefetch` also starts their transfer `size` steps ahead, so the copy of
+batch k+1 overlaps step k. Its state is that of the last batch *returned*, so a
+checkpoint after step k resumes at batch k+1 however many are in flight.
 """
 
 from __future__ import annotations
@@ -18,14 +16,8 @@ import grain
 
 
 class DevicePrefetch(grain.DatasetIterator):
-    """Wraps a checkpointable iterator of host batches.
-
-    Args:
-      parent: a grain `DatasetIterator` of numpy batches (`get_state`/`set_state`).
-      to_device: host batch -> device batch (e.g. `sharding.global_batch`);
-        called `size` steps before the batch is returned.
-      size: batches transferred ahead; 0 transfers each batch when asked for.
-    """
+    """`to_device` (e.g. `sharding.global_batch`) runs `size` batches ahead of
+    `parent`'s (a grain `DatasetIterator`); 0: when a batch is asked for."""
 
     def __init__(self, parent: grain.DatasetIterator, to_device: Callable[[Any], Any],
                  size: int):

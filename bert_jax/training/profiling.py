@@ -1,4 +1,4 @@
-"""A `jax.profiler` trace of a few training steps.
+"""A `jax.profiler` trace of training steps START..END (1-based, inclusive).
 
     profiler = StepProfiler((10, 12), os.path.join(workdir, "profile"))
     for step in ...:
@@ -7,12 +7,9 @@
         profiler.after(step, metrics)
     profiler.close()
 
-The trace covers steps START..END inclusive (1-based, as the train loop counts
-them) and lands in DIR/plugins/profile/<run>/ (`*.xplane.pb`, and
-`*.trace.json.gz` where the profiler writes one): open it with TensorBoard's
-profile plugin (`tensorboard --logdir DIR`, `pip install tensorboard-plugin-profile`)
-or xprof, or load the trace in Perfetto (https://ui.perfetto.dev). Skip the
-first steps: they include compilation.
+The trace lands in DIR/plugins/profile/<run>/: TensorBoard's profile plugin
+(`tensorboard --logdir DIR`), xprof or Perfetto read it. Skip the first steps:
+they include compilation.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ from bert_jax.modeling.configs import ConfigError
 
 def profile_range(steps: Sequence[int | str] | None, field: str
                   ) -> tuple[int, int] | None:
-    """`(start, end)` from a config or flag value (numbers or their text);
-    empty means no profiling."""
+    """`(start, end)` of a config or flag value (numbers or text); empty: None."""
     if not steps:
         return None
     try:
@@ -42,7 +38,6 @@ def profile_range(steps: Sequence[int | str] | None, field: str
 
 
 class StepProfiler:
-    """Starts a trace before step `start` and stops it after step `end`."""
 
     def __init__(self, steps: tuple[int, int] | None, directory: str):
         self.start, self.end = steps or (0, -1)
@@ -57,7 +52,6 @@ class StepProfiler:
                          self.directory)
 
     def after(self, step: int, outputs: Any) -> None:
-        """Ends the trace once step `end`'s `outputs` are computed."""
         if step == self.end and self.active:
             jax.block_until_ready(outputs)
             self.close()
@@ -66,7 +60,6 @@ class StepProfiler:
                          self.end, self.directory)
 
     def close(self) -> None:
-        """Stops a trace still running (e.g. the run ended before `end`)."""
         if self.active:
             jax.profiler.stop_trace()
             self.active = False

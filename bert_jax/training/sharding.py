@@ -1,19 +1,17 @@
 """Device mesh and logical-axis sharding rules.
 
-The mesh has three axes: `data` (batch split, parameters replicated), `fsdp`
-(batch split and parameters sharded along `embed`), `tensor` (heads, MLP and
-vocabulary split: Megatron-style tensor parallelism). A size of -1 takes the
-remaining devices. On several TPU slices (devices with distinct
-`slice_index`: a multi-slice job, or an ahead-of-time topology with
-`num_slices`), `config.mesh.shape` is the mesh inside one slice (ICI) and
-`config.mesh.dcn_shape` multiplies it across slices over the data-centre
-network, data-parallel by default (`create_hybrid_device_mesh`): the slow DCN
-links then carry only the gradient all-reduce. Axis types are `Auto`: recent JAX makes `jax.make_mesh`
-default to `Explicit`, which breaks ordinary gathers in losses.
+Mesh axes: `data` (batch split, parameters replicated), `fsdp` (batch split,
+parameters sharded along `embed`), `tensor` (heads, MLP and vocabulary split,
+as Megatron). A size of -1 takes the remaining devices. Over several TPU slices
+(distinct `slice_index`), `config.mesh.shape` is the mesh inside a slice (ICI)
+and `config.mesh.dcn_shape` multiplies it across slices, data-parallel by
+default (`create_hybrid_device_mesh`): the slow DCN links carry only the
+gradient all-reduce. Axis types are `Auto` (recent `jax.make_mesh` defaults to
+`Explicit`, which breaks ordinary gathers in losses).
 
-Parameters carry logical axis names (see `bert_jax.modeling.initializers`);
-`RULES` maps them to mesh axes. A dimension that the mesh axes do not divide is
-replicated instead (so a vocabulary of 30522 still works with tensor=4).
+`RULES` maps the parameters' logical axis names (`modeling.initializers`) to
+mesh axes; a dimension the mesh axes do not divide is replicated (so a
+vocabulary of 30522 works with tensor=4).
 """
 
 from __future__ import annotations
@@ -47,7 +45,6 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 
 def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
-    """Resolves one -1 in `(data, fsdp, tensor)` against `num_devices`."""
     shape = tuple(int(s) for s in shape)
     if len(shape) != len(MESH_AXES):
         raise ValueError(f"mesh shape {shape} must give sizes for {MESH_AXES}.")
@@ -68,12 +65,8 @@ def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
 
 def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None,
               dcn_shape: Sequence[int] = (-1, 1, 1)) -> Mesh:
-    """A `(data, fsdp, tensor)` mesh over `devices` (all by default), axis types Auto.
-
-    With devices from several slices, `shape` is resolved against one slice's
-    devices and `dcn_shape` against the number of slices; each mesh axis is
-    then `dcn_shape[i] * shape[i]` long, slices outermost.
-    """
+    """A `(data, fsdp, tensor)` mesh over `devices` (default: all). Over several
+    slices each axis is `dcn_shape[i] * shape[i]` long, slices outermost."""
     devices = list(devices if devices is not None else jax.devices())
     auto = (AxisType.Auto,) * len(MESH_AXES)
     slices = len({getattr(d, "slice_index", 0) for d in devices})
@@ -88,13 +81,11 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None,
 
 
 def mesh_from_config(mesh_config, devices=None) -> Mesh:
-    """The mesh of an experiment's `config.mesh` (`shape`, optional `dcn_shape`)."""
     return make_mesh(tuple(mesh_config.shape), devices,
                      tuple(mesh_config.get("dcn_shape", (-1, 1, 1))))
 
 
 def _fit(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
-    """Drops mesh axes from dimensions they do not divide evenly."""
     fitted = []
     for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
         names = (axes,) if isinstance(axes, str) else tuple(axes or ())
@@ -104,11 +95,8 @@ def _fit(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSp
 
 
 def logical_shardings(abstract_tree: Any, mesh: Mesh, rules=RULES) -> Any:
-    """NamedShardings for a tree whose leaves may be boxed with logical names.
-
-    `abstract_tree` is typically `jax.eval_shape(init)`; unboxed leaves (step
-    counters, RNG keys) are replicated.
-    """
+    """NamedShardings of a tree whose leaves may be boxed with logical names
+    (e.g. `jax.eval_shape(init)`); unboxed leaves are replicated."""
     specs = nn.get_partition_spec(abstract_tree)
     mesh_specs = nn.logical_to_mesh(specs, rules)
     shapes = jax.tree.map(lambda x: x.shape, nn.meta.unbox(abstract_tree))
@@ -118,7 +106,6 @@ def logical_shardings(abstract_tree: Any, mesh: Mesh, rules=RULES) -> Any:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Leading (batch) dimension split over `data` and `fsdp`."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
@@ -127,11 +114,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def global_batch(local: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-    """Assembles per-process batch slices into global arrays sharded over the batch.
-
-    Each process passes its own `[local_batch, ...]` rows; the global batch is
-    their concatenation in process order.
-    """
+    """Global arrays sharded over the batch: the processes' `[local_batch, ...]`
+    rows concatenated in process order."""
     sharding = batch_sharding(mesh)
     return jax.tree.map(
         lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local)

@@ -1,21 +1,19 @@
 """Accelerators that may not be here: TPU slices and GPU nodes, by name.
 
 `target(name, num_slices)` gives the devices of a TPU slice or a GPU node for
-ahead-of-time compilation on a CPU machine (`bert_jax.training.aot`), with the
-chip's memory and peak bfloat16 FLOP/s:
+ahead-of-time compilation on a CPU (`bert_jax.training.aot`), with the chip's
+memory and peak bfloat16 FLOP/s (`TPUS`, `GPUS`: the one chip table):
 
   TPU (needs `libtpu`: `pip install -e ".[tpu]"`)
-    v4-N, v5p-N   N TensorCores (2 per chip: N/2 chips), 3-D torus, e.g. v4-32, v5p-128
+    v4-N, v5p-N   N TensorCores (2 per chip), 3-D torus, e.g. v4-32, v5p-128
     v5e-N, v6e-N  N chips, 2-D torus, e.g. v5e-256
     v5e:16x16, v4:2x2x4, v5p:4x4x4   an explicit chip grid
-  GPU (needs the CUDA plugin: `pip install -e ".[cuda12]"`, and the environment
-  variables JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 on a machine
-  without a GPU)
+  GPU (needs `pip install -e ".[cuda12]"`, and JAX_PLATFORMS=cpu
+  JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 without a GPU)
     h100-8, h200-8, a100-8, b200-8   one node of 8 GPUs; -16, -32 ...: nodes of 8
 
-A GPU is described to XLA by a `GpuTargetConfig` text proto, rendered here from
-the vendors' published figures (`GPUS`), the one place they are kept. Memory
-sizes are what the device reports (nvidia-smi's total), in bytes.
+A GPU is described to XLA by a `GpuTargetConfig` text proto rendered from the
+vendors' figures; memory sizes are what the device reports (nvidia-smi's total).
 """
 
 from __future__ import annotations
@@ -29,12 +27,10 @@ from bert_jax.errors import UserError
 
 GiB = 1 << 30
 
-# The environment in which a CPU machine compiles for accelerators that are not
-# here; set before JAX starts (`launch/compile.py`, the tests). The CUDA plugin
-# describes GPUs without a driver only with the platform check off; libtpu
-# serves several processes at once only when allowed, and without a worker list
-# and host bounds it prints, at every start, that it could not find the TPU VM
-# it is not on (the slices it describes are the same with these set).
+# Set before JAX starts to compile on a CPU for accelerators that are not here:
+# the CUDA plugin describes GPUs without a driver only with the platform check
+# off; libtpu serves several processes only when allowed, and without a worker
+# list and host bounds says at every start it found no TPU VM.
 COMPILE_ONLY_ENVIRONMENT = {
     "JAX_PLATFORMS": "cpu",
     "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1",
@@ -50,7 +46,6 @@ class TopologyError(UserError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """The devices of one accelerator topology, and one chip's figures."""
 
     name: str
     platform: str              # 'tpu' | 'gpu'
@@ -82,7 +77,6 @@ TPUS = {   # Cloud TPU system-architecture pages: HBM per chip, peak bf16 FLOP/s
 
 @dataclasses.dataclass(frozen=True)
 class GpuSpec:
-    """A GPU's published figures, as XLA's GpuTargetConfig needs them."""
 
     description: str
     compute_capability: tuple[int, int]
@@ -108,6 +102,10 @@ GPUS = {   # NVIDIA data sheets and CUDA occupancy tables (SXM parts)
                     126 * 2**20, 1.965, 233_472, 232_448, 128, 2.25e15),
 }
 GPUS_PER_NODE = 8
+# `jax.Device.device_kind` prefix -> the chip of TPUS or GPUS (for the peak FLOP/s of MFU).
+DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5p": "v5p",
+                "TPU v6 lite": "v6e", "NVIDIA H100": "h100", "NVIDIA H200": "h200",
+                "NVIDIA A100": "a100", "NVIDIA B200": "b200"}
 # JAX's GPU allocator takes this share of a GPU's memory (75% unless the
 # variable says otherwise; XLA_PYTHON_CLIENT_MEM_FRACTION is its older name):
 # a step that needs more runs out of memory on the node however large the card.
@@ -117,8 +115,15 @@ CUDNN_VERSION = (9, 8)       # the cuDNN and CUDA the target configs describe
 CUDA_VERSION = (12, 8)
 
 
+def peak_flops(device_kind: str) -> float | None:
+    """Dense bfloat16 peak FLOP/s of one device of `device_kind` (None: unknown)."""
+    for prefix, chip in DEVICE_KINDS.items():
+        if device_kind.startswith(prefix):
+            return (TPUS.get(chip) or GPUS[chip]).peak_flops
+    return None
+
+
 def gpu_target_config(spec: GpuSpec) -> str:
-    """The XLA `GpuTargetConfig` text proto of `spec`."""
     major, minor = spec.compute_capability
     info = {
         "threads_per_block_limit": 1024, "threads_per_warp": 32,
@@ -144,8 +149,7 @@ def gpu_target_config(spec: GpuSpec) -> str:
 
 
 def gpu_memory_fraction() -> float:
-    """The share of a GPU's memory JAX's allocator takes, from the environment
-    (`MEMORY_FRACTION_VARIABLES`) as on the node, else 0.75."""
+    """JAX's allocator share of GPU memory, from the environment as on the node."""
     for variable in MEMORY_FRACTION_VARIABLES:
         text = os.environ.get(variable, "")
         if not text:
@@ -155,8 +159,7 @@ def gpu_memory_fraction() -> float:
         except ValueError:
             fraction = -1.0
         if not 0.0 < fraction <= 1.0:
-            raise TopologyError(f"{variable}={text!r}: give the share of GPU memory "
-                                "JAX may take, a number in (0, 1], e.g. 0.9.")
+            raise TopologyError(f"{variable}={text!r}: give a share in (0, 1], e.g. 0.9.")
         return fraction
     return DEFAULT_MEMORY_FRACTION
 
@@ -167,8 +170,8 @@ def tpu_grid(chips: int, dims: int) -> tuple[int, ...]:
     (v4-8: 2x2x1, v4-32: 2x2x4, v5p-128: 4x4x4, v5e-8: 2x4, v5e-256: 16x16)."""
     smallest_slice = 4 if dims == 3 else 1
     if chips < smallest_slice or chips & (chips - 1):
-        raise TopologyError(f"{chips} chips: slices by size are powers of two (3-D ones "
-                            "of 4 chips or more); give the grid instead, e.g. v5e:4x8.")
+        raise TopologyError(f"{chips} chips: a slice by size is a power of two (3-D: 4 or "
+                            "more); give the grid instead, e.g. v5e:4x8.")
     grid = [2, 2, 1] if dims == 3 else [1] * dims
     while math.prod(grid) < chips:
         smallest = min(grid)
@@ -183,20 +186,17 @@ _GPU = re.compile(r"^([a-z]\d+)-(\d+)$")
 
 
 def target(name: str, num_slices: int = 1) -> Target:
-    """The devices of the accelerator `name` (see the module docstring)."""
     name = name.strip().lower()
     if _SIZED.match(name) or _GRID.match(name):
         return _tpu(name, num_slices)
     match = _GPU.match(name)
     if match and match.group(1) in GPUS:
         if num_slices != 1:
-            raise TopologyError(f"--num_slices is for TPU slices; a GPU topology counts "
-                                f"its GPUs in its name ({match.group(1)}-16: two nodes).")
+            raise TopologyError(f"--num_slices is for TPUs; name the GPUs instead "
+                                f"({match.group(1)}-16: two nodes).")
         return _gpu(match.group(1), int(match.group(2)))
-    raise TopologyError(
-        f"unknown accelerator {name!r}: use a TPU slice (v4-32, v5p-128, v5e-256, "
-        f"v6e-64, or a grid like v5e:16x16) or GPU nodes ({', '.join(GPUS)} with -8, "
-        "-16, ...).")
+    raise TopologyError(f"unknown accelerator {name!r}: use a TPU slice (v5e-256, v5e:16x16) "
+                        f"or GPU nodes ({', '.join(GPUS)} with -8, -16, ...).")
 
 
 def _tpu(name: str, num_slices: int) -> Target:
@@ -226,8 +226,7 @@ def _gpu(kind: str, count: int) -> Target:
     elif count % GPUS_PER_NODE == 0:
         layout = f"1x{count // GPUS_PER_NODE}x{GPUS_PER_NODE}"
     else:
-        raise TopologyError(f"{kind}-{count}: more than one node means whole nodes of "
-                            f"{GPUS_PER_NODE} GPUs.")
+        raise TopologyError(f"{kind}-{count}: use whole nodes of {GPUS_PER_NODE} GPUs.")
     spec = GPUS[kind]
     devices = _topology_devices(dict(platform="cuda", topology=layout,
                                      target_config=gpu_target_config(spec)),

@@ -37,32 +37,29 @@ def _boxed_state_fn(init_fn: Callable[[jax.Array], Any], apply_fn: Callable,
     return boxed_state
 
 
+def abstract_like(tree: Any, shardings: Any = None) -> Any:
+    """ShapeDtypeStructs of a tree of arrays, with `shardings` (default: their own)."""
+    if shardings is None:
+        shardings = jax.tree.map(lambda x: x.sharding, tree)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
 def abstract_train_state(init_fn: Callable[[jax.Array], Any], apply_fn: Callable,
                          tx: optax.GradientTransformation, mesh: Mesh,
                          rules=RULES) -> tuple[TrainState, Any]:
-    """The state's shapes, dtypes and shardings, computing nothing.
-
-    Returns (state of `jax.ShapeDtypeStruct`s carrying their shardings,
-    state_shardings): what `create_train_state` builds and what ahead-of-time
-    compilation lowers the train step with. The shardings come from the
-    parameters' logical axis names.
-    """
+    """(the state as `jax.ShapeDtypeStruct`s with their shardings, the shardings),
+    computing nothing: what ahead-of-time compilation lowers the step with."""
     boxed = jax.eval_shape(_boxed_state_fn(init_fn, apply_fn, tx), jax.random.PRNGKey(0))
     shardings = logical_shardings(boxed, mesh, rules)
-    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            nn.meta.unbox(boxed), shardings)
-    return abstract, shardings
+    return abstract_like(nn.meta.unbox(boxed), shardings), shardings
 
 
 def create_train_state(init_fn: Callable[[jax.Array], Any], apply_fn: Callable,
                        tx: optax.GradientTransformation, mesh: Mesh, rng: jax.Array,
                        rules=RULES) -> tuple[TrainState, Any]:
-    """Initialises the state directly in its sharded layout.
-
-    `init_fn(rng)` returns the model's (boxed) variables; the state's shardings
-    come from the parameters' logical axis names, so no full copy is ever built
-    on one device. Returns (state, state_shardings).
-    """
+    """(state, state_shardings), initialised in its sharded layout: no full copy
+    is ever built on one device. `init_fn(rng)`: the model's (boxed) variables."""
     _, shardings = abstract_train_state(init_fn, apply_fn, tx, mesh, rules)
     boxed_state = _boxed_state_fn(init_fn, apply_fn, tx)
     init = jax.jit(lambda r: nn.meta.unbox(boxed_state(r)), out_shardings=shardings)
@@ -80,11 +77,8 @@ def _split_micro_batches(batch: dict[str, jax.Array], steps: int) -> dict[str, j
 
 
 def make_train_step(loss_fn: LossFn, grad_accum_steps: int = 1) -> Callable:
-    """`step(state, batch, rng) -> (state, metrics)`, un-jitted (see `jit_train_step`).
-
-    metrics: loss (mean over real targets), weight (their count), grad_norm,
-    and the means of the other sums the task returns (`sums_to_means`).
-    """
+    """`step(state, batch, rng) -> (state, metrics)`, un-jitted; metrics: loss
+    (mean over real targets), weight, grad_norm, and the means of the other sums."""
     def gradients(params, batch, rng):
         def summed(p):
             loss_sum, weight, sums = loss_fn(p, batch, rng)

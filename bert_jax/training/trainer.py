@@ -33,7 +33,7 @@ from bert_jax.tasks import build_task
 from bert_jax.training import optimizer as optimizer_lib
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, set_aside_steps_after)
-from bert_jax.training.evaluation import abstract_like, make_evaluator
+from bert_jax.training.evaluation import make_evaluator
 from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
 from bert_jax.training.preemption import PreemptionWatcher
@@ -43,7 +43,7 @@ from bert_jax.training.workdir import (
     CHECKPOINT_DIR, CONFIG_FILE, WorkdirError, WorkdirLock, checkpoint_steps)
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
-    TrainState, create_train_state, jit_train_step, make_train_step)
+    TrainState, abstract_like, create_train_state, jit_train_step, make_train_step)
 from bert_jax.training.validation import check_training_config
 
 PROFILE_DIR = "profile"  # jax.profiler traces of config.train.profile_steps
@@ -62,15 +62,12 @@ def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
-    """Creates `workdir`, checks it is writable and that any run already in it
-    has the same task, model and data. `write_config` writes `config.json` once
-    the run can start, so that a config that fails to build leaves none behind
-    (its corrected rerun would be refused as incompatible)."""
+    """Creates `workdir`, checks it is writable and that a run already in it has
+    the same task, model and data. (`write_config` writes `config.json` only once
+    the run can start: a config that fails to build must leave none behind.)"""
     if "://" in workdir:
-        raise WorkdirError(
-            f"--workdir={workdir}: object-store URLs are not supported yet (config.json, "
-            "metrics.jsonl and the vocabulary are written with local file I/O). Mount the "
-            "bucket on every host (e.g. gcsfuse at /gcs/BUCKET) and pass that path.")
+        raise WorkdirError(f"--workdir={workdir}: object-store URLs are not supported; mount "
+                           "the bucket on every host (e.g. gcsfuse) and pass that path.")
     workdir = os.path.abspath(workdir)
     try:
         os.makedirs(workdir, exist_ok=True)
@@ -78,8 +75,8 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
         raise WorkdirError(f"cannot create --workdir={workdir}: {e.strerror}; choose a "
                            "writable location.") from e
     if not os.access(workdir, os.W_OK | os.X_OK):
-        raise WorkdirError(f"--workdir={workdir} is not writable by this user; fix its "
-                           "permissions or choose another workdir.")
+        raise WorkdirError(f"--workdir={workdir} is not writable: fix its permissions or "
+                           "choose another.")
     path = os.path.join(workdir, CONFIG_FILE)
     resolved = config_to_json(config)
     if os.path.exists(path):
@@ -95,32 +92,25 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
 
 
 def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-    """Writes `config.json`, the experiment of the run in `workdir` (process 0)."""
     if jax.process_index() == 0:  # atomically: other processes may be reading it
         write_json(os.path.join(workdir, CONFIG_FILE), config_to_json(config), sort_keys=True)
 
 
 def _saved_model_dtype(workdir: str) -> str | None:
-    """config.model.dtype of the run already in `workdir` (None: there is none)."""
     path = os.path.join(workdir, CONFIG_FILE)
     if not os.path.isfile(path):
         return None
     return read_json(path).get("model", {}).get("dtype")
 
 
-def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in sorted(set(old) | set(new)):
-            out += _differences(old.get(key), new.get(key), f"{prefix}{key}.")
-        return out
-    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} in the workdir, "
-                                  f"{new!r} now"]
+def _differences(old: dict, new: dict) -> list[str]:
+    old, new = (traverse_util.flatten_dict(tree, sep=".") for tree in (old, new))
+    return [f"{key}: {old.get(key)!r} in the workdir, {new.get(key)!r} now"
+            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
 
 
 def make_optimizer(config: ml_collections.ConfigDict):
-    """`config.optimizer`: name, schedule, warmup_steps or warmup_fraction (> 0:
-    that fraction of train.num_steps, rounded), decay_power (schedule 'poly')."""
+    """`config.optimizer`; warmup_fraction > 0 overrides warmup_steps."""
     opt, train = config.optimizer, config.train
     fraction = opt.get("warmup_fraction", 0.0)
     warmup = round(fraction * train.num_steps) if fraction > 0 else opt.warmup_steps
@@ -132,8 +122,6 @@ def make_optimizer(config: ml_collections.ConfigDict):
 
 
 def initialise_from(state: TrainState, path: str, workdir: str) -> TrainState:
-    """Overwrites the parameters that `path` (`config.init_from`) holds
-    (params-only restore)."""
     path = checkpoint_path(path)
     restored, names, missing = restore_params(path, abstract_like(state.params))
     flat = traverse_util.flatten_dict(state.params)
@@ -147,13 +135,10 @@ def initialise_from(state: TrainState, path: str, workdir: str) -> TrainState:
 
 
 def _restore_point(workdir: str, step: int) -> None:
-    """Makes `step` the latest checkpoint: process 0 moves later ones aside
-    (keeping them); all processes wait for it."""
     steps = checkpoint_steps(os.path.join(workdir, CHECKPOINT_DIR))
     if step not in steps:
-        raise CheckpointError(
-            f"--restore_step={step}: {workdir} holds no checkpoint of that step "
-            f"(available: {steps}); pick one of those.")
+        raise CheckpointError(f"--restore_step={step}: no such checkpoint in {workdir} "
+                              f"(available: {steps}).")
     if jax.process_index() == 0:
         for path in set_aside_steps_after(workdir, step):
             logging.warning("--restore_step=%d: moved the later checkpoint %s aside (kept; "
@@ -164,14 +149,9 @@ def _restore_point(workdir: str, step: int) -> None:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        restore_step: int | None = None) -> dict[str, float]:
-    """Trains `config` in `workdir` (resuming if it holds checkpoints).
-
-    `restore_step`: resume from this checkpoint instead of the latest; the
-    checkpoints of later steps are moved to WORKDIR/checkpoints_set_aside/
-    (kept, not deleted), and metrics logged after it are dropped.
-
-    Returns the last metrics logged (train and eval).
-    """
+    """Trains `config` in `workdir`, resuming from its latest checkpoint or
+    `restore_step` (later ones are moved to WORKDIR/checkpoints_set_aside/, their
+    metrics dropped). Returns the last metrics logged."""
     check_training_config(config)
     if config.model.get("dtype") == AUTO:
         config = resolve_model_dtype(config, saved_dtype=_saved_model_dtype(workdir))
@@ -181,7 +161,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def _lock(workdir: str) -> contextlib.AbstractContextManager:
-    """Process 0's WorkdirLock, held for the run; all processes stop if it is refused."""
     lock, refused = contextlib.nullcontext(), None
     if jax.process_index() == 0:
         try:
@@ -189,8 +168,8 @@ def _lock(workdir: str) -> contextlib.AbstractContextManager:
         except WorkdirError as e:
             refused = e
     if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(refused is not None):
-        refused = refused or WorkdirError(f"{workdir} is in use by another training run "
-                                          "(process 0 names it).")
+        refused = refused or WorkdirError(f"{workdir} is in use by another run (process "
+                                          "0 names it).")
     if refused:
         raise refused
     return lock
