@@ -42,7 +42,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from absl import app, flags  # noqa: E402
 
-import cli  # noqa: E402
 import common_flags  # noqa: E402
 from bert_jax.data.bert_pretraining import BertPretraining  # noqa: E402
 from bert_jax.data.pretraining_data import read_documents  # noqa: E402
@@ -209,4 +208,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    common_flags.run(main)

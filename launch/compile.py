@@ -34,14 +34,11 @@ for _name, _value in topologies.COMPILE_ONLY_ENVIRONMENT.items():
     os.environ.setdefault(_name, _value)
 
 from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
-import cli  # noqa: E402
+import common_flags as launch_flags  # noqa: E402
 from bert_jax.training import aot  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file: experiments/NAME.py[:ARG]; override any "
-    "field with --config.section.key=value.", lock_config=True)
+_CONFIG = launch_flags.CONFIG
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU slice or GPU nodes, e.g. "
                                 "v5p-128, v5e:16x16, h100-8.")
 _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "TPU slices joined over the "
@@ -131,4 +128,4 @@ def fit(config, target) -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    launch_flags.run(main)

@@ -22,14 +22,15 @@ from bert_jax.tasks import build_task
 from bert_jax import auto_dtype
 from bert_jax.training import trainer
 from bert_jax.training.checkpoints import (
-    CheckpointError, DamagedCheckpointError, check_integrity, describe_damage, digests)
+    CheckpointError, DamagedCheckpointError, check_integrity, digests)
 from bert_jax.training.evaluation import evaluate_checkpoint
 from bert_jax.training.workdir import read_metrics
 from bert_jax.training.validation import check_training_config
-from test_training import REPO, data_dir, finish, launch, tiny_config  # noqa: F401
+from helpers import REPO, finish, launch, tiny_config
 
 sys.path.insert(0, str(REPO / "launch"))
 import cli  # noqa: E402
+import common_flags  # noqa: E402
 
 # ----------------------------------------------------------------------------
 # The launch scripts: `error: ...`, exit 2, no traceback; bugs keep theirs.
@@ -43,90 +44,76 @@ def _config_flags(argv) -> flags.FlagValues:
     return values
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("--config.no_such=1",
-     "error: --config.no_such=1: the config has no field 'no_such'."),
-    ("--config.train.num_stepz=5",
-     "error: --config.train.num_stepz=5: the config has no field 'num_stepz'. Did you "
-     "mean \"num_steps\""),
-    ("--config.train.num_steps=many",
-     "error: flag --config.train.num_steps=many: invalid literal for int()"),
-    ("--config.train.batch_size=(1,",
-     "error: flag --config.train.batch_size=(1,: "),
+def _flag_error(argv) -> str:
+    """The error `common_flags.parse_flags` raises for `argv` (cli.run prints it as
+    `error: ...`, exit 2: test_train_py_reports_a_bad_flag_in_one_line)."""
+    with pytest.raises((flags.Error, UserError)) as error:
+        common_flags.parse_flags(argv, _config_flags(argv))
+    assert "Traceback" not in str(error.value), error.value
+    return str(error.value)
+
+
+@pytest.mark.parametrize("flag, named", [
+    ("--config.no_such=1", ("--config.no_such=1", "'no_such'")),
+    ("--config.train.num_stepz=5", ("--config.train.num_stepz=5", "'num_stepz'", "num_steps")),
+    ("--config.train.num_steps=many", ("--config.train.num_steps=many",)),
+    ("--config.train.batch_size=(1,", ("--config.train.batch_size=(1,",)),
 ])
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_bad_config_flags_are_one_line(capsys, flag, message):
+def test_bad_config_flags_are_one_line(flag, named):
     argv = ["train.py", f"--config={REPO / 'experiments' / 'tiny_translate.py'}", flag]
-    with pytest.raises(SystemExit) as exit_:
-        cli.parse_flags(argv, _config_flags(argv))
-    err = capsys.readouterr().err
-    assert exit_.value.code == cli.EXIT_USER_ERROR and err.startswith(message), err
-    assert "Traceback" not in err and len(err.splitlines()) <= 3, err
+    message = _flag_error(argv)
+    assert all(name in message for name in named) and len(message.splitlines()) == 1, message
 
 
 @pytest.mark.parametrize("overrides", [(), ("--config.train.num_steps=5",)])
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_a_missing_config_file_is_named(capsys, overrides):
-    with pytest.raises(SystemExit):
-        argv = ["train.py", "--config=nope.py", *overrides]
-        cli.parse_flags(argv, _config_flags(argv))
-    assert capsys.readouterr().err.startswith(
-        "error: --config=nope.py: cannot load the config file: [Errno 2] No such file")
+def test_a_missing_config_file_is_named(overrides):
+    message = _flag_error(["train.py", "--config=nope.py", *overrides])
+    assert message.startswith("--config=nope.py: ") and "no such file" in message, message
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_a_syntax_error_in_a_config_file_is_named(capsys, tmp_path):
+def test_a_syntax_error_in_a_config_file_is_named(tmp_path):
     (tmp_path / "broken.py").write_text("import ml_collections\ndef get_config(:\n")
-    with pytest.raises(SystemExit) as exit_:
-        argv = ["train.py", f"--config={tmp_path / 'broken.py'}"]
-        cli.parse_flags(argv, _config_flags(argv))
-    err = capsys.readouterr().err
-    assert exit_.value.code == cli.EXIT_USER_ERROR and "Traceback" not in err, err
-    assert err.startswith(f"error: {argv[1]}: ") and "(broken.py, line 2)" in err, err
+    argv = ["train.py", f"--config={tmp_path / 'broken.py'}"]
+    assert _flag_error(argv).startswith(f"{argv[1]}: {tmp_path / 'broken.py'}:2: ")
 
 
 @pytest.mark.parametrize("experiment", ["pretrain_bert.py", "tiny_translate.py"])
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_an_unknown_experiment_variant_is_one_line(capsys, experiment):
+def test_an_unknown_experiment_variant_is_one_line(experiment):
     argv = ["train.py", f"--config={REPO / 'experiments' / experiment}:nosuch"]
-    with pytest.raises(SystemExit) as exit_:
-        cli.parse_flags(argv, _config_flags(argv))
-    err = capsys.readouterr().err
-    assert exit_.value.code == cli.EXIT_USER_ERROR and "Traceback" not in err, err
-    assert err.startswith(f"error: flag {argv[1]}: unknown variant 'nosuch'"), err
+    message = _flag_error(argv)
+    assert message.startswith(f"flag {argv[1]}: ") and "'nosuch'" in message, message
+    assert len(message.splitlines()) == 1, message
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_a_workdir_without_a_run_is_named(capsys, tmp_path):
+def test_a_workdir_without_a_run_is_named(tmp_path):
     """evaluate.py --workdir=DIR reads DIR/config.json while its flags are parsed."""
     argv = ["evaluate.py", f"--config={REPO / 'launch' / 'workdir_config.py'}:{tmp_path}"]
-    with pytest.raises(SystemExit) as exit_:
-        cli.parse_flags(argv, _config_flags(argv))
-    err = capsys.readouterr().err
-    assert exit_.value.code == cli.EXIT_USER_ERROR and err == (
-        f"error: --workdir={tmp_path} holds no config.json: it is not the workdir of a "
-        "training run (launch/train.py writes it).\n"), err
+    message = _flag_error(argv)
+    assert f"--workdir={tmp_path} " in message and "config.json" in message, message
+    assert len(message.splitlines()) == 1, message
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_a_damaged_config_json_is_named(capsys, tmp_path, data_dir):
+def test_a_damaged_config_json_is_named(tmp_path, data_dir):
     config_json = tmp_path / "config.json"
     config_json.write_text('{"task": "translation", "model": {"hidd')  # a write cut short
     with pytest.raises(DamagedFileError, match=re.escape(str(config_json))):
         trainer.train_and_evaluate(tiny_config(data_dir), str(tmp_path))
     argv = ["evaluate.py", f"--config={REPO / 'launch' / 'workdir_config.py'}:{tmp_path}"]
-    with pytest.raises(SystemExit) as exit_:
-        cli.parse_flags(argv, _config_flags(argv))
-    err = capsys.readouterr().err
-    assert exit_.value.code == cli.EXIT_USER_ERROR and len(err.splitlines()) == 1, err
-    assert f" {config_json} is damaged" in err
+    message = _flag_error(argv)
+    assert str(config_json) in message and len(message.splitlines()) == 1, message
 
 
 def test_train_py_reports_a_bad_flag_in_one_line(tmp_path):
     code, out = finish(launch("train.py", tmp_path / "run", {}, extra=["--config.no_such=1"]))
-    assert code == 2 and out.splitlines()[0] == (
-        "error: --config.no_such=1: the config has no field 'no_such'. Check the spelling "
-        "and the section (config.json in a workdir lists every field)."), out
+    assert code == 2 and out.splitlines()[0].startswith(
+        "error: --config.no_such=1: ") and "'no_such'" in out.splitlines()[0], out
+    assert out.splitlines()[1:] == ["(--helpshort lists this script's flags)"], out
     assert "Traceback" not in out and not (tmp_path / "run").exists()
 
 
@@ -186,9 +173,9 @@ def test_a_coordinator_without_the_process_flags_is_a_user_error():
 
 
 def test_a_failed_restore_leaves_no_traceback_noise(tmp_path):
-    """What a damaged checkpoint's aborted reads report as unraisable (a closed
-    event loop; at exit, the abandoned reads' errors) stays off stderr; other
-    unraisable errors are still reported."""
+    """Once a checkpoint failed, what its abandoned reads report as unraisable
+    through Orbax's (or asyncio's) code stays off stderr, at exit too; before, and
+    from other code, unraisable errors are still reported."""
     unraisable = ("class Dying:\n"
                   "    def __init__(self, error):\n"
                   "        self.error = error\n"
@@ -196,14 +183,20 @@ def test_a_failed_restore_leaves_no_traceback_noise(tmp_path):
                   "        raise self.error\n"
                   "def report(error):\n"
                   "    Dying(error)  # deleted at once: its error goes to sys.unraisablehook\n")
-    (tmp_path / "unraisable.py").write_text(unraisable)
-    damaged = _run_script(
-        tmp_path, "from unraisable import report; import atexit; "
-        "report(RuntimeError('Event loop is closed')); "
-        "atexit.register(report, ValueError('array index')); raise UserError('damaged')")
-    assert damaged.stderr.splitlines() == ["error: damaged"], damaged.stderr
-    other = _run_script(tmp_path, "from unraisable import report; report(ValueError('x'))")
-    assert "ValueError: x" in other.stderr and other.returncode == 0
+    for folder in ("orbax", "other"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"{folder}_io.py").write_text(unraisable)
+    imports = ("sys.path[:0] = ['orbax', 'other']; import atexit, orbax_io, other_io; "
+               "from bert_jax.training import checkpoints; ")
+    failed = _run_script(
+        tmp_path, imports + "orbax_io.report(ValueError('before')); "
+        "checkpoints._drop_reports_of_abandoned_io(); "
+        "orbax_io.report(RuntimeError('closed loop')); other_io.report(KeyError('other')); "
+        "atexit.register(orbax_io.report, ValueError('at exit')); raise UserError('damaged')")
+    assert failed.returncode == 2 and failed.stderr.count("Exception ignored") == 2
+    assert "ValueError: before" in failed.stderr and "KeyError: 'other'" in failed.stderr
+    assert "closed loop" not in failed.stderr and "at exit" not in failed.stderr
+    assert failed.stderr.splitlines()[-1] == "error: damaged"
 
 
 def test_the_resume_command_replaces_the_old_flag():
@@ -389,10 +382,9 @@ def _tensorboard_steps(workdir, tag: str) -> list[int]:
 
 
 # The truncated file's reads that Orbax abandons in this process report at garbage
-# collection: contained here, as the launchers drop them (common_flags).
+# collection: contained here (checkpoints._drop_reports_of_abandoned_io in a launcher).
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_a_damaged_checkpoint_names_the_file_and_the_step_to_resume_from(run, data_dir,
-                                                                         tmp_path, caplog):
+def test_a_damaged_checkpoint_names_the_step_to_resume_from(run, data_dir, tmp_path, caplog):
     workdir = tmp_path / "run"
     shutil.copytree(run, workdir)
     damaged = _truncate_largest_data_file(workdir / "checkpoints" / "20")
@@ -401,10 +393,8 @@ def test_a_damaged_checkpoint_names_the_file_and_the_step_to_resume_from(run, da
     with pytest.raises(DamagedCheckpointError) as error:
         trainer.train_and_evaluate(longer, str(workdir))
     lines = str(error.value).splitlines()
-    assert lines[0].startswith(f"cannot restore {workdir}/checkpoints/20: array ")
-    assert lines[0].endswith(f"; damaged (truncated) file: {damaged}")
-    assert lines[1] == ("Nothing was deleted (available: [10, 20]): resume from step 10, "
-                        "the last earlier checkpoint, with --restore_step=10.")
+    assert lines[0].startswith(f"cannot restore {workdir}/checkpoints/20: ")
+    assert "(available: [10, 20])" in lines[1] and "--restore_step=10" in lines[1]
     assert error.value.rerun_with == {"restore_step": 10}  # launch/cli.py prints the command
     assert damaged.stat().st_size == size  # untouched
 
@@ -452,13 +442,10 @@ def test_evaluating_a_damaged_checkpoint_names_the_file(run, data_dir, tmp_path)
     step_dir = workdir / "checkpoints" / "20"
     for path in step_dir.glob("state/ocdbt.process_*/d/*"):  # the arrays' data files
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(CheckpointError, match=(
-            rf"cannot restore .*: array params\S* cannot be read .*; damaged \(truncated\) "
-            rf"file: {step_dir}/state/\S+/d/[0-9a-f]+")) as error:
+    with pytest.raises(DamagedCheckpointError, match=f"cannot restore {step_dir}: ") as error:
         evaluate_checkpoint(tiny_config(data_dir, **RUN), str(workdir), 20)
-    assert str(error.value).splitlines()[1] == (
-        "Nothing was deleted (available: [10, 20]): use step 10, the last earlier "
-        "checkpoint, with --step=10.")
+    advice = str(error.value).splitlines()[1]
+    assert "(available: [10, 20])" in advice and "--step=10" in advice, advice
     assert error.value.rerun_with == {"step": 10}  # evaluate.py prints the command
 
 
@@ -485,13 +472,12 @@ def test_same_size_damage_is_refused_naming_the_good_step(tmp_path):
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     checkpointer = Checkpointer(str(tmp_path))
-    with pytest.raises(DamagedCheckpointError, match=r"checkpoints/20: array params/w does "
-                       "not match the checksum") as error:
+    with pytest.raises(DamagedCheckpointError, match=r"checkpoints/20: array params/w ") as error:
         checkpointer.restore(20, abstract, None)
     assert error.value.rerun_with == {"restore_step": 10}
     np.testing.assert_array_equal(checkpointer.restore(10, abstract, None)["params"]["w"],
                                   state["params"]["w"])
-    with pytest.raises(DamagedCheckpointError, match=r"array params/w does not match"):
+    with pytest.raises(DamagedCheckpointError, match=r"array params/w "):
         restore_params(str(tmp_path / "checkpoints" / "20"), abstract["params"])
 
 
@@ -504,26 +490,6 @@ def test_integrity_check_names_changed_and_non_finite_arrays():
     assert check_integrity(swapped, saved).startswith("array params/w does not match")
     nan = {"params": {"w": tree["params"]["w"], "b": jnp.array([1.0, jnp.nan, 1.0])}}
     assert check_integrity(nan, None).startswith("array params/b holds NaN or Inf")
-
-
-def test_damage_is_named_from_tensorstore_errors_in_the_chain(tmp_path):
-    data = tmp_path / "state" / "ocdbt.process_0" / "d"
-    data.mkdir(parents=True)
-    (data / "aa").write_bytes(b"12345")
-    (data / "bb").write_bytes(b"1234567")
-    read = (f'Error reading "params.w/0.0" in OCDBT database at local file '
-            f'"{tmp_path}/state/": ')
-    truncated = Exception("Encountered error while reading array index")
-    truncated.__cause__ = ValueError("OUT_OF_RANGE: " + read + "Requested byte range "
-                                     "[3, 9) is not valid for value of size 5")
-    assert describe_damage(truncated) == (
-        "array params.w cannot be read (Requested byte range [3, 9) is not valid for "
-        f"value of size 5); damaged (truncated) file: {data / 'aa'}")
-    missing = ValueError("DATA_LOSS: " + read + "Truncated Zstd-compressed stream")
-    assert describe_damage(missing) == (
-        "array params.w cannot be read (Truncated Zstd-compressed stream); a data file "
-        f"under {tmp_path}/state/*/d/ is damaged or missing")
-    assert describe_damage(KeyError("params")) is None
 
 
 def test_restore_step_must_exist_and_moves_nothing(run, data_dir, tmp_path):
