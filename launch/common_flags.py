@@ -9,7 +9,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 import cli
-from bert_jax.errors import UserError
+from bert_jax.errors import UserError, chain
 from bert_jax.training import distributed, evaluation
 
 CONFIG = config_flags.DEFINE_config_file(
@@ -43,7 +43,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
     except SyntaxError as e:
         raise flags.Error(f"{config}: {e.filename}:{e.lineno}: {e.msg}") from e
     except (flags.Error, OSError) as e:
-        causes = [c for c in _chain(e) if isinstance(c, UserError)]
+        causes = [c for c in chain(e) if isinstance(c, UserError)]
         if causes:
             raise flags.Error(f"flag {config}: {causes[-1]}") from e
         if isinstance(e, flags.Error):
@@ -68,12 +68,6 @@ def _unknown_field(argv: list[str], config: str) -> str:
                     f'did you mean "{close[0]}"?' if close else "config.json in a workdir lists them.")
             node = node[key]
     return f"{config}: an override names a field the config lacks"
-
-
-def _chain(error: BaseException | None):
-    while error is not None:
-        yield error
-        error = error.__cause__ or error.__context__
 
 
 WORKDIR_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workdir_config.py")

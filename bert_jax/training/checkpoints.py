@@ -20,7 +20,7 @@ import shutil
 import sys
 import traceback
 import warnings
-from typing import Any, Iterator
+from typing import Any
 
 import grain
 import jax
@@ -30,7 +30,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint import checkpoint_managers
 
-from bert_jax.errors import UserError
+from bert_jax.errors import UserError, chain
 from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
 
 SET_ASIDE_DIR = "checkpoints_set_aside"
@@ -75,6 +75,7 @@ class Checkpointer:
                                              item_names=("state", "data", DIGEST_ITEM))
         self.unchecked = None  # the step of the last save not yet known to be complete
         self.failed = False
+        _drop_unraisable_io_errors()
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -84,7 +85,6 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, data_iterator: grain.DatasetIterator | None,
              metrics: dict[str, float] | None = None) -> None:
-        """Starts an (asynchronous) save of `state` and the iterator position."""
         items = {"state": ocp.args.StandardSave(state),
                  DIGEST_ITEM: ocp.args.JsonSave(digests(state)[0])}
         if data_iterator is not None:
@@ -113,10 +113,9 @@ class Checkpointer:
         self.unchecked = None
 
     def _unsaved(self, error: Exception | None) -> SaveError:
-        """A failed save: the folder, its free space, the step to resume from."""
         step, self.unchecked, self.failed = self.unchecked, None, True
         _drop_reports_of_abandoned_io()
-        reason = next((f" ({e.strerror})" for e in _chain(error)
+        reason = next((f" ({e.strerror})" for e in chain(error)
                        if isinstance(e, OSError) and e.strerror), "")
         usage = shutil.disk_usage(self.directory)
         free, total = (f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
@@ -163,7 +162,7 @@ class Checkpointer:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
-        """Waits for the last save (SaveError if it failed), then closes."""
+        """Waits for the last save (SaveError if it failed)."""
         try:
             self.check(wait=True)
         finally:
@@ -224,50 +223,45 @@ def check_integrity(tree: Any, saved: dict[str, int] | None) -> str | None:
 
 
 def _unreadable(error: Exception) -> str:
-    """What we know of a restore Orbax gave up: the error's type (TensorStore's text
-    names an array, not the file; `--debug` shows it)."""
     _drop_reports_of_abandoned_io()
     return f"its files cannot be read ({type(error).__name__}; --debug shows why)"
 
 
 def _through_orbax(error: BaseException | None) -> bool:
-    return any(part in frame.f_code.co_filename for cause in _chain(error)
+    return any(part in frame.f_code.co_filename for cause in chain(error)
                for frame, _ in traceback.walk_tb(cause.__traceback__)
                for part in ("/orbax/", "/asyncio/"))
 
 
-def _drop_reports_of_abandoned_io() -> None:
-    """Orbax gives up a restore (a save) at its first read (write) error, leaving
-    the other reads pending on an event loop it closes. Each reports the same
-    damage (or full disk) again when it is collected, possibly at exit, in the
-    hundreds of ~70 lines each. Once one failed (the caller reports it once), this
-    process drops the unraisable errors raised through Orbax's or asyncio's code,
-    asyncio's logged exceptions and RuntimeWarnings (the abandoned coroutines,
-    collected unawaited)."""
-    global _dropping_abandoned_io
-    if _dropping_abandoned_io:
+def _drop_unraisable_io_errors() -> None:
+    """Orbax reports a failed save or restore to the caller (`check`, `restore`), but the
+    reads and writes it abandons on an event loop it closes raise again, unraisable:
+    hundreds of ~70-line reports from its threads while training goes on (a failed
+    async save), or at exit. Once a Checkpointer exists, this process drops unraisable
+    errors raised through Orbax's or asyncio's code."""
+    if getattr(sys.unraisablehook, "drops_orbax_io", False):
         return
-    _dropping_abandoned_io = True
     previous = sys.unraisablehook
 
     def hook(unraisable):
         if not _through_orbax(unraisable.exc_value):
             previous(unraisable)
+    hook.drops_orbax_io = True
     sys.unraisablehook = hook
-    python_logging.getLogger("asyncio").addFilter(lambda record: not record.exc_info)
+
+
+def _drop_reports_of_abandoned_io() -> None:
+    """After a failure, also asyncio's logged exceptions ('never retrieved') and the
+    RuntimeWarnings of the abandoned coroutines, collected unawaited."""
+    _drop_unraisable_io_errors()
+    asyncio_logger = python_logging.getLogger("asyncio")
+    if _no_exceptions not in asyncio_logger.filters:
+        asyncio_logger.addFilter(_no_exceptions)
     warnings.simplefilter("ignore", RuntimeWarning)
 
 
-_dropping_abandoned_io = False
-
-
-def _chain(error: BaseException | None) -> Iterator[BaseException]:
-    """`error` and its causes and contexts, outermost first."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
+def _no_exceptions(record: python_logging.LogRecord) -> bool:
+    return not record.exc_info
 
 
 def set_aside_steps_after(workdir: str, step: int) -> list[str]:
@@ -318,10 +312,8 @@ def _params_location(path: str) -> tuple[str, tuple[str, ...]]:
 def _match(saved_shapes: dict[tuple[str, ...], tuple[int, ...]], wanted: dict,
            prefix: tuple[str, ...], where: str, strict: bool
            ) -> tuple[dict, list[str], list[str]]:
-    """(wanted entries the checkpoint has, their paths, missing paths).
-
-    A parameter with another shape is an error naming it; with `strict`, so
-    are parameters the checkpoint lacks or has beyond the model's."""
+    """(wanted entries the checkpoint has, their paths, missing paths); see
+    `restore_params` for what is an error."""
     target, restored_paths, missing, mismatched = {}, [], [], []
     for key, spec in wanted.items():
         saved_key = prefix + key
@@ -377,25 +369,19 @@ def _restore_huggingface(path: str, abstract_params: Any, strict: bool):
 
 def restore_params(path: str, abstract_params: Any, strict: bool = False
                    ) -> tuple[Any, list[str], list[str]]:
-    """Restores the parameters of `abstract_params` that `path` holds.
-
-    `path`: a bert_jax pretrained folder, a workdir, its checkpoints dir, one
-    step, or a Hugging Face BERT folder (`config.json` + `model.safetensors`).
-    `abstract_params` is a tree of `jax.ShapeDtypeStruct` with shardings (the new
-    model's). Parameters the checkpoint lacks (a head the new task adds) are
-    left out of the result for the caller to initialise (the params-only
-    `init_from` path); a parameter present in both with different shapes is an
-    error naming it. `strict=True` (restoring a model for inference) also
-    refuses missing and unexpected parameters, naming them.
-
-    Returns (restored subtree, restored paths, missing paths).
-    """
+    """(restored subtree, restored paths, missing paths) of the parameters of
+    `abstract_params` (ShapeDtypeStructs with the new model's shardings) that `path`
+    holds: a bert_jax pretrained folder, a workdir, its checkpoints dir, one step,
+    or a Hugging Face BERT folder. Missing ones (a head the new task adds) are left
+    to the caller (`init_from`); mis-shaped ones are an error, and with `strict`
+    (inference) missing and unexpected ones too."""
     from flax import traverse_util
 
     if _is_huggingface_folder(path):
         return _restore_huggingface(path, abstract_params, strict)
     directory, prefix = _params_location(path)
     checkpointer = ocp.PyTreeCheckpointer()
+    _drop_unraisable_io_errors()
     try:
         metadata = checkpointer.metadata(directory)
         saved_tree = metadata.item_metadata.tree if hasattr(
