@@ -364,12 +364,12 @@ def test_two_processes_match_one_process(tmp_path, data_dir):
 def test_unwritable_workdir(tmp_path, data_dir, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(trainer.WorkdirError, match="cannot create --workdir"):
+    with pytest.raises(trainer.WorkdirError, match=f"--workdir={blocker / 'run'}"):
         trainer.prepare_workdir(str(blocker / "run"), tiny_config(data_dir))
-    with pytest.raises(trainer.WorkdirError, match="object-store URLs are not supported"):
+    with pytest.raises(trainer.WorkdirError, match="gs://bucket/run"):
         trainer.prepare_workdir("gs://bucket/run", tiny_config(data_dir))
     monkeypatch.setattr(os, "access", lambda *a, **k: False)
-    with pytest.raises(trainer.WorkdirError, match="is not writable"):
+    with pytest.raises(trainer.WorkdirError, match=str(tmp_path / "run")):
         trainer.prepare_workdir(str(tmp_path / "run"), tiny_config(data_dir))
 
 
@@ -466,7 +466,7 @@ def test_averaging_refuses_a_checkpoint_of_another_model_naming_the_array(traine
         average_workdir(config, run, str(output), steps=[100, 300])
     with pytest.raises(CheckpointError, match="the last 4 checkpoints"):
         average_workdir(config, run, str(output), last=4)
-    with pytest.raises(CheckpointError, match="--save_average=.*/run is not a new folder outside"):
+    with pytest.raises(CheckpointError, match="--save_average=.*/run "):
         average_workdir(config, run, run, last=2)
 
 

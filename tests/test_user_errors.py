@@ -18,6 +18,7 @@ from ml_collections import config_flags
 
 from bert_jax.data import input_lines, sources
 from bert_jax.errors import DamagedFileError, UserError
+from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax import auto_dtype
 from bert_jax.training import trainer
@@ -248,53 +249,43 @@ def test_a_missing_file_the_user_named_is_a_user_error(tmp_path):
 # Early validation: before anything is written or built.
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"train.batch_size": 60},
-     "config.train.batch_size=60: it cannot be split over the 8 devices of the mesh's "
-     "data x fsdp axes (config.mesh.shape); use a multiple of 8 (56 or 64)"),
+@pytest.mark.parametrize("overrides, named", [  # the key and value, and the fix's numbers
+    ({"train.batch_size": 60}, ("config.train.batch_size=60: ", "(56 or 64)")),
     ({"train.batch_size": 64, "train.grad_accum_steps": 16},
-     "config.train.batch_size=64: its micro-batches of 4 rows cannot be split over the 8 "
-     "devices"),
+     ("config.train.batch_size=64: ", " 4 rows ", "128")),
     ({"train.batch_size": 64, "train.grad_accum_steps": 3},
-     "config.train.batch_size=64 is not divisible by config.train.grad_accum_steps=3"),
+     ("config.train.batch_size=64 ", "config.train.grad_accum_steps=3")),
     ({"train.num_steps": 10, "optimizer.warmup_steps": 50},
-     "config.optimizer.warmup_steps=50 is outside 0..config.train.num_steps=10"),
-    ({"mesh.shape": (3, -1, 1)},
-     "config.mesh.shape=(3, -1, 1): mesh shape (3, -1, 1): 8 devices are not divisible by 3"),
-    ({"mesh.shape": (2, 2, 1)}, "uses 4 devices but 8 are available"),
-    ({"init_from": "/no/such/checkpoint"},
-     "config.init_from='/no/such/checkpoint': no such file or folder"),
-    ({"train.eval_every": 0}, "config.train.eval_every=0: must be at least 1."),
-    ({"train.batch_size": 0}, "config.train.batch_size=0: must be at least 1."),
-    ({"train.batch_size": -8}, "config.train.batch_size=-8: must be at least 1."),
-    ({"train.profile_steps": (5, 2)}, "config.train.profile_steps=(5, 2): give (START, END)"),
+     ("config.optimizer.warmup_steps=50 ", "config.train.num_steps=10")),
+    ({"mesh.shape": (3, -1, 1)}, ("config.mesh.shape=(3, -1, 1): ",)),
+    ({"mesh.shape": (2, 2, 1)}, ("config.mesh.shape=(2, 2, 1): ", " 4 ", " 8 ")),
+    ({"init_from": "/no/such/checkpoint"}, ("config.init_from='/no/such/checkpoint': ",)),
+    ({"train.eval_every": 0}, ("config.train.eval_every=0: ",)),
+    ({"train.batch_size": 0}, ("config.train.batch_size=0: ",)),
+    ({"train.batch_size": -8}, ("config.train.batch_size=-8: ",)),
+    ({"train.profile_steps": (5, 2)}, ("config.train.profile_steps=(5, 2): ",)),
     ({"train.profile_steps": (400, 402)},
-     "config.train.profile_steps=(400, 402): the run ends at config.train.num_steps=300"),
-    ({"optimizer.schedule": "bogus"}, "config.optimizer.schedule='bogus': unknown; choose "
-     "one of ['constant', 'linear', 'cosine', 'rsqrt', 'poly']."),
-    ({"optimizer.name": "sgd"}, "config.optimizer.name='sgd': unknown; choose one of "
-     "['adamw', 'lamb']."),
-    ({"optimizer.warmup_fraction": 1.0}, "config.optimizer.warmup_fraction=1.0: must be in "
-     "[0, 1)"),
-    ({"optimizer.learning_rate": -1e-3}, "config.optimizer.learning_rate=-0.001: must not "
-     "be negative."),
-    ({"evals": ("loss", "nosuch")}, "config.evals: unknown evaluator(s) ['nosuch']; "
-     "registered: ["),
-    ({"data.max_length": 0}, "config.data.max_length=0: must be at least 1."),
-    ({"model.num_heads": 3}, "TransformerConfig.hidden_size=64 is not divisible by "
-     "num_heads=3"),
-    ({"model.max_len": 8}, "config.data.max_length length 16 exceeds "
-     "TransformerConfig.max_len=8"),
+     ("config.train.profile_steps=(400, 402): ", "config.train.num_steps=300")),
+    ({"optimizer.schedule": "bogus"},
+     ("config.optimizer.schedule='bogus': ", "['constant', 'linear', 'cosine', 'rsqrt', "
+      "'poly']")),
+    ({"optimizer.name": "sgd"}, ("config.optimizer.name='sgd': ", "['adamw', 'lamb']")),
+    ({"optimizer.warmup_fraction": 1.0}, ("config.optimizer.warmup_fraction=1.0: ",)),
+    ({"optimizer.learning_rate": -1e-3}, ("config.optimizer.learning_rate=-0.001: ",)),
+    ({"evals": ("loss", "nosuch")}, ("config.evals: ", "['nosuch']")),
+    ({"data.max_length": 0}, ("config.data.max_length=0: ",)),
+    ({"model.num_heads": 3}, ("TransformerConfig.hidden_size=64 ", "num_heads=3")),
+    ({"model.max_len": 8}, ("config.data.max_length ", "TransformerConfig.max_len=8")),
 ])
 def test_config_problems_are_named_before_anything_is_written(tmp_path, data_dir, overrides,
-                                                              message):
+                                                              named):
     config = tiny_config(data_dir)
     for key, value in overrides.items():
         section, _, name = key.rpartition(".")
         (config[section] if section else config)[name] = value
-    with pytest.raises(UserError, match="the config cannot train") as error:
+    with pytest.raises(ConfigError) as error:
         trainer.train_and_evaluate(config, str(tmp_path / "run"))
-    assert message in str(error.value)
+    assert all(name in str(error.value) for name in named), error.value
     assert not (tmp_path / "run").exists()
 
 
@@ -317,8 +308,7 @@ def test_a_config_that_fails_to_build_leaves_no_config_json(tmp_path, data_dir):
 def test_a_wrong_evaluation_split_fails_before_training(tmp_path, data_dir):
     config = tiny_config(data_dir)
     config.data.eval_split = "valid"
-    with pytest.raises(sources.DatasetError, match=r"has no split 'valid' \(its splits: "
-                                                   r"\['train', 'validation'\]"):
+    with pytest.raises(sources.DatasetError, match=r"'valid'.*\['train', 'validation'\]"):
         trainer.train_and_evaluate(config, str(tmp_path / "run"))
     assert os.listdir(tmp_path / "run") == []
 
@@ -328,7 +318,7 @@ def test_an_evaluation_error_keeps_the_training_before_it(tmp_path, data_dir):
                                       "train.checkpoint_every": 100, "train.log_every": 5,
                                       "optimizer.warmup_steps": 2, "data.bleu_examples": 0})
     config.evals = ("loss", "classification")  # translation gives no class predictions
-    with pytest.raises(UserError, match="config.evals: evaluator 'classification' needs "):
+    with pytest.raises(UserError, match="config.evals: .*'classification'"):
         trainer.train_and_evaluate(config, str(tmp_path / "run"))
     assert os.listdir(tmp_path / "run" / "checkpoints") == ["5"]  # resume from there
 
@@ -420,7 +410,7 @@ def test_evaluate_checks_its_output_folder_before_evaluating(run, tmp_path):
                               extra=[f"--output={output}"]))
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "Traceback" not in out, out
-    assert f"--output={output}: the folder {output.parent} " in errors[0]
+    assert f"--output={output}: " in errors[0] and f" {output.parent} " in errors[0]
     assert "restored" not in out  # before the checkpoint was read
 
 
@@ -600,15 +590,14 @@ def test_a_parameter_a_built_in_corpus_lacks_is_named():
     """e.g. config.data.builder switched to synthetic_translation with the
     builder_kwargs of synthetic_reverse."""
     with pytest.raises(sources.DatasetError, match=(
-            r"^dataset synthetic_translation has no parameter\(s\) \['vocab_size'\] "
-            r"\(config.data.builder_kwargs\); it takes \[")):
+            r"synthetic_translation .*\['vocab_size'\] \(config.data.builder_kwargs\)")):
         sources.load_source("synthetic_translation", "train", vocab_size=32)
 
 
 def test_an_unknown_dataset_is_named(tmp_path):
     with pytest.raises(sources.DatasetError, match=(
-            r"^dataset 'synthetic_revers' not found \(config.data.builder\): .* Did you "
-            r"mean synthetic_reverse or synthetic_translation\?$")):
+            r"'synthetic_revers' .*\(config.data.builder\).* synthetic_reverse or "
+            r"synthetic_translation")):
         sources.load_source("synthetic_revers", "train", tmp_path)
 
 
