@@ -64,8 +64,8 @@ def _unknown_field(argv: list[str], config: str) -> str:
             fields = list(node.keys()) if hasattr(node, "keys") else []
             if key not in fields:
                 close = difflib.get_close_matches(key, fields, n=1)
-                return f"{arg}: the config has no field {key!r}; " + (
-                    f'did you mean "{close[0]}"?' if close else "config.json in a workdir lists them.")
+                hint = f'did you mean "{close[0]}"?' if close else "config.json lists them."
+                return f"{arg}: the config has no field {key!r}; {hint}"
             node = node[key]
     return f"{config}: an override names a field the config lacks"
 

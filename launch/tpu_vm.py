@@ -192,7 +192,8 @@ def commands(args: argparse.Namespace) -> list[list[str]]:
         return [ssh("all", f"if [ -f {pid} ] && kill -0 \"$(cat {pid})\" 2>/dev/null; then "
                            f"echo \"$(hostname): already training, pid $(cat {pid})\" >&2; "
                            f"exit 1; fi; cd {repo} || exit 1; "
-                           f"BERT_JAX_DISTRIBUTED=1 setsid nohup {train} > {log} 2>&1 < /dev/null & echo $! > {pid}; "
+                           f"BERT_JAX_DISTRIBUTED=1 setsid nohup {train} > {log} 2>&1 < /dev/null "
+                           f"& echo $! > {pid}; "
                            f"echo \"$(hostname): started pid $!, log ~/{args.log_file}\"")]
     if args.command == "logs":
         return [ssh(args.worker, f"tail -n {args.lines}{' -F' if args.follow else ''} {log}")]
