@@ -1,7 +1,5 @@
-"""File helpers every layer shares: writing a file whole or not at all, JSON
-files, and values made JSON-ready (numpy and jax arrays, named tuples,
-non-finite floats). It imports only numpy and bert_jax.errors, so light tools
-(the sweep runner) and every layer may use it."""
+"""Files written whole or not at all, JSON files, values made JSON-ready. Imports only
+numpy and bert_jax.errors: light tools (the sweep runner) and every layer may use it."""
 
 from __future__ import annotations
 
@@ -17,9 +15,8 @@ from bert_jax.errors import DamagedFileError
 
 
 def write_atomically(path: str, data: str | bytes) -> None:
-    """Writes `data` (text as UTF-8) to `path` through a temporary file beside
-    it and a rename: a reader, in this process or another, sees the old file or
-    the whole new one, never a part."""
+    """Through a temporary file and a rename: a reader sees the old file or the whole
+    new one, never a part."""
     tmp = f"{path}.{os.getpid()}.tmp"
     if isinstance(data, bytes):
         with open(tmp, "wb") as f:
@@ -31,8 +28,7 @@ def write_atomically(path: str, data: str | bytes) -> None:
 
 
 def read_json(path: str, **load_kwargs: Any) -> Any:
-    """The JSON file at `path`; one that is not JSON is a `DamagedFileError`
-    naming it. `load_kwargs` go to `json.load` (e.g. `object_hook`)."""
+    """The JSON file at `path`; one that is not JSON is a `DamagedFileError`."""
     with open(path, encoding="utf-8") as f:
         try:
             return json.load(f, **load_kwargs)
@@ -42,16 +38,13 @@ def read_json(path: str, **load_kwargs: Any) -> Any:
 
 
 def write_json(path: str, value: Any, **dumps_kwargs: Any) -> None:
-    """`value` as indented JSON, written atomically (`write_atomically`);
-    `dumps_kwargs` go to `json.dumps` (e.g. `sort_keys=True`)."""
+    """`value` as indented JSON, written atomically."""
     write_atomically(path, json.dumps(value, indent=2, **dumps_kwargs) + "\n")
 
 
 def jsonable(value: Any) -> Any:
-    """`value` as plain JSON data: mappings (keys as str) and named tuples as
-    objects, other sequences as lists, numpy and jax arrays and scalars as
-    (nested) lists and numbers, non-finite Python floats as "nan"/"inf", any
-    other object as its repr."""
+    """`value` as plain JSON data; non-finite floats as "nan"/"inf", unknown objects
+    as their repr."""
     if isinstance(value, tuple) and hasattr(value, "_asdict"):
         value = value._asdict()
     if isinstance(value, Mapping):

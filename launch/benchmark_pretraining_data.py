@@ -6,27 +6,16 @@ with `--iterator`, rows/s of the training iterator that reads it.
   taskset -c 1 python launch/benchmark_pretraining_data.py --iterator \
       --config=experiments/pretrain_bert.py:corpus --workdir=W --config.data.data_dir=D
 
-Writes (once) a corpus of `--megabytes` MB of text into `--corpus_dir`: the
-shared pretraining files (`../shared/data/pretrain`: Reuters-21578 and the
-WikiText-2 valid/test articles) repeated, every document of copy C starting
-with a line "copy C document D ." so that no two are the same, in files of
-`--file_megabytes` (the blank-line format). Trains (once, streamed) an 8k
-uncased WordPiece vocabulary on the shared files. Then builds the dataset
-(sequence 128, `--dupe_factor`, 500 held-out documents) in a fresh
-`--data_dir` and prints one JSON line: wall seconds, instances, instances/s,
-and the peak resident memory (sampled every 0.2 s from /proc) of the whole
-process tree, of this process and of its largest child (a Beam worker).
+The corpus (written once) is the shared pretraining files repeated, each document of
+copy C headed "copy C document D ." so that no two are the same; the vocabulary an 8k
+WordPiece trained on them. The build (sequence 128, 500 held-out documents) goes to a
+fresh `--data_dir`; one JSON line reports wall seconds, instances/s and the peak
+resident memory (sampled from /proc) of the process tree, this process and its
+largest child (a Beam worker). `--workers=0` passes no Beam options (with PYTHONPATH
+at an older revision: the single-process builder).
 
-`--workers=N` runs Beam's local runner with N worker processes; `--workers=0`
-passes no Beam options (the builder's default; run with PYTHONPATH at a
-revision before the Beam builder to time the single-process builder).
-
-`--iterator` times `bert_pretraining`'s training iterator for `--config` and
-`--workdir` (the vocabulary and data they name, built if missing): reading the
-`array_record` instances and masking them, as training does (process 0 of 1,
-`train.batch_size` rows a batch). After one untimed batch, `--batches` batches;
-one JSON line: rows/s, the CPU seconds of this process and its children
-(`/proc`), rows per CPU second ("per core"), and `train.input_workers`.
+`--iterator`: rows/s and rows per CPU second of the training iterator of `--config`
+and `--workdir` (reading and masking, as training does), after one untimed batch.
 """
 
 from __future__ import annotations
@@ -42,7 +31,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from absl import app, flags  # noqa: E402
 
-import cli  # noqa: E402
 import common_flags  # noqa: E402
 from bert_jax.data.bert_pretraining import BertPretraining  # noqa: E402
 from bert_jax.data.pretraining_data import read_documents  # noqa: E402
@@ -209,4 +197,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    common_flags.run(main)

@@ -1,14 +1,16 @@
 """Flags shared by the launch entry points: the experiment config, the workdir
-and multi-host start-up; `run(main)` reports user errors (see cli.py)."""
+and multi-host start-up; `run(main)` reports user errors (cli.py), naming the config file's."""
 
+import difflib
 import logging as python_logging
 import os
 
 from absl import app, flags
 from ml_collections import config_flags
 
+import cli
+from bert_jax.errors import UserError, chain
 from bert_jax.training import distributed, evaluation
-from cli import run  # noqa: F401  (launch scripts call launch_flags.run(main))
 
 CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file: experiments/NAME.py[:ARG]; override any "
@@ -19,6 +21,54 @@ COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                   "host:port of process 0, for multi-process runs.")
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+
+
+
+def run(main, argv: list[str] | None = None) -> None:
+    cli.run(main, argv, flags_parser=parse_flags)
+
+
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+    """absl's parsing, naming the flag and the file when ml_collections fails to load
+    `--config` (a load error waits for the config's first use: forced here) or to apply an
+    override. ml_collections and absl wrap a `UserError` of `get_config` in text: it is
+    taken from the chain."""
+    config = next((a for a in argv if a.startswith("--config=")), "--config")
+    try:
+        remaining = flag_values(argv)
+        if "config" in flag_values and flag_values["config"].value is not None:
+            flag_values["config"].value.keys()
+    except (AttributeError, KeyError) as e:
+        raise flags.Error(_unknown_field(argv, config)) from e
+    except SyntaxError as e:
+        raise flags.Error(f"{config}: {e.filename}:{e.lineno}: {e.msg}") from e
+    except (flags.Error, OSError) as e:
+        causes = [c for c in chain(e) if isinstance(c, UserError)]
+        if causes:
+            raise flags.Error(f"flag {config}: {causes[-1]}") from e
+        if isinstance(e, flags.Error):
+            raise
+        path = config.split("=", 1)[-1].split(":")[0]
+        problem = "no such file" if not os.path.isfile(path) else type(e).__name__
+        raise flags.Error(f"{config}: cannot load the config file ({problem})") from e
+    return remaining
+
+
+def _unknown_field(argv: list[str], config: str) -> str:
+    """The first `--config.KEY=VALUE` naming a field the config lacks, with a close name."""
+    parser = config_flags.config_flags.ConfigFileFlagParser("config")
+    loaded = parser.parse(config.split("=", 1)[-1])
+    for arg in (a for a in argv if a.startswith("--config.")):
+        node = loaded
+        for key in arg.split("=", 1)[0].split(".")[1:]:
+            fields = list(node.keys()) if hasattr(node, "keys") else []
+            if key not in fields:
+                close = difflib.get_close_matches(key, fields, n=1)
+                hint = f'did you mean "{close[0]}"?' if close else "config.json lists them."
+                return f"{arg}: the config has no field {key!r}; {hint}"
+            node = node[key]
+    return f"{config}: an override names a field the config lacks"
+
 
 WORKDIR_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workdir_config.py")
 

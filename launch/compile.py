@@ -6,18 +6,11 @@ nodes that are not here, and says whether they fit.
   python launch/compile.py --config=experiments/pretrain_bert.py:large_lamb_phase1 \
       --topology=v5e-256 --fit_global_batch [--mfu=0.5] [--memory_gib=15]
 
-Topologies: v4-32, v5p-128, v5e-256, v6e-64, v5e:16x16 ... (needs `pip install
--e ".[tpu]"`), h100-8, h100-16, h200-8, a100-8, b200-8 (needs `pip install -e
-".[cuda12]"`); see bert_jax/training/topologies.py. It runs on a CPU machine
-(it sets JAX_PLATFORMS=cpu itself). Prints compile seconds, per-device memory
-against the chip's, model and XLA FLOPs, collectives and attention kernels
-(bert_jax/training/aot.py); exits non-zero, with the figures, when a step does
-not fit. --find_max_batch=N searches the largest per-device batch that fits.
---fit_global_batch keeps the config's global batch and finds the largest
-per-device micro-batch that fits (`aot.fit_global_batch`), then prints its
-`train.grad_accum_steps` (and mesh, if the state must be sharded), the
-`launch/train.py` command, and the hours the run would take at `--mfu` of the
-chips' peak: a projection from the model FLOPs, not a measurement.
+Topologies: bert_jax/training/topologies.py (TPUs need `pip install -e ".[tpu]"`,
+GPUs `".[cuda12]"`); runs on a CPU machine. Prints compile seconds, per-device
+memory against the chip's, FLOPs, collectives and attention kernels; exits non-zero
+when a step does not fit. --fit_global_batch also prints the train.py command and
+the hours at `--mfu` of the chips' peak: a projection, not a measurement.
 """
 
 import dataclasses
@@ -34,14 +27,11 @@ for _name, _value in topologies.COMPILE_ONLY_ENVIRONMENT.items():
     os.environ.setdefault(_name, _value)
 
 from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
-import cli  # noqa: E402
+import common_flags as launch_flags  # noqa: E402
 from bert_jax.training import aot  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file: experiments/NAME.py[:ARG]; override any "
-    "field with --config.section.key=value.", lock_config=True)
+_CONFIG = launch_flags.CONFIG
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU slice or GPU nodes, e.g. "
                                 "v5p-128, v5e:16x16, h100-8.")
 _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "TPU slices joined over the "
@@ -131,4 +121,4 @@ def fit(config, target) -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    launch_flags.run(main)

@@ -11,26 +11,15 @@ read the log, stop, delete. Every step runs on all of the VM's workers at once
   python launch/tpu_vm.py stop NAME --zone=Z [--force]
   python launch/tpu_vm.py delete NAME --zone=Z [--queued]
 
-Every subcommand also takes --project=P and --dry_run (print each command, one
-per line, shell-quoted, and run nothing). Without --zone/--project, gcloud's
-configured defaults apply.
+Every subcommand also takes --project=P and --dry_run (print the commands, run
+nothing); without --zone/--project, gcloud's defaults apply.
 
-- setup: with --repo_url, each worker clones (or fetches) URL at REF into
-  ~/REMOTE_DIR; without it the local checkout's setup.py, bert_jax/,
-  experiments/ and launch/ are copied (`tpu-vm scp --recurse`) into a fresh
-  ~/REMOTE_DIR. Then `pip install -e .` and `pip install 'jax[tpu]'`.
-- train: everything after `--` is passed to `launch/train.py` unchanged on
-  every worker (the argv is shell-quoted for the remote shell, so
-  `--config.mesh.shape='(1,4,1)'` and values with spaces arrive as typed). It
-  runs in the background (setsid nohup), logging to ~/bert_jax_train.log with
-  its pid in ~/bert_jax_train.pid; a worker already running one refuses. The
-  workdir must be a bucket mounted with gcsfuse under /gcs/ on every worker:
-  the workers' local disks are separate, so a local path would scatter
-  checkpoints (--allow_local_workdir for a one-host VM).
-- stop: SIGTERM to the training process on every worker (the trainer saves a
-  checkpoint at the next step and exits); --force: SIGKILL to its process group.
-- create/delete --queued: a queued resource of the same name instead
-  (`gcloud compute tpus queued-resources`); delete --queued also deletes its VM.
+- setup: without --repo_url, copies the local checkout's COPY_PATHS to ~/REMOTE_DIR.
+- train: the flags after `--` reach `launch/train.py` on every worker as typed
+  (shell-quoted), in the background (setsid nohup; log ~/bert_jax_train.log, pid
+  ~/bert_jax_train.pid). The workdir must be a gcsfuse mount under /gcs/: the
+  workers' disks are separate, so a local path would scatter checkpoints.
+- stop: SIGTERM (the trainer saves a checkpoint and exits); --force: SIGKILL.
 """
 
 from __future__ import annotations
@@ -51,8 +40,8 @@ QUEUED = ["gcloud", "compute", "tpus", "queued-resources"]
 PID_FILE = "bert_jax_train.pid"
 
 
-# Where TPU VM workers mount GCS buckets with gcsfuse (shared by every worker).
-SHARED_MOUNT = "/gcs/"
+SHARED_MOUNT = "/gcs/"  # where every worker mounts GCS buckets with gcsfuse
+
 
 def _plain_name(value: str) -> str:
     """A file or directory name directly under the remote home (safe to rm -rf)."""
@@ -203,7 +192,8 @@ def commands(args: argparse.Namespace) -> list[list[str]]:
         return [ssh("all", f"if [ -f {pid} ] && kill -0 \"$(cat {pid})\" 2>/dev/null; then "
                            f"echo \"$(hostname): already training, pid $(cat {pid})\" >&2; "
                            f"exit 1; fi; cd {repo} || exit 1; "
-                           f"BERT_JAX_DISTRIBUTED=1 setsid nohup {train} > {log} 2>&1 < /dev/null & echo $! > {pid}; "
+                           f"BERT_JAX_DISTRIBUTED=1 setsid nohup {train} > {log} 2>&1 < /dev/null "
+                           f"& echo $! > {pid}; "
                            f"echo \"$(hostname): started pid $!, log ~/{args.log_file}\"")]
     if args.command == "logs":
         return [ssh(args.worker, f"tail -n {args.lines}{' -F' if args.follow else ''} {log}")]

@@ -14,8 +14,13 @@ import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """One tfds data_dir for the session: each dataset is built once."""
+    return str(tmp_path_factory.mktemp("tfds"))
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from jax.experimental import multihost_utils
 from bert_jax.training import preemption
 from bert_jax.training.checkpoints import Checkpointer
 from bert_jax.training.preemption import PreemptionWatcher
-from test_training import REPO, _free_port, data_dir, finish, launch, losses  # noqa: F401
+from helpers import REPO, finish, free_port, launch, losses
 
 # ----------------------------------------------------------------------------
 # The fallback: several processes, no sync manager.
@@ -112,7 +112,7 @@ def test_sync_manager_catches_sigterm_without_a_collective():
     claims to be one of two: it survives the signal (JAX's handler, not the
     default), no collective runs, and `requested` is True at exactly one step
     after the signal."""
-    script = SYNC_MANAGER_SCRIPT.format(repo=str(REPO), port=_free_port(), signal_at=10)
+    script = SYNC_MANAGER_SCRIPT.format(repo=str(REPO), port=free_port(), signal_at=10)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -136,7 +136,7 @@ def start_job():
     started = []
 
     def start(workdir, overrides: dict, count: int = 2) -> list:
-        port = _free_port()
+        port = free_port()
         started.extend(launch("train.py", workdir, overrides, devices=1,
                               extra=[f"--coordinator_address=127.0.0.1:{port}",
                                      f"--num_processes={count}", f"--process_id={i}"])

@@ -24,45 +24,7 @@ from bert_jax.training.checkpoints import CheckpointError, Checkpointer
 from bert_jax.training.evaluation import evaluate_checkpoint
 from bert_jax.training.workdir import LOCK_FILE, WorkdirLock, read_metrics
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
-import tiny_translate  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("tfds"))
-
-
-def tiny_config(data_dir, **overrides) -> ml_collections.ConfigDict:
-    """The tiny experiment, smaller still; overrides as {'train.num_steps': 10}."""
-    config = tiny_translate.get_config()
-    config.data.data_dir = data_dir
-    for key, value in overrides.items():
-        section, name = key.split(".")
-        config[section][name] = value
-    return config
-
-
-def flags_for(config_overrides: dict) -> list[str]:
-    return [f"--config.{k}={v}" for k, v in config_overrides.items()]
-
-
-def launch(script: str, workdir, overrides: dict, devices: int = 1, extra=(),
-           config: str | None = "tiny_translate.py", **popen):
-    """Runs `launch/<script>`; `config=None` gives no --config (the workdir's)."""
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-           "JAX_PLATFORMS": "cpu"}
-    config_flag = ["--config=" + str(REPO / "experiments" / config)] if config else []
-    command = [sys.executable, str(REPO / "launch" / script), *config_flag,
-               f"--workdir={workdir}", *flags_for(overrides), *extra]
-    return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **popen)
-
-
-def finish(process, timeout=240):
-    out, _ = process.communicate(timeout=timeout)
-    return process.returncode, out
+from helpers import REPO, finish, flags_for, free_port, launch, losses, tiny_config
 
 
 def saved_params(workdir, step):
@@ -71,10 +33,6 @@ def saved_params(workdir, step):
     import orbax.checkpoint as ocp
     directory, _ = _params_location(os.path.join(workdir, "checkpoints", str(step)))
     return ocp.PyTreeCheckpointer().restore(directory)["params"]
-
-
-def losses(workdir):
-    return {m["step"]: m["train/loss"] for m in read_metrics(workdir) if "train/loss" in m}
 
 
 # ----------------------------------------------------------------------------
@@ -372,12 +330,6 @@ os.kill(os.getpid(), signal.SIGKILL)
 # Two processes.
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path, data_dir):
     """The text translation experiment at toy size: both processes need the
@@ -390,7 +342,7 @@ def test_two_processes_match_one_process(tmp_path, data_dir):
                  "model.hidden_size": 32, "model.mlp_dim": 64, "model.num_layers": 1,
                  "decode.batch_size": 8, "decode.beam_size": 2}
     single = launch("train.py", tmp_path / "one", overrides, devices=4, config="translate.py")
-    port = _free_port()
+    port = free_port()
     multi = [launch("train.py", tmp_path / "two", overrides, devices=2, config="translate.py",
                     extra=[f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
                            f"--process_id={i}"]) for i in range(2)]
@@ -412,12 +364,12 @@ def test_two_processes_match_one_process(tmp_path, data_dir):
 def test_unwritable_workdir(tmp_path, data_dir, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(trainer.WorkdirError, match="cannot create --workdir"):
+    with pytest.raises(trainer.WorkdirError, match=f"--workdir={blocker / 'run'}"):
         trainer.prepare_workdir(str(blocker / "run"), tiny_config(data_dir))
-    with pytest.raises(trainer.WorkdirError, match="object-store URLs are not supported"):
+    with pytest.raises(trainer.WorkdirError, match="gs://bucket/run"):
         trainer.prepare_workdir("gs://bucket/run", tiny_config(data_dir))
     monkeypatch.setattr(os, "access", lambda *a, **k: False)
-    with pytest.raises(trainer.WorkdirError, match="is not writable"):
+    with pytest.raises(trainer.WorkdirError, match=str(tmp_path / "run")):
         trainer.prepare_workdir(str(tmp_path / "run"), tiny_config(data_dir))
 
 
@@ -514,7 +466,7 @@ def test_averaging_refuses_a_checkpoint_of_another_model_naming_the_array(traine
         average_workdir(config, run, str(output), steps=[100, 300])
     with pytest.raises(CheckpointError, match="the last 4 checkpoints"):
         average_workdir(config, run, str(output), last=4)
-    with pytest.raises(CheckpointError, match="--save_average=.*/run is not a new folder outside"):
+    with pytest.raises(CheckpointError, match="--save_average=.*/run "):
         average_workdir(config, run, run, last=2)
 
 

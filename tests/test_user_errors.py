@@ -18,18 +18,20 @@ from ml_collections import config_flags
 
 from bert_jax.data import input_lines, sources
 from bert_jax.errors import DamagedFileError, UserError
+from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax import auto_dtype
 from bert_jax.training import trainer
 from bert_jax.training.checkpoints import (
-    CheckpointError, DamagedCheckpointError, check_integrity, describe_damage, digests)
+    CheckpointError, DamagedCheckpointError, check_integrity, digests)
 from bert_jax.training.evaluation import evaluate_checkpoint
 from bert_jax.training.workdir import read_metrics
 from bert_jax.training.validation import check_training_config
-from test_training import REPO, data_dir, finish, launch, tiny_config  # noqa: F401
+from helpers import REPO, finish, launch, tiny_config
 
 sys.path.insert(0, str(REPO / "launch"))
 import cli  # noqa: E402
+import common_flags  # noqa: E402
 
 # ----------------------------------------------------------------------------
 # The launch scripts: `error: ...`, exit 2, no traceback; bugs keep theirs.
@@ -43,90 +45,76 @@ def _config_flags(argv) -> flags.FlagValues:
     return values
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("--config.no_such=1",
-     "error: --config.no_such=1: the config has no field 'no_such'."),
-    ("--config.train.num_stepz=5",
-     "error: --config.train.num_stepz=5: the config has no field 'num_stepz'. Did you "
-     "mean \"num_steps\""),
-    ("--config.train.num_steps=many",
-     "error: flag --config.train.num_steps=many: invalid literal for int()"),
-    ("--config.train.batch_size=(1,",
-     "error: flag --config.train.batch_size=(1,: "),
+def _flag_error(argv) -> str:
+    """The error `common_flags.parse_flags` raises for `argv` (cli.run prints it as
+    `error: ...`, exit 2: test_train_py_reports_a_bad_flag_in_one_line)."""
+    with pytest.raises((flags.Error, UserError)) as error:
+        common_flags.parse_flags(argv, _config_flags(argv))
+    assert "Traceback" not in str(error.value), error.value
+    return str(error.value)
+
+
+@pytest.mark.parametrize("flag, named", [
+    ("--config.no_such=1", ("--config.no_such=1", "'no_such'")),
+    ("--config.train.num_stepz=5", ("--config.train.num_stepz=5", "'num_stepz'", "num_steps")),
+    ("--config.train.num_steps=many", ("--config.train.num_steps=many",)),
+    ("--config.train.batch_size=(1,", ("--config.train.batch_size=(1,",)),
 ])
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_bad_config_flags_are_one_line(capsys, flag, message):
+def test_bad_config_flags_are_one_line(flag, named):
     argv = ["train.py", f"--config={REPO / 'experiments' / 'tiny_translate.py'}", flag]
-    with pytest.raises(SystemExit) as exit_:
-        cli.parse_flags(argv, _config_flags(argv))
-    err = capsys.readouterr().err
-    assert exit_.value.code == cli.EXIT_USER_ERROR and err.startswith(message), err
-    assert "Traceback" not in err and len(err.splitlines()) <= 3, err
+    message = _flag_error(argv)
+    assert all(name in message for name in named) and len(message.splitlines()) == 1, message
 
 
 @pytest.mark.parametrize("overrides", [(), ("--config.train.num_steps=5",)])
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_a_missing_config_file_is_named(capsys, overrides):
-    with pytest.raises(SystemExit):
-        argv = ["train.py", "--config=nope.py", *overrides]
-        cli.parse_flags(argv, _config_flags(argv))
-    assert capsys.readouterr().err.startswith(
-        "error: --config=nope.py: cannot load the config file: [Errno 2] No such file")
+def test_a_missing_config_file_is_named(overrides):
+    message = _flag_error(["train.py", "--config=nope.py", *overrides])
+    assert message.startswith("--config=nope.py: ") and "no such file" in message, message
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_a_syntax_error_in_a_config_file_is_named(capsys, tmp_path):
+def test_a_syntax_error_in_a_config_file_is_named(tmp_path):
     (tmp_path / "broken.py").write_text("import ml_collections\ndef get_config(:\n")
-    with pytest.raises(SystemExit) as exit_:
-        argv = ["train.py", f"--config={tmp_path / 'broken.py'}"]
-        cli.parse_flags(argv, _config_flags(argv))
-    err = capsys.readouterr().err
-    assert exit_.value.code == cli.EXIT_USER_ERROR and "Traceback" not in err, err
-    assert err.startswith(f"error: {argv[1]}: ") and "(broken.py, line 2)" in err, err
+    argv = ["train.py", f"--config={tmp_path / 'broken.py'}"]
+    assert _flag_error(argv).startswith(f"{argv[1]}: {tmp_path / 'broken.py'}:2: ")
 
 
 @pytest.mark.parametrize("experiment", ["pretrain_bert.py", "tiny_translate.py"])
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_an_unknown_experiment_variant_is_one_line(capsys, experiment):
+def test_an_unknown_experiment_variant_is_one_line(experiment):
     argv = ["train.py", f"--config={REPO / 'experiments' / experiment}:nosuch"]
-    with pytest.raises(SystemExit) as exit_:
-        cli.parse_flags(argv, _config_flags(argv))
-    err = capsys.readouterr().err
-    assert exit_.value.code == cli.EXIT_USER_ERROR and "Traceback" not in err, err
-    assert err.startswith(f"error: flag {argv[1]}: unknown variant 'nosuch'"), err
+    message = _flag_error(argv)
+    assert message.startswith(f"flag {argv[1]}: ") and "'nosuch'" in message, message
+    assert len(message.splitlines()) == 1, message
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_a_workdir_without_a_run_is_named(capsys, tmp_path):
+def test_a_workdir_without_a_run_is_named(tmp_path):
     """evaluate.py --workdir=DIR reads DIR/config.json while its flags are parsed."""
     argv = ["evaluate.py", f"--config={REPO / 'launch' / 'workdir_config.py'}:{tmp_path}"]
-    with pytest.raises(SystemExit) as exit_:
-        cli.parse_flags(argv, _config_flags(argv))
-    err = capsys.readouterr().err
-    assert exit_.value.code == cli.EXIT_USER_ERROR and err == (
-        f"error: --workdir={tmp_path} holds no config.json: it is not the workdir of a "
-        "training run (launch/train.py writes it).\n"), err
+    message = _flag_error(argv)
+    assert f"--workdir={tmp_path} " in message and "config.json" in message, message
+    assert len(message.splitlines()) == 1, message
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
-def test_a_damaged_config_json_is_named(capsys, tmp_path, data_dir):
+def test_a_damaged_config_json_is_named(tmp_path, data_dir):
     config_json = tmp_path / "config.json"
     config_json.write_text('{"task": "translation", "model": {"hidd')  # a write cut short
     with pytest.raises(DamagedFileError, match=re.escape(str(config_json))):
         trainer.train_and_evaluate(tiny_config(data_dir), str(tmp_path))
     argv = ["evaluate.py", f"--config={REPO / 'launch' / 'workdir_config.py'}:{tmp_path}"]
-    with pytest.raises(SystemExit) as exit_:
-        cli.parse_flags(argv, _config_flags(argv))
-    err = capsys.readouterr().err
-    assert exit_.value.code == cli.EXIT_USER_ERROR and len(err.splitlines()) == 1, err
-    assert f" {config_json} is damaged" in err
+    message = _flag_error(argv)
+    assert str(config_json) in message and len(message.splitlines()) == 1, message
 
 
 def test_train_py_reports_a_bad_flag_in_one_line(tmp_path):
     code, out = finish(launch("train.py", tmp_path / "run", {}, extra=["--config.no_such=1"]))
-    assert code == 2 and out.splitlines()[0] == (
-        "error: --config.no_such=1: the config has no field 'no_such'. Check the spelling "
-        "and the section (config.json in a workdir lists every field)."), out
+    assert code == 2 and out.splitlines()[0].startswith(
+        "error: --config.no_such=1: ") and "'no_such'" in out.splitlines()[0], out
+    assert out.splitlines()[1:] == ["(--helpshort lists this script's flags)"], out
     assert "Traceback" not in out and not (tmp_path / "run").exists()
 
 
@@ -186,9 +174,9 @@ def test_a_coordinator_without_the_process_flags_is_a_user_error():
 
 
 def test_a_failed_restore_leaves_no_traceback_noise(tmp_path):
-    """What a damaged checkpoint's aborted reads report as unraisable (a closed
-    event loop; at exit, the abandoned reads' errors) stays off stderr; other
-    unraisable errors are still reported."""
+    """Once a checkpoint failed, what its abandoned reads report as unraisable
+    through Orbax's (or asyncio's) code stays off stderr, at exit too; before, and
+    from other code, unraisable errors are still reported."""
     unraisable = ("class Dying:\n"
                   "    def __init__(self, error):\n"
                   "        self.error = error\n"
@@ -196,14 +184,20 @@ def test_a_failed_restore_leaves_no_traceback_noise(tmp_path):
                   "        raise self.error\n"
                   "def report(error):\n"
                   "    Dying(error)  # deleted at once: its error goes to sys.unraisablehook\n")
-    (tmp_path / "unraisable.py").write_text(unraisable)
-    damaged = _run_script(
-        tmp_path, "from unraisable import report; import atexit; "
-        "report(RuntimeError('Event loop is closed')); "
-        "atexit.register(report, ValueError('array index')); raise UserError('damaged')")
-    assert damaged.stderr.splitlines() == ["error: damaged"], damaged.stderr
-    other = _run_script(tmp_path, "from unraisable import report; report(ValueError('x'))")
-    assert "ValueError: x" in other.stderr and other.returncode == 0
+    for folder in ("orbax", "other"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"{folder}_io.py").write_text(unraisable)
+    imports = ("sys.path[:0] = ['orbax', 'other']; import atexit, orbax_io, other_io; "
+               "from bert_jax.training import checkpoints; ")
+    failed = _run_script(
+        tmp_path, imports + "orbax_io.report(ValueError('before')); "
+        "checkpoints._drop_reports_of_abandoned_io(); "
+        "orbax_io.report(RuntimeError('closed loop')); other_io.report(KeyError('other')); "
+        "atexit.register(orbax_io.report, ValueError('at exit')); raise UserError('damaged')")
+    assert failed.returncode == 2 and failed.stderr.count("Exception ignored") == 2
+    assert "ValueError: before" in failed.stderr and "KeyError: 'other'" in failed.stderr
+    assert "closed loop" not in failed.stderr and "at exit" not in failed.stderr
+    assert failed.stderr.splitlines()[-1] == "error: damaged"
 
 
 def test_the_resume_command_replaces_the_old_flag():
@@ -255,52 +249,43 @@ def test_a_missing_file_the_user_named_is_a_user_error(tmp_path):
 # Early validation: before anything is written or built.
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"train.batch_size": 60},
-     "config.train.batch_size=60: it cannot be split over the 8 devices of the mesh's "
-     "data x fsdp axes (config.mesh.shape); use a multiple of 8 (56 or 64)"),
+@pytest.mark.parametrize("overrides, named", [  # the key and value, and the fix's numbers
+    ({"train.batch_size": 60}, ("config.train.batch_size=60: ", "(56 or 64)")),
     ({"train.batch_size": 64, "train.grad_accum_steps": 16},
-     "config.train.batch_size=64: its micro-batches of 4 rows cannot be split over the 8 "
-     "devices"),
+     ("config.train.batch_size=64: ", " 4 rows ", "128")),
     ({"train.batch_size": 64, "train.grad_accum_steps": 3},
-     "config.train.batch_size=64 is not divisible by config.train.grad_accum_steps=3"),
+     ("config.train.batch_size=64 ", "config.train.grad_accum_steps=3")),
     ({"train.num_steps": 10, "optimizer.warmup_steps": 50},
-     "config.optimizer.warmup_steps=50 is outside 0..config.train.num_steps=10"),
-    ({"mesh.shape": (3, -1, 1)},
-     "config.mesh.shape=(3, -1, 1): mesh shape (3, -1, 1): 8 devices are not divisible by 3"),
-    ({"mesh.shape": (2, 2, 1)}, "uses 4 devices but 8 are available"),
-    ({"init_from": "/no/such/checkpoint"},
-     "config.init_from='/no/such/checkpoint': no such file or folder"),
-    ({"train.eval_every": 0}, "config.train.eval_every=0: must be at least 1."),
-    ({"train.batch_size": 0}, "config.train.batch_size=0: must be at least 1."),
-    ({"train.batch_size": -8}, "config.train.batch_size=-8: must be at least 1."),
-    ({"train.profile_steps": (5, 2)}, "config.train.profile_steps=(5, 2): give (START, END)"),
+     ("config.optimizer.warmup_steps=50 ", "config.train.num_steps=10")),
+    ({"mesh.shape": (3, -1, 1)}, ("config.mesh.shape=(3, -1, 1): ",)),
+    ({"mesh.shape": (2, 2, 1)}, ("config.mesh.shape=(2, 2, 1): ", " 4 ", " 8 ")),
+    ({"init_from": "/no/such/checkpoint"}, ("config.init_from='/no/such/checkpoint': ",)),
+    ({"train.eval_every": 0}, ("config.train.eval_every=0: ",)),
+    ({"train.batch_size": 0}, ("config.train.batch_size=0: ",)),
+    ({"train.batch_size": -8}, ("config.train.batch_size=-8: ",)),
+    ({"train.profile_steps": (5, 2)}, ("config.train.profile_steps=(5, 2): ",)),
     ({"train.profile_steps": (400, 402)},
-     "config.train.profile_steps=(400, 402): the run ends at config.train.num_steps=300"),
-    ({"optimizer.schedule": "bogus"}, "config.optimizer.schedule='bogus': unknown; choose "
-     "one of ['constant', 'linear', 'cosine', 'rsqrt', 'poly']."),
-    ({"optimizer.name": "sgd"}, "config.optimizer.name='sgd': unknown; choose one of "
-     "['adamw', 'lamb']."),
-    ({"optimizer.warmup_fraction": 1.0}, "config.optimizer.warmup_fraction=1.0: must be in "
-     "[0, 1)"),
-    ({"optimizer.learning_rate": -1e-3}, "config.optimizer.learning_rate=-0.001: must not "
-     "be negative."),
-    ({"evals": ("loss", "nosuch")}, "config.evals: unknown evaluator(s) ['nosuch']; "
-     "registered: ["),
-    ({"data.max_length": 0}, "config.data.max_length=0: must be at least 1."),
-    ({"model.num_heads": 3}, "config.model.num_heads=3: does not divide hidden_size=64"),
-    ({"model.max_len": 8}, "config.data.max_length length 16 exceeds "
-     "config.model.max_len=8"),
+     ("config.train.profile_steps=(400, 402): ", "config.train.num_steps=300")),
+    ({"optimizer.schedule": "bogus"},
+     ("config.optimizer.schedule='bogus': ", "['constant', 'linear', 'cosine', 'rsqrt', "
+      "'poly']")),
+    ({"optimizer.name": "sgd"}, ("config.optimizer.name='sgd': ", "['adamw', 'lamb']")),
+    ({"optimizer.warmup_fraction": 1.0}, ("config.optimizer.warmup_fraction=1.0: ",)),
+    ({"optimizer.learning_rate": -1e-3}, ("config.optimizer.learning_rate=-0.001: ",)),
+    ({"evals": ("loss", "nosuch")}, ("config.evals: ", "['nosuch']")),
+    ({"data.max_length": 0}, ("config.data.max_length=0: ",)),
+    ({"model.num_heads": 3}, ("config.model.num_heads=3: ", "hidden_size=64")),
+    ({"model.max_len": 8}, ("config.data.max_length ", "config.model.max_len=8")),
 ])
 def test_config_problems_are_named_before_anything_is_written(tmp_path, data_dir, overrides,
-                                                              message):
+                                                              named):
     config = tiny_config(data_dir)
     for key, value in overrides.items():
         section, _, name = key.rpartition(".")
         (config[section] if section else config)[name] = value
-    with pytest.raises(UserError, match="the config cannot train") as error:
+    with pytest.raises(ConfigError) as error:
         trainer.train_and_evaluate(config, str(tmp_path / "run"))
-    assert message in str(error.value)
+    assert all(name in str(error.value) for name in named), error.value
     assert not (tmp_path / "run").exists()
 
 
@@ -323,8 +308,7 @@ def test_a_config_that_fails_to_build_leaves_no_config_json(tmp_path, data_dir):
 def test_a_wrong_evaluation_split_fails_before_training(tmp_path, data_dir):
     config = tiny_config(data_dir)
     config.data.eval_split = "valid"
-    with pytest.raises(sources.DatasetError, match=r"has no split 'valid' \(its splits: "
-                                                   r"\['train', 'validation'\]"):
+    with pytest.raises(sources.DatasetError, match=r"'valid'.*\['train', 'validation'\]"):
         trainer.train_and_evaluate(config, str(tmp_path / "run"))
     assert os.listdir(tmp_path / "run") == []
 
@@ -334,7 +318,7 @@ def test_an_evaluation_error_keeps_the_training_before_it(tmp_path, data_dir):
                                       "train.checkpoint_every": 100, "train.log_every": 5,
                                       "optimizer.warmup_steps": 2, "data.bleu_examples": 0})
     config.evals = ("loss", "classification")  # translation gives no class predictions
-    with pytest.raises(UserError, match="config.evals: evaluator 'classification' needs "):
+    with pytest.raises(UserError, match="config.evals: .*'classification'"):
         trainer.train_and_evaluate(config, str(tmp_path / "run"))
     assert os.listdir(tmp_path / "run" / "checkpoints") == ["5"]  # resume from there
 
@@ -388,10 +372,9 @@ def _tensorboard_steps(workdir, tag: str) -> list[int]:
 
 
 # The truncated file's reads that Orbax abandons in this process report at garbage
-# collection: contained here, as the launchers drop them (common_flags).
+# collection: contained here (checkpoints._drop_reports_of_abandoned_io in a launcher).
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_a_damaged_checkpoint_names_the_file_and_the_step_to_resume_from(run, data_dir,
-                                                                         tmp_path, caplog):
+def test_a_damaged_checkpoint_names_the_step_to_resume_from(run, data_dir, tmp_path, caplog):
     workdir = tmp_path / "run"
     shutil.copytree(run, workdir)
     damaged = _truncate_largest_data_file(workdir / "checkpoints" / "20")
@@ -400,10 +383,8 @@ def test_a_damaged_checkpoint_names_the_file_and_the_step_to_resume_from(run, da
     with pytest.raises(DamagedCheckpointError) as error:
         trainer.train_and_evaluate(longer, str(workdir))
     lines = str(error.value).splitlines()
-    assert lines[0].startswith(f"cannot restore {workdir}/checkpoints/20: array ")
-    assert lines[0].endswith(f"; damaged (truncated) file: {damaged}")
-    assert lines[1] == ("Nothing was deleted (available: [10, 20]): resume from step 10, "
-                        "the last earlier checkpoint, with --restore_step=10.")
+    assert lines[0].startswith(f"cannot restore {workdir}/checkpoints/20: ")
+    assert "(available: [10, 20])" in lines[1] and "--restore_step=10" in lines[1]
     assert error.value.rerun_with == {"restore_step": 10}  # launch/cli.py prints the command
     assert damaged.stat().st_size == size  # untouched
 
@@ -429,7 +410,7 @@ def test_evaluate_checks_its_output_folder_before_evaluating(run, tmp_path):
                               extra=[f"--output={output}"]))
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "Traceback" not in out, out
-    assert f"--output={output}: the folder {output.parent} " in errors[0]
+    assert f"--output={output}: " in errors[0] and f" {output.parent} " in errors[0]
     assert "restored" not in out  # before the checkpoint was read
 
 
@@ -451,13 +432,10 @@ def test_evaluating_a_damaged_checkpoint_names_the_file(run, data_dir, tmp_path)
     step_dir = workdir / "checkpoints" / "20"
     for path in step_dir.glob("state/ocdbt.process_*/d/*"):  # the arrays' data files
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(CheckpointError, match=(
-            rf"cannot restore .*: array params\S* cannot be read .*; damaged \(truncated\) "
-            rf"file: {step_dir}/state/\S+/d/[0-9a-f]+")) as error:
+    with pytest.raises(DamagedCheckpointError, match=f"cannot restore {step_dir}: ") as error:
         evaluate_checkpoint(tiny_config(data_dir, **RUN), str(workdir), 20)
-    assert str(error.value).splitlines()[1] == (
-        "Nothing was deleted (available: [10, 20]): use step 10, the last earlier "
-        "checkpoint, with --step=10.")
+    advice = str(error.value).splitlines()[1]
+    assert "(available: [10, 20])" in advice and "--step=10" in advice, advice
     assert error.value.rerun_with == {"step": 10}  # evaluate.py prints the command
 
 
@@ -484,13 +462,12 @@ def test_same_size_damage_is_refused_naming_the_good_step(tmp_path):
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     checkpointer = Checkpointer(str(tmp_path))
-    with pytest.raises(DamagedCheckpointError, match=r"checkpoints/20: array params/w does "
-                       "not match the checksum") as error:
+    with pytest.raises(DamagedCheckpointError, match=r"checkpoints/20: array params/w ") as error:
         checkpointer.restore(20, abstract, None)
     assert error.value.rerun_with == {"restore_step": 10}
     np.testing.assert_array_equal(checkpointer.restore(10, abstract, None)["params"]["w"],
                                   state["params"]["w"])
-    with pytest.raises(DamagedCheckpointError, match=r"array params/w does not match"):
+    with pytest.raises(DamagedCheckpointError, match=r"array params/w "):
         restore_params(str(tmp_path / "checkpoints" / "20"), abstract["params"])
 
 
@@ -503,26 +480,6 @@ def test_integrity_check_names_changed_and_non_finite_arrays():
     assert check_integrity(swapped, saved).startswith("array params/w does not match")
     nan = {"params": {"w": tree["params"]["w"], "b": jnp.array([1.0, jnp.nan, 1.0])}}
     assert check_integrity(nan, None).startswith("array params/b holds NaN or Inf")
-
-
-def test_damage_is_named_from_tensorstore_errors_in_the_chain(tmp_path):
-    data = tmp_path / "state" / "ocdbt.process_0" / "d"
-    data.mkdir(parents=True)
-    (data / "aa").write_bytes(b"12345")
-    (data / "bb").write_bytes(b"1234567")
-    read = (f'Error reading "params.w/0.0" in OCDBT database at local file '
-            f'"{tmp_path}/state/": ')
-    truncated = Exception("Encountered error while reading array index")
-    truncated.__cause__ = ValueError("OUT_OF_RANGE: " + read + "Requested byte range "
-                                     "[3, 9) is not valid for value of size 5")
-    assert describe_damage(truncated) == (
-        "array params.w cannot be read (Requested byte range [3, 9) is not valid for "
-        f"value of size 5); damaged (truncated) file: {data / 'aa'}")
-    missing = ValueError("DATA_LOSS: " + read + "Truncated Zstd-compressed stream")
-    assert describe_damage(missing) == (
-        "array params.w cannot be read (Truncated Zstd-compressed stream); a data file "
-        f"under {tmp_path}/state/*/d/ is damaged or missing")
-    assert describe_damage(KeyError("params")) is None
 
 
 def test_restore_step_must_exist_and_moves_nothing(run, data_dir, tmp_path):
@@ -633,15 +590,14 @@ def test_a_parameter_a_built_in_corpus_lacks_is_named():
     """e.g. config.data.builder switched to synthetic_translation with the
     builder_kwargs of synthetic_reverse."""
     with pytest.raises(sources.DatasetError, match=(
-            r"^dataset synthetic_translation has no parameter\(s\) \['vocab_size'\] "
-            r"\(config.data.builder_kwargs\); it takes \[")):
+            r"synthetic_translation .*\['vocab_size'\] \(config.data.builder_kwargs\)")):
         sources.load_source("synthetic_translation", "train", vocab_size=32)
 
 
 def test_an_unknown_dataset_is_named(tmp_path):
     with pytest.raises(sources.DatasetError, match=(
-            r"^dataset 'synthetic_revers' not found \(config.data.builder\): .* Did you "
-            r"mean synthetic_reverse or synthetic_translation\?$")):
+            r"'synthetic_revers' .*\(config.data.builder\).* synthetic_reverse or "
+            r"synthetic_translation")):
         sources.load_source("synthetic_revers", "train", tmp_path)
 
 

@@ -30,11 +30,9 @@ from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_st
 
 
 def average_params(paths: Sequence[str], abstract: Any) -> Any:
-    """The mean of the parameters at `paths`, laid out as `abstract` (a tree of
-    ShapeDtypeStructs with shardings): restored as float32 in those shardings,
-    summed on the devices, divided once and cast back to each leaf's dtype
-    (bfloat16 is rounded once). Restores are strict: a checkpoint of another
-    model is a CheckpointError naming the arrays that differ."""
+    """The mean of the parameters at `paths`, laid out as `abstract` (ShapeDtypeStructs
+    with shardings): summed in float32 on the devices, divided once and cast back to
+    each leaf's dtype (bfloat16 is rounded once). Restores are strict."""
     as_float32 = jax.tree.map(lambda s: s.update(dtype=jnp.float32), abstract)
     total = None
     for path in paths:
@@ -45,9 +43,8 @@ def average_params(paths: Sequence[str], abstract: Any) -> Any:
 
 def average_workdir(config: ml_collections.ConfigDict, workdir: str, output: str,
                     steps: Sequence[int] = (), last: int = 0) -> tuple[Any, list[int]]:
-    """Averages `steps`, or the `last` N checkpoints, of `workdir` into the new
-    folder `output` (see the module docstring), saved as the last of those
-    steps. Returns (the average, the steps averaged)."""
+    """(the average, the steps averaged) of `steps`, or the `last` N checkpoints, of
+    `workdir`, written to the new folder `output` as the last of those steps."""
     directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
     available = checkpoint_steps(directory)
     steps = available[-last:] if last > 0 else sorted(set(steps))

@@ -14,16 +14,13 @@ last complete step.
 
 from __future__ import annotations
 
-import functools
-import glob
 import logging as python_logging
 import os
-import re
 import shutil
 import sys
 import traceback
 import warnings
-from typing import Any, Iterator
+from typing import Any
 
 import grain
 import jax
@@ -33,7 +30,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint import checkpoint_managers
 
-from bert_jax.errors import UserError
+from bert_jax.errors import UserError, chain
 from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
 
 SET_ASIDE_DIR = "checkpoints_set_aside"
@@ -49,8 +46,8 @@ class SaveError(CheckpointError):
 
 
 class DamagedCheckpointError(CheckpointError):
-    """A checkpoint's files cannot be read; `rerun_with` holds the flag that
-    resumes from the last earlier step (None: there is none)."""
+    """A checkpoint's files cannot be read or fail their checksums; the first line
+    names the step's folder, `rerun_with` the flag that uses an earlier step."""
 
 
 class Checkpointer:
@@ -78,6 +75,7 @@ class Checkpointer:
                                              item_names=("state", "data", DIGEST_ITEM))
         self.unchecked = None  # the step of the last save not yet known to be complete
         self.failed = False
+        _drop_unraisable_io_errors()
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -87,7 +85,6 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, data_iterator: grain.DatasetIterator | None,
              metrics: dict[str, float] | None = None) -> None:
-        """Starts an (asynchronous) save of `state` and the iterator position."""
         items = {"state": ocp.args.StandardSave(state),
                  DIGEST_ITEM: ocp.args.JsonSave(digests(state)[0])}
         if data_iterator is not None:
@@ -116,10 +113,9 @@ class Checkpointer:
         self.unchecked = None
 
     def _unsaved(self, error: Exception | None) -> SaveError:
-        """A failed save: the folder, its free space, the step to resume from."""
         step, self.unchecked, self.failed = self.unchecked, None, True
         _drop_reports_of_abandoned_io()
-        reason = next((f" ({e.strerror})" for e in _chain(error)
+        reason = next((f" ({e.strerror})" for e in chain(error)
                        if isinstance(e, OSError) and e.strerror), "")
         usage = shutil.disk_usage(self.directory)
         free, total = (f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
@@ -145,39 +141,28 @@ class Checkpointer:
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # Orbax/TensorStore raise many types
-            _drop_reports_of_abandoned_io()
-            raise self._unrestorable(step, e) from e
+            raise self._unrestorable(step, _unreadable()) from e
         damage = check_integrity(restored["state"], restored[DIGEST_ITEM] if checked else None)
         if damage:
-            raise self._unrestorable(step, None, damage)
+            raise self._unrestorable(step, damage)
         return restored["state"]
 
-    def _unrestorable(self, step: int, error: Exception | None, damage: str | None = None
-                      ) -> CheckpointError:
-        """The error for a step that cannot be restored: the damaged array (and
-        file when TensorStore names it), and the earlier step to resume from."""
-        where = f"cannot restore {self.directory}/{step}: "
+    def _unrestorable(self, step: int, damage: str) -> DamagedCheckpointError:
         steps = self.all_steps()
         earlier = max((s for s in steps if s < step), default=None)
-        damage = damage or describe_damage(error)
-        if damage is None:
-            return CheckpointError(
-                where + f"{type(error).__name__}: {error}\nThe checkpoint is corrupted or "
-                "was written by a different model (compare config.json). Nothing was "
-                f"deleted: restore an earlier step (available: {steps}) or start a new "
-                "workdir.")
         advice = ("start a new workdir (no earlier step to resume from)" if earlier is None
                   else f"resume from step {earlier}, the last earlier checkpoint, with "
                   f"--restore_step={earlier}")
         return DamagedCheckpointError(
-            where + damage + f"\nNothing was deleted (available: {steps}): {advice}.",
+            f"cannot restore {self.directory}/{step}: {damage}\nNothing was deleted "
+            f"(available: {steps}): {advice}.",
             rerun_with=None if earlier is None else {"restore_step": earlier})
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
-        """Waits for the last save (SaveError if it failed), then closes."""
+        """Waits for the last save (SaveError if it failed)."""
         try:
             self.check(wait=True)
         finally:
@@ -237,112 +222,66 @@ def check_integrity(tree: Any, saved: dict[str, int] | None) -> str | None:
     return None
 
 
-_TENSORSTORE_READ = re.compile(
-    r'Error reading "(?P<array>[^"]+?)(?:/[\d.]+)?" in OCDBT database at local file '
-    r'"(?P<database>[^"]+)"(?::\s*(?P<reason>[^\n]*))?')
-_VALUE_SIZE = re.compile(r"for value of size (\d+)")
-
-
-def describe_damage(error: BaseException) -> str | None:
-    """'array NAME cannot be read (REASON)[; damaged (truncated) file: PATH]' from the
-    TensorStore read error in `error`'s chain, or None if there is none.
-
-    TensorStore names the array and the checkpoint, not the data file; a read
-    past the end of a truncated file reports the file's size, which finds it.
-    """
-    for cause in _chain(error):
-        found = _TENSORSTORE_READ.search(str(cause))
-        if not found:
-            continue
-        message = f"array {found['array']} cannot be read ({found['reason'] or cause})"
-        size = _VALUE_SIZE.search(found["reason"] or "")
-        data_files = glob.glob(os.path.join(found["database"], "**", "d", "*"),
-                               recursive=True)
-        files = [path for path in data_files
-                 if size and os.path.getsize(path) == int(size.group(1))]
-        if files:
-            return message + f"; damaged (truncated) file: {', '.join(sorted(files))}"
-        return message + (f"; a data file under {found['database']}*/d/ is damaged or "
-                          "missing")
-    return None
+def _unreadable() -> str:
+    _drop_reports_of_abandoned_io()
+    return "its files cannot be read (--debug shows Orbax's error)"
 
 
 def _through_orbax(error: BaseException | None) -> bool:
-    return any("/orbax/" in frame.f_code.co_filename for cause in _chain(error)
-               for frame, _ in traceback.walk_tb(cause.__traceback__))
+    return any(part in frame.f_code.co_filename for cause in chain(error)
+               for frame, _ in traceback.walk_tb(cause.__traceback__)
+               for part in ("/orbax/", "/asyncio/"))
 
 
-def _drop_reports_of_abandoned_io() -> None:
-    """Orbax gives up a restore (a save) at its first read (write) error, leaving
-    the other reads pending on an event loop it closes. Each reports the same
-    damage (or full disk) again when it is collected, possibly at exit: an
-    'Exception ignored' or 'exception was never retrieved' of ~70 lines, in the
-    hundreds. Once one failed, this process drops those reports (unraisable
-    errors raised through Orbax's code, asyncio's errors); the caller reports
-    the failure once."""
-    global _dropping_abandoned_io
-    if _dropping_abandoned_io:
+def _drop_unraisable_io_errors() -> None:
+    """Orbax reports a failed save or restore to the caller (`check`, `restore`), but the
+    reads and writes it abandons on an event loop it closes raise again, unraisable:
+    hundreds of ~70-line reports from its threads while training goes on (a failed
+    async save), or at exit. Once a Checkpointer exists, this process drops unraisable
+    errors raised through Orbax's or asyncio's code."""
+    if getattr(sys.unraisablehook, "drops_orbax_io", False):
         return
-    _dropping_abandoned_io = True
     previous = sys.unraisablehook
 
     def hook(unraisable):
         if not _through_orbax(unraisable.exc_value):
             previous(unraisable)
+    hook.drops_orbax_io = True
     sys.unraisablehook = hook
-    # Orbax's are the event loops here ("Task exception was never retrieved"), and
-    # the coroutines of its abandoned writes, collected unawaited at exit.
-    python_logging.getLogger("asyncio").addFilter(lambda record: not record.exc_info)
-    warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
 
 
-_dropping_abandoned_io = False
+def _drop_reports_of_abandoned_io() -> None:
+    """After a failure, also asyncio's logged exceptions ('never retrieved') and the
+    RuntimeWarnings of the abandoned coroutines, collected unawaited."""
+    _drop_unraisable_io_errors()
+    asyncio_logger = python_logging.getLogger("asyncio")
+    if _no_exceptions not in asyncio_logger.filters:
+        asyncio_logger.addFilter(_no_exceptions)
+    warnings.simplefilter("ignore", RuntimeWarning)
 
 
-def _chain(error: BaseException | None) -> Iterator[BaseException]:
-    """`error` and its causes and contexts, outermost first."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
+def _no_exceptions(record: python_logging.LogRecord) -> bool:
+    return not record.exc_info
 
 
 def set_aside_steps_after(workdir: str, step: int) -> list[str]:
-    """Moves the checkpoints of steps after `step` to WORKDIR/checkpoints_set_aside/
-    (never deletes them), so that a run resumed from `step` saves its own.
-    Returns their new locations. Call on process 0 only, before a Checkpointer
-    exists."""
+    """Moves (never deletes) the checkpoints after `step` to WORKDIR/checkpoints_set_aside/,
+    so that a run resumed from `step` saves its own; returns where they went. Process 0
+    only, before a Checkpointer exists."""
     moved = []
-    for later_step in (s for s in checkpoint_steps(os.path.join(workdir, CHECKPOINT_DIR)) if s > step):
-        target = os.path.join(os.path.abspath(workdir), SET_ASIDE_DIR, str(later_step))
+    workdir = os.path.abspath(workdir)
+    for later_step in checkpoint_steps(os.path.join(workdir, CHECKPOINT_DIR)):
+        if later_step <= step:
+            continue
+        target = os.path.join(workdir, SET_ASIDE_DIR, str(later_step))
         suffix = 1
         while os.path.exists(target):
             target = os.path.join(os.path.dirname(target), f"{later_step}.{suffix}")
             suffix += 1
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.move(os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR, str(later_step)),
-                    target)
+        shutil.move(os.path.join(workdir, CHECKPOINT_DIR, str(later_step)), target)
         moved.append(target)
     return moved
-
-
-def reports_damage(restore: Any) -> Any:
-    """Decorates a restore function: a TensorStore read error (a damaged or
-    missing data file) becomes a DamagedCheckpointError naming the array and file."""
-    @functools.wraps(restore)
-    def wrapped(path, *args, **kwargs):
-        try:
-            return restore(path, *args, **kwargs)
-        except CheckpointError:
-            raise
-        except Exception as e:
-            _drop_reports_of_abandoned_io()
-            damage = describe_damage(e)
-            if damage is None:
-                raise
-            raise _damaged(path, damage) from e
-    return wrapped
 
 
 def _damaged(path: str, damage: str) -> DamagedCheckpointError:
@@ -373,10 +312,8 @@ def _params_location(path: str) -> tuple[str, tuple[str, ...]]:
 def _match(saved_shapes: dict[tuple[str, ...], tuple[int, ...]], wanted: dict,
            prefix: tuple[str, ...], where: str, strict: bool
            ) -> tuple[dict, list[str], list[str]]:
-    """(wanted entries the checkpoint has, their paths, missing paths).
-
-    A parameter with another shape is an error naming it; with `strict`, so
-    are parameters the checkpoint lacks or has beyond the model's."""
+    """(wanted entries the checkpoint has, their paths, missing paths); see
+    `restore_params` for what is an error."""
     target, restored_paths, missing, mismatched = {}, [], [], []
     for key, spec in wanted.items():
         saved_key = prefix + key
@@ -430,28 +367,21 @@ def _restore_huggingface(path: str, abstract_params: Any, strict: bool):
     return traverse_util.unflatten_dict(restored), restored_paths, missing
 
 
-@reports_damage
 def restore_params(path: str, abstract_params: Any, strict: bool = False
                    ) -> tuple[Any, list[str], list[str]]:
-    """Restores the parameters of `abstract_params` that `path` holds.
-
-    `path`: a bert_jax pretrained folder, a workdir, its checkpoints dir, one
-    step, or a Hugging Face BERT folder (`config.json` + `model.safetensors`).
-    `abstract_params` is a tree of `jax.ShapeDtypeStruct` with shardings (the new
-    model's). Parameters the checkpoint lacks (a head the new task adds) are
-    left out of the result for the caller to initialise (the params-only
-    `init_from` path); a parameter present in both with different shapes is an
-    error naming it. `strict=True` (restoring a model for inference) also
-    refuses missing and unexpected parameters, naming them.
-
-    Returns (restored subtree, restored paths, missing paths).
-    """
+    """(restored subtree, restored paths, missing paths) of the parameters of
+    `abstract_params` (ShapeDtypeStructs with the new model's shardings) that `path`
+    holds: a bert_jax pretrained folder, a workdir, its checkpoints dir, one step,
+    or a Hugging Face BERT folder. Missing ones (a head the new task adds) are left
+    to the caller (`init_from`); mis-shaped ones are an error, and with `strict`
+    (inference) missing and unexpected ones too."""
     from flax import traverse_util
 
     if _is_huggingface_folder(path):
         return _restore_huggingface(path, abstract_params, strict)
     directory, prefix = _params_location(path)
     checkpointer = ocp.PyTreeCheckpointer()
+    _drop_unraisable_io_errors()
     try:
         metadata = checkpointer.metadata(directory)
         saved_tree = metadata.item_metadata.tree if hasattr(
@@ -467,8 +397,11 @@ def restore_params(path: str, abstract_params: Any, strict: bool = False
     restore_args = jax.tree.map(
         lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, global_shape=s.shape,
                                        dtype=s.dtype), item)
-    restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
-        item=item, restore_args=restore_args, partial_restore=True))
+    try:
+        restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
+            item=item, restore_args=restore_args, partial_restore=True))
+    except Exception as e:  # the metadata and shapes matched: the data files are damaged
+        raise _damaged(path, _unreadable()) from e
     digest = os.path.join(os.path.dirname(directory), DIGEST_ITEM)  # a workdir's step
     damage = check_integrity(restored, ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(
         digest) if prefix and os.path.isdir(digest) else None)

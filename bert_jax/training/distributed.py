@@ -31,11 +31,10 @@ def present_platforms() -> str:
 
 
 def select_platforms() -> None:
-    """Starts JAX on the platforms this machine has (`present_platforms`), unless
-    JAX_PLATFORMS says otherwise. With the CUDA plugin or libtpu installed on a
-    machine without that hardware (e.g. for `launch/compile.py`), JAX would
-    otherwise print the plugin's failed start-up at every run. Call it before
-    anything touches a JAX backend."""
+    """Starts JAX on the platforms this machine has, unless JAX_PLATFORMS says
+    otherwise: a CUDA plugin or libtpu installed without that hardware (for
+    `launch/compile.py`) would print its failed start-up at every run. Call it
+    before anything touches a JAX backend."""
     if os.environ.get("JAX_PLATFORMS") is None:
         jax.config.update("jax_platforms", present_platforms())
 

@@ -1,11 +1,5 @@
 """Preemption notices (SIGTERM) turned into one checkpoint step that every
-process agrees on, without a cross-host collective at every training step.
-
-`PreemptionWatcher` picks one of three mechanisms when it is created (its
-docstring says which runs where). The training loop calls
-`watcher.requested(step)` once per step, with consecutive steps, the same on
-every process, and saves a checkpoint then stops when it returns True.
-"""
+process agrees on, without a cross-host collective at every training step."""
 
 from __future__ import annotations
 
@@ -18,7 +12,6 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-# How many steps apart the fallback mechanism compares the processes' flags.
 CHECK_EVERY_ENV = "BERT_JAX_PREEMPTION_CHECK_EVERY"
 DEFAULT_CHECK_EVERY = 10
 
@@ -40,7 +33,6 @@ def sync_manager_available() -> bool:
 
 
 def choose_mechanism() -> str:
-    """The mechanism `PreemptionWatcher` uses in this process (see its docstring)."""
     if sync_manager_available():
         return SYNC_MANAGER
     if jax.process_count() == 1:
@@ -58,36 +50,24 @@ def check_every_steps(check_every: int | None = None) -> int:
 
 
 class PreemptionWatcher:
-    """Turns SIGTERM (a TPU VM preemption notice) into a step at which every
-    process saves a checkpoint and stops. Which mechanism runs where:
+    """A step at which every process saves a checkpoint and stops, after a SIGTERM:
 
-    * Under `jax.distributed` (any number of processes; the default whenever
-      there are several): JAX's preemption sync manager, which Orbax's
-      `CheckpointManager.reached_preemption` also uses. `jax.distributed.initialize`
-      creates it on every platform, CPU included, and it installs its own C++
-      SIGTERM handler, so this class installs none (a Python handler installed
-      afterwards replaces it and the notice would never arrive). A SIGTERM on
-      any process reaches the coordination service; the processes then agree,
-      once, on the step after the furthest one any of them has reported, and
-      `requested(step)` is True at that step on all of them. Between notices
-      `requested` is a local comparison under a lock: no collective, no RPC.
-    * One process without `jax.distributed`: a Python SIGTERM handler sets a
-      local flag that `requested` reads; nothing is communicated.
-    * Several processes without the sync manager (processes of a TPU slice that
-      libtpu connected without `jax.distributed`, or `jax_enable_preemption_service`
-      turned off): the Python handler's flag, OR-ed over all processes with one
-      `process_allgather` every `check_every` steps (argument, else
-      $BERT_JAX_PREEMPTION_CHECK_EVERY, default 10; it must be the same on every
-      process). Trade-off: one cross-host collective per `check_every` steps
-      instead of per step, for up to `check_every - 1` more steps between the
-      notice and the checkpoint; keep that time well inside the grace period.
+    * Under `jax.distributed`: JAX's preemption sync manager (Orbax's
+      `reached_preemption` uses it too). It installs its own C++ SIGTERM handler,
+      so this class installs none (a Python one would replace it). The processes
+      agree once on the step after the furthest any has reported; between notices
+      `requested` is a local comparison: no collective, no RPC.
+    * One process: a Python SIGTERM handler's local flag.
+    * Several processes without the sync manager (libtpu without
+      `jax.distributed`, or `jax_enable_preemption_service` off): that flag OR-ed
+      over the processes by one `process_allgather` every `check_every` steps (the
+      same on every process): up to `check_every - 1` more steps before the
+      checkpoint, which must stay well inside the grace period.
 
     `requested(step)` must be called at every step, with consecutive steps, the
-    same on every process: the sync manager fires only at exactly the agreed
-    step, and the fallback gathers at the same steps everywhere. `first_step`,
-    the step training resumes from, is reported to the sync manager at once, so
-    a notice that arrives before the first `requested` call is agreed on for
-    the first step run (not for step 1, which a resumed run never reaches).
+    same on every process: the sync manager fires only at exactly the agreed step.
+    `first_step` (where training resumes) is reported at once, so a notice before
+    the first `requested` is agreed on for the first step run.
     """
 
     def __init__(self, first_step: int = 0, check_every: int | None = None):

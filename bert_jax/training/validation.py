@@ -1,12 +1,6 @@
-"""Checks of a training config that need no data, model or workdir.
-
-`check_training_config(config)` runs first in `train_and_evaluate`, before
-anything is written or built, so that a mistake costs a second rather than a
-dataset build and a compile. Each problem is one line naming the config
-field and the fix; all are reported together as one `ConfigError`. The model
-config's own checks run too (tasks that build their model without data),
-once the rest is right.
-"""
+"""Checks of a training config that need no data or workdir, run before anything is
+written or built: a mistake costs a second, not a dataset build and a compile. Every
+problem is reported together, one line each, in one `ConfigError`."""
 
 from __future__ import annotations
 
@@ -98,9 +92,8 @@ def _name_problems(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def _model_problems(config: ml_collections.ConfigDict) -> list[str]:
-    """The model config's own checks (heads, dtype, attention, lengths), for
-    tasks that can build their model without data. Not with `init_from`: a BERT
-    task then takes its architecture from that checkpoint."""
+    """The model config's own checks, where the task builds it without data; not
+    with `init_from` (a BERT task then takes the architecture from there)."""
     task = task_class(config.get("task"))
     if task is None or not task.supports_abstract or config.get("init_from"):
         return []  # an unknown task is named when it is built
@@ -150,8 +143,7 @@ def _batch_problems(config: ml_collections.ConfigDict, batch_shards: int) -> lis
 
 
 def check_files(config: ml_collections.ConfigDict) -> None:
-    """Raises `ConfigError` naming every file or folder the config names that
-    does not exist (data paths, `init_from`): what a data build needs."""
+    """What a data build needs: the files and folders the config names exist."""
     problems = _missing_files(config)
     if problems:
         raise ConfigError("the config names files that do not exist:\n  "

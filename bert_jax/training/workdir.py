@@ -21,21 +21,16 @@ LOCK_FILE = "train.lock"        # {"host", "pid", "started"} of the run writing 
 
 
 class WorkdirError(UserError, RuntimeError):
-    """The workdir cannot be used; the message says why and what to do."""
+    """The workdir cannot be used."""
 
 
 class WorkdirLock:
-    """One writer per workdir: `with WorkdirLock(workdir):` (taken when created)
-    around a training run.
-
-    An exclusive `flock` on WORKDIR/train.lock, which the kernel drops when the
-    process dies, so a lock left by a killed run on this host is free again
-    (taken over). flock may not reach across hosts on a shared filesystem, so
-    the file also names its holder; a holder on another host is refused even
-    when flock succeeds, until the user deletes the file. It is deleted on exit
-    (a workdir a run could not start in is left as it was); a process that
-    locked the deleted file meanwhile sees it is no longer the path's and stops.
-    """
+    """One writer per workdir (taken when created): an exclusive `flock` on
+    WORKDIR/train.lock, which the kernel drops when the process dies (a killed run's
+    lock is taken over). flock may not reach across hosts, so the file also names its
+    holder; one on another host is refused until the user deletes the file. Deleted
+    on exit; a process that locked the deleted file meanwhile sees it is no longer
+    the path's and stops."""
 
     def __init__(self, workdir: str):
         self.path = os.path.join(workdir, LOCK_FILE)
