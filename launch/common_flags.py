@@ -90,7 +90,7 @@ def workdir_argv(argv: list[str]) -> list[str]:
 def workdir_experiment():
     """(config, workdir) of an entry point that restores `--workdir`: its
     `config.json` with the command line's overrides, which may change only what
-    evaluation may (`evaluation.EVALUATION_OVERRIDES`)."""
+    evaluation may (`evaluation.EVALUATION_OVERRIDES` and the task's `evaluation_overrides`)."""
     if WORKDIR.value is None:
         raise app.UsageError("--workdir is required: the workdir of a training run.")
     return evaluation.evaluation_config(WORKDIR.value, CONFIG.value), WORKDIR.value

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import inspect
 import itertools
 import json
 import logging as std_logging
@@ -320,36 +321,55 @@ def beam_pipeline_options(flags: str = "") -> "beam.options.pipeline_options.Pip
     return beam.options.pipeline_options.PipelineOptions(defaults + shlex.split(flags))
 
 
+# The user errors a Beam worker may raise: written as JSON into `parts/errors/`
+# by `_reporting`, raised again by the builder (Beam gives it only text).
+ERRORS = "errors"
+_WORKER_ERRORS = {"CorpusError": pretraining_data.CorpusError,
+                  "BertPretrainingError": BertPretrainingError,
+                  "MissingFileError": MissingFileError}
+
+
+def _reporting(fn, parts_dir: str):
+    """`fn` (a function, or a generator function: its outputs for one element
+    collected) for a Beam worker, writing a user error it raises into
+    `parts_dir/errors/` before raising it."""
+    def call(*args):
+        try:
+            return list(fn(*args)) if inspect.isgeneratorfunction(fn) else fn(*args)
+        except tuple(_WORKER_ERRORS.values()) as error:
+            path = epath.Path(parts_dir, ERRORS, f"{os.getpid()}-{id(error)}.json")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps([type(error).__name__, str(error)]))
+            raise
+    return call
+
+
 def build_parts(pipeline: beam.Pipeline, cfg: BertPretrainingConfig, parts_dir: str) -> None:
     """The Beam pipeline: the parts of each split and their summed statistics
     (`SUMMARY`), written into `parts_dir`."""
+    scan, pick, build, validate = (_reporting(fn, parts_dir) for fn in (
+        scan_file, held_out_documents, build_shard, build_validation))
     files = pipeline | "Files" >> beam.Create(list(enumerate(cfg.files)))
-    scanned = files | "Scan" >> beam.FlatMap(scan_file, cfg).with_outputs(
+    scanned = files | "Scan" >> beam.FlatMap(scan, cfg).with_outputs(
         "shards", "candidates", main="stats")
     file_stats = scanned.stats | "SumFileStats" >> beam.CombineGlobally(sum_statistics)
     held_out = (scanned.candidates
                 | "Smallest" >> beam.combiners.Top.Smallest(cfg.eval_documents)
-                | "HeldOut" >> beam.Map(held_out_documents, beam.pvalue.AsSingleton(
+                | "HeldOut" >> beam.Map(pick, beam.pvalue.AsSingleton(
                     file_stats | beam.Map(lambda s: s.get("documents", 0))), cfg))
     built = (scanned.shards
              | "Spread" >> beam.Reshuffle()
-             | "Build" >> beam.FlatMap(build_shard, cfg, beam.pvalue.AsSingleton(held_out),
+             | "Build" >> beam.FlatMap(build, cfg, beam.pvalue.AsSingleton(held_out),
                                        parts_dir).with_outputs("held_out", main="stats"))
     stats = [scanned.stats, built.stats]
     if cfg.eval_documents:
         stats.append(built.held_out
                      | "CollectHeldOut" >> beam.combiners.ToList()
-                     | "Validation" >> beam.Map(build_validation, cfg, parts_dir))
+                     | "Validation" >> beam.Map(validate, cfg, parts_dir))
     _ = (stats | "AllStats" >> beam.Flatten()
          | "SumStats" >> beam.CombineGlobally(sum_statistics)
          | "Summary" >> beam.Map(lambda s: epath.Path(parts_dir, SUMMARY).write_text(
              json.dumps(s))))
-
-
-# The user errors a Beam worker may raise, by name (its traceback comes back as text).
-_WORKER_ERRORS = {"CorpusError": pretraining_data.CorpusError,
-                  "BertPretrainingError": BertPretrainingError,
-                  "MissingFileError": MissingFileError}
 
 
 class BertPretraining(LocalFilesBuilder):
@@ -372,18 +392,6 @@ class BertPretraining(LocalFilesBuilder):
         return self.dataset_info_from_configs(features=_features(),
                                               metadata=tfds.core.MetadataDict())
 
-    def download_and_prepare(self, *args, **kwargs):
-        """As tfds's; a user error in a Beam worker is raised again as itself
-        (Beam gives only a `RuntimeError` holding the worker's traceback)."""
-        try:
-            return super().download_and_prepare(*args, **kwargs)
-        except RuntimeError as e:
-            found = re.findall(r"^bert_jax\.[\w.]+\.(\w+Error): (.*)$", str(e), re.MULTILINE)
-            error = _WORKER_ERRORS.get(found[-1][0]) if found else None
-            if error is None:
-                raise
-            raise error(found[-1][1]) from None
-
     def _download_and_prepare(self, dl_manager, download_config) -> None:
         """Runs `build_parts`, then makes the parts of each split its tfds
         shards, in the corpus's order."""
@@ -394,8 +402,14 @@ class BertPretraining(LocalFilesBuilder):
         options = download_config.beam_options
         if options is None and download_config.beam_runner is None:
             options = beam_pipeline_options(self.beam_options)
-        with beam.Pipeline(runner=download_config.beam_runner, options=options) as pipeline:
-            build_parts(pipeline, cfg, os.fspath(parts))
+        try:
+            with beam.Pipeline(runner=download_config.beam_runner, options=options) as pipeline:
+                build_parts(pipeline, cfg, os.fspath(parts))
+        except Exception:  # a worker's user error is raised again as itself
+            for report in sorted((parts / ERRORS).glob("*.json")):
+                name, message = json.loads(report.read_text())
+                raise _WORKER_ERRORS[name](message) from None
+            raise
         summary = json.loads((parts / SUMMARY).read_text())
         splits = []
         for split in ["train", "validation"] if cfg.eval_documents else ["train"]:
