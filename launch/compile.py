@@ -60,16 +60,13 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = _CONFIG.value
-    try:
-        target = topologies.target(_TOPOLOGY.value, _NUM_SLICES.value)
-        if _MEMORY_GIB.value:
-            target = dataclasses.replace(target, memory_bytes=int(_MEMORY_GIB.value * aot.GiB),
-                                         memory_note="--memory_gib")
-        if _FIT.value:
-            return fit(config, target)
-        report = aot.compile_experiment(config, target, eval_step=_EVAL.value)
-    except (topologies.TopologyError, aot.DoesNotFit, ValueError) as e:
-        sys.exit(f"compile: {e}")
+    target = topologies.target(_TOPOLOGY.value, _NUM_SLICES.value)
+    if _MEMORY_GIB.value:
+        target = dataclasses.replace(target, memory_bytes=int(_MEMORY_GIB.value * aot.GiB),
+                                     memory_note="--memory_gib")
+    if _FIT.value:
+        return fit(config, target)
+    report = aot.compile_experiment(config, target, eval_step=_EVAL.value)
     print(report.summary())
     result = report.to_dict()
     if _FIND_MAX_BATCH.value:

@@ -235,7 +235,7 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
     train_batch = batch(True)
     global_rows = next(iter(train_batch.values())).shape[0]
     if global_rows % batch_devices(mesh):
-        raise ValueError(f"a batch of {global_rows} rows does not split over "
+        raise ConfigError(f"a batch of {global_rows} rows does not split over "
                          f"{batch_devices(mesh)} devices (data x fsdp): set "
                          "config.train.batch_size (or data.batch_tokens) to a multiple.")
     with jax.set_mesh(mesh):

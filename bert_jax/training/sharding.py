@@ -25,6 +25,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from bert_jax.modeling.configs import ConfigError
 from bert_jax.modeling.layers import BATCH_MESH_AXES
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -47,18 +48,18 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
     shape = tuple(int(s) for s in shape)
     if len(shape) != len(MESH_AXES):
-        raise ValueError(f"mesh shape {shape} must give sizes for {MESH_AXES}.")
+        raise ConfigError(f"mesh shape {shape} must give sizes for {MESH_AXES}.")
     if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-        raise ValueError(f"mesh shape {shape}: sizes must be positive, with at most "
+        raise ConfigError(f"mesh shape {shape}: sizes must be positive, with at most "
                          "one -1 (the rest of the devices).")
     known = math.prod(s for s in shape if s != -1)
     if -1 in shape:
         if num_devices % known:
-            raise ValueError(f"mesh shape {shape}: {num_devices} devices are not "
+            raise ConfigError(f"mesh shape {shape}: {num_devices} devices are not "
                              f"divisible by {known}.")
         shape = tuple(num_devices // known if s == -1 else s for s in shape)
     if math.prod(shape) != num_devices:
-        raise ValueError(f"mesh shape {shape} uses {math.prod(shape)} devices but "
+        raise ConfigError(f"mesh shape {shape} uses {math.prod(shape)} devices but "
                          f"{num_devices} are available; use -1 for one axis.")
     return shape
 
