@@ -46,6 +46,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from bert_jax.modeling.configs import ConfigError
+
 Array = jax.Array
 
 _LANES = 128
@@ -121,8 +123,9 @@ def _check_shapes(query, key, value, query_segments, key_segments, causal) -> No
     if causal and q_len != kv_len:
         raise ValueError(f"causal splash attention needs q_len == kv_len, got {q_len}, {kv_len}")
     if q_len % _LANES or kv_len % _LANES:
-        raise ValueError(f"splash attention needs q_len and kv_len to be multiples of {_LANES}, "
-                         f"got q_len={q_len}, kv_len={kv_len}: pad the sequences")
+        raise ConfigError(f"config.model.attention_impl='splash': needs lengths that are "
+                          f"multiples of {_LANES} (q_len={q_len}, kv_len={kv_len}); set the "
+                          "data's sequence length to one, or use attention_impl='xla'.")
 
 
 def _mesh_axes(mesh: jax.sharding.Mesh, *, batch: int, heads: int):
