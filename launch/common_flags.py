@@ -23,7 +23,6 @@ NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the jo
 PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 
 
-
 def run(main, argv: list[str] | None = None) -> None:
     cli.run(main, argv, flags_parser=parse_flags)
 
