@@ -15,7 +15,9 @@ Variants:
              every 250 steps, the last 5 kept for
                python launch/evaluate.py --workdir=DIR --average_last=5 \
                    --save_average=DIR_avg --config.data.eval_split=test
-             Result: see docs/RESULTS.md.
+             Result: test_2016_flickr sacreBLEU 41.9 (mean of seeds 0 and 1, the
+             last checkpoint; the average of the last 5: 41.8), 64-70 min of
+             training each on a shared 2-core CPU (docs/RESULTS.md).
   wmt_base, wmt_big
              WMT'14 en->de from the tfds catalog with Vaswani et al. (2017)
              hyperparameters, for accelerators.
