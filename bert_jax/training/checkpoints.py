@@ -141,7 +141,8 @@ class Checkpointer:
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # Orbax/TensorStore raise many types
-            raise self._unrestorable(step, _unreadable()) from e
+            _drop_reports_of_abandoned_io()
+            raise self._unrestorable(step, UNREADABLE) from e
         damage = check_integrity(restored["state"], restored[DIGEST_ITEM] if checked else None)
         if damage:
             raise self._unrestorable(step, damage)
@@ -222,9 +223,7 @@ def check_integrity(tree: Any, saved: dict[str, int] | None) -> str | None:
     return None
 
 
-def _unreadable() -> str:
-    _drop_reports_of_abandoned_io()
-    return "its files cannot be read (--debug shows Orbax's error)"
+UNREADABLE = "its files cannot be read (--debug shows Orbax's error)"
 
 
 def _through_orbax(error: BaseException | None) -> bool:
@@ -401,7 +400,8 @@ def restore_params(path: str, abstract_params: Any, strict: bool = False
         restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
             item=item, restore_args=restore_args, partial_restore=True))
     except Exception as e:  # the metadata and shapes matched: the data files are damaged
-        raise _damaged(path, _unreadable()) from e
+        _drop_reports_of_abandoned_io()
+        raise _damaged(path, UNREADABLE) from e
     digest = os.path.join(os.path.dirname(directory), DIGEST_ITEM)  # a workdir's step
     damage = check_integrity(restored, ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(
         digest) if prefix and os.path.isdir(digest) else None)
