@@ -85,7 +85,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # fields apply (dropout, dtype, attention_impl, remat, scan_layers).
     config.model = ml_collections.ConfigDict(dict(
         hidden_size=384, num_heads=12, mlp_dim=1536, num_layers=6, max_len=512,
-        vocab_size=1, dropout_rate=0.1, attention_dropout_rate=0.1, dtype="auto",
+        norm_position="post", vocab_size=1, dropout_rate=0.1, attention_dropout_rate=0.1, dtype="auto",
         # Run-time choices (any value restores the same checkpoints, except
         # scan_layers, which stacks them): attention kernel ('einsum', 'flash'
         # = the platform's, 'xla', 'cudnn', 'splash'), rematerialisation

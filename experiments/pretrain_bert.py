@@ -28,6 +28,16 @@ Variants:
                    --config.init_from=P1 --workdir=P2
              Result: held-out MLM accuracy 0.371 and NSP accuracy 0.871 at
              sequence 128, 47.9 minutes for both on the 2-core CPU (docs/RESULTS.md).
+  cpu_phase1, cpu_phase2
+             the two phases sized for two hours on a 2-core CPU without bfloat16
+             in hardware (AVX2 only, float32 compute), data build included: 2,000
+             steps of phase 1, then 1,000 of phase 2, each schedule decaying to 0 at
+             its last step. The backbone of the transfer study (docs/RESULTS.md,
+             launch/transfer_study.py): fine-tune it with
+             `--config.init_from=P2`.
+               python launch/train.py --config=experiments/pretrain_bert.py:cpu_phase1 --workdir=P1
+               python launch/train.py --config=experiments/pretrain_bert.py:cpu_phase2 \
+                   --config.init_from=P1 --workdir=P2
   base_2018, large_2018
              the paper's recipe (Devlin et al. 2018, section A.2): batch 256,
              AdamW lr 1e-4, warmup 10k, 1M steps, sequence 128 (90% of the steps;
@@ -71,7 +81,8 @@ from bert_jax.modeling.configs import ConfigError  # a user error: `error: ...`,
 
 SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                            "shared", "data")
-VARIANTS = ("default", "corpus", "corpus_phase1", "corpus_phase2", "base_2018", "large_2018",
+VARIANTS = ("default", "corpus", "corpus_phase1", "corpus_phase2", "cpu_phase1", "cpu_phase2",
+            "base_2018", "large_2018",
             "base_lamb_phase1", "base_lamb_phase2", "large_lamb_phase1", "large_lamb_phase2")
 
 
@@ -135,6 +146,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # multi-slice), data-parallel by default. -1 takes the remaining devices.
     config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1), dcn_shape=(-1, 1, 1)))
 
+    if variant.startswith("cpu_"):  # corpus_phase1/2, shorter (the module docstring)
+        config = get_config("corpus_" + variant[len("cpu_"):])
+        phase2 = variant.endswith("2")
+        config.train.update(dict(num_steps=1000 if phase2 else 2000,
+                                 eval_every=500 if phase2 else 1000,
+                                 checkpoint_every=500 if phase2 else 1000))
+        return config
     if variant.startswith("corpus"):
         pretrain = os.path.join(SHARED_DATA, "pretrain")
         config.data.update(dict(
