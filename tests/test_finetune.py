@@ -472,3 +472,29 @@ def test_train_py_names_a_subset_larger_than_the_split_in_one_line(glue_dirs, tm
     assert out.splitlines()[-1] == ("error: config.data.train_examples=1000: the training "
                                     "split has 160 examples; use 1 to 160, or 0 for all."), out
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_a_second_phase_workdir_reads_the_vocabulary_of_the_phase_it_started_from(tmp_path):
+    """Phase 2 of a pretraining (`init_from=P1`) keeps no `vocab/` of its own;
+    fine-tuning from it takes phase 1's, and a `data.vocab_file` wins."""
+    from bert_jax.data import wordpiece
+    from bert_jax.tasks.bert_backbone import _checkpoint_model
+
+    model = {"hidden_size": 16, "num_heads": 2, "mlp_dim": 32, "num_layers": 1, "max_len": 32,
+             "norm_position": "pre", "vocab_size": 1}
+    vocab = wordpiece.WordPiece.train(["the cat sat on the mat"] * 3, vocab_size=60)
+    phase1, phase2, other = tmp_path / "p1", tmp_path / "p2", tmp_path / "other"
+    for folder, extra in ((phase1, {}), (phase2, {"init_from": str(phase1)}),
+                          (other, {"init_from": str(phase1)})):
+        (folder / "checkpoints").mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(
+            {"model": model, "data": {"lowercase": True}, **extra}))
+    vocab.save(str(phase1 / "vocab"))
+    config, vocab_file, lowercase = _checkpoint_model(str(phase2), "workdir")
+    assert (vocab_file, config.vocab_size, config.norm_position) == (
+        str(phase1 / "vocab" / "vocab.txt"), vocab.size, "pre")
+    given = tmp_path / "given.txt"
+    given.write_text("".join(t + "\n" for t in vocab.convert_ids_to_tokens(range(vocab.size - 2))))
+    (other / "config.json").write_text(json.dumps(
+        {"model": model, "data": {"vocab_file": str(given)}, "init_from": str(phase1)}))
+    assert _checkpoint_model(str(other), "workdir")[0].vocab_size == vocab.size - 2

@@ -72,10 +72,30 @@ def _checkpoint_model(path: str, kind: str) -> tuple[BertConfig, str, bool | Non
         vocab = os.path.join(path, "vocab.txt")
         return BertConfig.from_dict(meta["config"]), vocab if os.path.isfile(vocab) else "", None
     saved = read_json(os.path.join(path, "config.json"))
-    vocab_dir = os.path.join(path, wordpiece.VOCAB_DIR)
-    vocab = wordpiece.WordPiece.load(vocab_dir)
+    vocab = _workdir_vocabulary(path, saved)
     model = {**saved["model"], "vocab_size": vocab.size}
     return BertConfig.from_dict(model), vocab.path, vocab.lowercase
+
+
+def _workdir_vocabulary(path: str, saved: dict) -> wordpiece.WordPiece:
+    """A workdir's vocabulary: its `vocab/` (trained there), else the one its
+    config was given (`data.vocab_file`), else that of the checkpoint it started
+    from (`init_from`: phase 2 of a pretraining reads phase 1's)."""
+    vocab_dir = os.path.join(path, wordpiece.VOCAB_DIR)
+    data = saved.get("data", {})
+    if os.path.isdir(vocab_dir) or not (data.get("vocab_file") or saved.get("init_from")):
+        return wordpiece.WordPiece.load(vocab_dir)
+    if data.get("vocab_file"):
+        return wordpiece.WordPiece.from_vocab_file(data["vocab_file"],
+                                                   lowercase=data.get("lowercase", True))
+    parent = checkpoint_path(saved["init_from"])
+    _, vocab_file, lowercase = _checkpoint_model(parent, checkpoint_kind(parent))
+    if not vocab_file:
+        raise ConfigError(f"{path} has no {wordpiece.VOCAB_DIR}/ and its init_from {parent} "
+                          "no vocab.txt: set config.data.vocab_file to the one it was "
+                          "trained with.")
+    return wordpiece.WordPiece.from_vocab_file(
+        vocab_file, lowercase=data.get("lowercase", True) if lowercase is None else lowercase)
 
 
 def resolve_backbone(config: ml_collections.ConfigDict, workdir: str,
