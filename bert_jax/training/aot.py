@@ -38,6 +38,7 @@ from bert_jax.training.topologies import GPUS, Target
 from bert_jax.training.train_step import (
     abstract_train_state, jit_train_step, make_train_step)
 
+COLLECTIVES = hlo.COLLECTIVES
 _CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([A-Za-z_][\w\-]*?)(?:\.\d+)*\s*=")
 GiB = float(1 << 30)
