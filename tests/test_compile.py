@@ -145,6 +145,17 @@ def test_bert_steps_compile_for_a_tpu_slice(v5e, layout, shape):
         assert kinds["all-gather"]["count"] > 0 and kinds["all-gather"]["bytes"] > 0
     else:
         assert kinds  # tensor parallelism communicates inside the layers
+    # As executed: no loop here runs a collective less than once; each op's
+    # replica groups (libtpu's mesh-axes form, expanded) partition the slice.
+    executed = report.train.collectives_executed
+    assert executed.keys() == kinds.keys()
+    assert all(executed[kind]["count"] >= kinds[kind]["count"] for kind in kinds)
+    for op in report.train.collective_ops:
+        assert op["kind"] in kinds and op["executions"] >= 1 and op["bytes"] > 0
+        if op["kind"] != "collective-permute":
+            assert sorted(d for group in op["replica_groups"] for d in group) == list(range(4))
+            assert all(len(group) == op["group_size"] for group in op["replica_groups"])
+    assert "collectives as executed a step: all-reduce x" in report.summary()
     assert report.train.attention_kernels == {}  # einsum
 
 

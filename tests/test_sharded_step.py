@@ -1,5 +1,8 @@
 """One train step on data-parallel, FSDP and tensor-parallel meshes (8 fake CPU
-devices) equals the single-device step; gradient accumulation equals one batch."""
+devices) equals the single-device step; gradient accumulation equals one batch,
+and with replicated parameters reduces the gradients once a step."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +11,7 @@ import optax
 import pytest
 
 from bert_jax.modeling import BertForTokenClassification, bert_preset
+from bert_jax.training import hlo
 from bert_jax.training.optimizer import decay_mask, learning_rate_schedule, make_optimizer
 from bert_jax.training.sharding import global_batch, make_mesh, mesh_shape
 from bert_jax.training.train_step import (
@@ -17,6 +21,8 @@ CONFIG = bert_preset("tiny", hidden_size=32, num_heads=4, mlp_dim=64, vocab_size
                      max_len=16, dropout_rate=0.0, attention_dropout_rate=0.0)
 NUM_LABELS = 8
 MODEL = BertForTokenClassification(CONFIG, num_labels=NUM_LABELS)
+SCANNED = BertForTokenClassification(dataclasses.replace(CONFIG, scan_layers=True),
+                                     num_labels=NUM_LABELS)
 
 
 def _batch(rows=16, length=12):
@@ -28,28 +34,40 @@ def _batch(rows=16, length=12):
     return {"input_ids": ids * mask, "attention_mask": mask, "labels": labels}
 
 
-def loss_fn(params, batch, rng):
-    logits = MODEL.apply({"params": params}, batch["input_ids"], batch["attention_mask"],
-                         deterministic=False, rngs={"dropout": rng})
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])
-    weights = batch["attention_mask"].astype(jnp.float32)
-    correct = (logits.argmax(-1) == batch["labels"]) * weights
-    return (losses * weights).sum(), weights.sum(), {"accuracy": correct.sum()}
+def make_loss_fn(model):
+    def loss_fn(params, batch, rng):
+        logits = model.apply({"params": params}, batch["input_ids"], batch["attention_mask"],
+                             deterministic=False, rngs={"dropout": rng})
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])
+        weights = batch["attention_mask"].astype(jnp.float32)
+        correct = (logits.argmax(-1) == batch["labels"]) * weights
+        return (losses * weights).sum(), weights.sum(), {"accuracy": correct.sum()}
+    return loss_fn
 
 
-def _run(shape, devices, grad_accum_steps=1):
+loss_fn = make_loss_fn(MODEL)
+
+
+def _run(shape, devices, grad_accum_steps=1, model=MODEL, rows=16, compiled=None):
+    """((params, metrics, metrics2) after two steps, the state); `compiled`, a
+    list, receives the step's compiled HLO text."""
     mesh = make_mesh(shape, devices)
     # eps=1e-3 keeps Adam's m / (sqrt(v) + eps) Lipschitz in the gradient: with
     # eps=1e-6 it maps reduction-order rounding in near-zero gradients of rare
     # embedding rows to full-size steps, which no layout can reproduce bit-exactly.
     tx = make_optimizer("adamw", learning_rate_schedule("linear", 1e-2, 1, 10), eps=1e-3)
     ids = jnp.zeros((2, 12), jnp.int32)
-    state, shardings = create_train_state(lambda r: MODEL.init(r, ids), MODEL.apply, tx,
+    state, shardings = create_train_state(lambda r: model.init(r, ids), model.apply, tx,
                                           mesh, jax.random.PRNGKey(0))
-    step = jit_train_step(make_train_step(loss_fn, grad_accum_steps), shardings, mesh)
+    step = jit_train_step(make_train_step(make_loss_fn(model), grad_accum_steps),
+                          shardings, mesh)
+    batch = global_batch(_batch(rows), mesh)
     with jax.set_mesh(mesh):
-        state, metrics = step(state, global_batch(_batch(), mesh), jax.random.PRNGKey(1))
-        state, metrics2 = step(state, global_batch(_batch(), mesh), jax.random.PRNGKey(1))
+        step = step.lower(state, batch, jax.random.PRNGKey(1)).compile()
+        if compiled is not None:
+            compiled.append(step.as_text())
+        state, metrics = step(state, batch, jax.random.PRNGKey(1))
+        state, metrics2 = step(state, batch, jax.random.PRNGKey(1))
     return jax.device_get((state.params, metrics, metrics2)), state
 
 
@@ -85,6 +103,54 @@ def test_gradient_accumulation_equals_one_batch(single_device):
     np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-6),
                  params, ref_params)
+
+
+@pytest.mark.slow
+def test_data_parallel_accumulation_reduces_once_and_equals_one_batch():
+    """Scanned layers, 4 micro-batches over 8 data-parallel devices: the
+    program executes one all-reduce of the gradients (and the summed metrics)
+    a step, not one per micro-batch and layer, and trains as one batch does."""
+    texts = []
+    (params, metrics, metrics2), _ = _run((8, 1, 1), jax.devices(), grad_accum_steps=4,
+                                          model=SCANNED, rows=32, compiled=texts)
+    (ref_params, ref_metrics, ref_metrics2), _ = _run((1, 1, 1), jax.devices()[:1],
+                                                      model=SCANNED, rows=32)
+    for key in ("loss", "accuracy", "grad_norm", "weight"):
+        np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=1e-5)
+        np.testing.assert_allclose(metrics2[key], ref_metrics2[key], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-6),
+                 params, ref_params)
+    found = hlo.collective_ops(texts[0])
+    parameter_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    metric_bytes = 3 * 4   # loss_sum, weight, accuracy: float32 scalars
+    executed = found.executed["all-reduce"]["bytes"]
+    assert abs(executed - (parameter_bytes + metric_bytes)) <= 0.1 * parameter_bytes, (
+        executed, parameter_bytes, found.ops)
+    assert all(op["executions"] == 1 for op in found.ops if op["kind"] == "all-reduce")
+    assert "all-gather" not in found.executed and "reduce-scatter" not in found.executed
+
+
+def test_devices_draw_their_own_randomness_when_accumulating_data_parallel():
+    """Under the one-reduction accumulation each device draws for its own rows:
+    its key folds in its position, so no two rows share a draw (the gradient
+    of `w[row] * u_row` is each row's draw `u_row`)."""
+    rows, steps = 32, 4
+    mesh = make_mesh((8, 1, 1), jax.devices())
+
+    def loss_fn(params, batch, rng):
+        draws = jax.random.uniform(rng, batch["row"].shape)
+        return (params["w"][batch["row"]] * draws).sum(), jnp.float32(draws.size), {}
+
+    state, shardings = create_train_state(
+        lambda r: {"params": {"w": jnp.zeros(rows)}}, None, optax.sgd(1.0), mesh,
+        jax.random.PRNGKey(0))
+    step = jit_train_step(make_train_step(loss_fn, steps), shardings, mesh)
+    with jax.set_mesh(mesh):
+        state, metrics = step(state, global_batch({"row": np.arange(rows)}, mesh),
+                              jax.random.PRNGKey(1))
+    draws = -np.asarray(state.params["w"]) * metrics["weight"]
+    assert metrics["weight"] == rows and np.all((draws > 0) & (draws < 1))
+    assert len(set(draws.tolist())) == rows
 
 
 @pytest.mark.slow

@@ -107,6 +107,28 @@ def test_key_padding(mesh_shape, axes, heads):
 
 
 @pytest.mark.slow
+def test_inside_a_shard_map_over_the_whole_mesh():
+    """The train step's accumulation over data-parallel devices runs the model
+    under `jax.shard_map` manual over every mesh axis: the kernel then runs on
+    each device's own rows, without a shard_map of its own."""
+    q, k, v = random_qkv(3)
+    segments = padding_segments([128, 37], 128)
+
+    def local(q, k, v, segments):
+        return splash_attention(q, k, v, query_segments=segments, key_segments=segments,
+                                scale=SCALE, mesh=jax.sharding.get_abstract_mesh(),
+                                interpret=True)
+
+    spec = P(("data", "fsdp"))
+    with jax.set_mesh(cpu_mesh()):
+        got = jax.jit(jax.shard_map(local, in_specs=(spec,) * 4, out_specs=spec,
+                                    check_vma=False))(q, k, v, segments)
+    want = reference(q, k, v, segments, segments, causal=False, scale=SCALE)
+    valid = segments != 0
+    np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], **TOL)
+
+
+@pytest.mark.slow
 def test_causal_with_padding():
     q, k, v = random_qkv(1)
     segments = padding_segments([100, 128], 128)

@@ -40,9 +40,11 @@ def batch_sharded(x: Array) -> Array:
     and whole along the other dimensions; unchanged without a mesh. Without the
     constraint XLA may follow the FSDP-sharded weights and gather the whole
     batch's activations on every device (measured: per-device temporaries
-    growing with the device count)."""
+    growing with the device count). Axes already manual (inside `jax.shard_map`,
+    where `x` is a device's own rows) are left out."""
     mesh = jax.sharding.get_abstract_mesh()
-    axes = tuple(a for a in BATCH_MESH_AXES if not mesh.empty and a in mesh.axis_names)
+    axes = tuple(a for a in BATCH_MESH_AXES if not mesh.empty and a in mesh.axis_names
+                 and a not in mesh.manual_axes)
     if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
         return x
     return jax.lax.with_sharding_constraint(x, PartitionSpec(axes))

@@ -85,7 +85,10 @@ def splash_attention(
     """
     _check_shapes(query, key, value, query_segments, key_segments, causal)
     batch, q_len, heads, _ = query.shape
-    batch_axes, head_axis = _mesh_axes(mesh, batch=batch, heads=heads)
+    # Inside a `jax.shard_map` manual over the whole mesh (the train step's
+    # accumulation over data-parallel devices) the arrays are a device's own.
+    local = set(mesh.manual_axes) == set(mesh.axis_names)
+    batch_axes, head_axis = ((), None) if local else _mesh_axes(mesh, batch=batch, heads=heads)
     kernel = _make_kernel(heads, q_len, key.shape[1], causal=causal,
                           head_shards=mesh.shape[head_axis] if head_axis else 1,
                           interpret=interpret)
@@ -93,6 +96,9 @@ def splash_attention(
     if query_segments is not None:
         segment_ids = splash_kernel.SegmentIds(query_segments.astype(jnp.int32),
                                                key_segments.astype(jnp.int32))
+    query = (query.astype(jnp.float32) * scale).astype(query.dtype)
+    if local:
+        return _local_attention(kernel, query, key, value, segment_ids)
     qkv_spec = P(batch_axes, None, head_axis, None)
     sharded = jax.shard_map(
         _local_attention,
@@ -105,7 +111,6 @@ def splash_attention(
         out_specs=qkv_spec,
         check_vma=False,
     )
-    query = (query.astype(jnp.float32) * scale).astype(query.dtype)
     return sharded(kernel, query, key, value, segment_ids)
 
 

@@ -8,9 +8,11 @@ only the arrays are abstract (`jax.ShapeDtypeStruct`s with their shardings).
 
 A `StepReport` gives, per device: memory (`compiled_memory`) against the
 chip's; XLA's FLOP count (TPU only; the GPU compiler gives none) beside the
-model FLOPs of `bert_jax.modeling.flops`; the collectives in the program text
-with count and result bytes (an op inside a loop counted once); the fused
-attention kernels (cuDNN's, splash's).
+model FLOPs of `bert_jax.modeling.flops`; the collectives with count and
+result bytes, as written in the program text (an op inside a loop counted once)
+and as executed a step (times the trip counts of the loops around it:
+`bert_jax.training.hlo`), and each collective op with its replica groups; the
+fused attention kernels (cuDNN's, splash's).
 """
 
 from __future__ import annotations
@@ -29,19 +31,14 @@ from bert_jax.errors import UserError
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax.auto_dtype import Hardware, resolve_model_dtype
+from bert_jax.training import hlo
 from bert_jax.training.evaluation import jit_predict
 from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_config
 from bert_jax.training.topologies import GPUS, Target
 from bert_jax.training.train_step import (
     abstract_train_state, jit_train_step, make_train_step)
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-               "collective-permute")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
-          "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
-_ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\]")
-_OP = re.compile(r"=\s*(\(.*?\)|\S+)\s+(" + "|".join(COLLECTIVES) + r")(-done)?\(")
-_START = re.compile(r"\s(" + "|".join(COLLECTIVES) + r")-start\(")
+COLLECTIVES = hlo.COLLECTIVES
 _CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([A-Za-z_][\w\-]*?)(?:\.\d+)*\s*=")
 GiB = float(1 << 30)
@@ -53,12 +50,21 @@ class DoesNotFit(UserError, RuntimeError):
 
 @dataclasses.dataclass
 class StepReport:
+    """`collectives`: `{kind: {'count', 'bytes'}}` as written (an op inside a
+    loop once); `collectives_executed`: the same a step, as executed;
+    `collective_ops`: one dict per op, with `kind`, `name`, `bytes` (result
+    bytes per device of one execution), `operand_bytes`, `executions` (a step),
+    `group_size` and `replica_groups` (lists of logical device ids: positions
+    in `mesh.devices.flat`); see `hlo.collective_ops`."""
 
     compile_seconds: float
     memory: dict[str, int]
     xla_flops: float | None
     collectives: dict[str, dict[str, float]]
     attention_kernels: dict[str, int]
+    collectives_executed: dict[str, dict[str, float]] = dataclasses.field(
+        default_factory=dict)
+    collective_ops: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -111,33 +117,23 @@ class CompileReport:
                 xla = ("not reported by this compiler" if step.xla_flops is None else
                        f"XLA {step.xla_flops:.3e} ({step.xla_flops / self.model_flops:.3f}x)")
                 lines.append(f"  FLOPs per step: model {self.model_flops:.3e}; {xla}")
-            lines.append("  collectives: " + (", ".join(
-                f"{kind} x{int(c['count'])} ({c['bytes'] / 2**20:.1f} MiB)"
-                for kind, c in step.collectives.items()) or "none"))
+            for when, found in (("as written", step.collectives),
+                                ("as executed a step", step.collectives_executed)):
+                lines.append(f"  collectives {when}: " + (", ".join(
+                    f"{kind} x{int(c['count'])} ({c['bytes'] / 2**20:.2f} MiB)"
+                    for kind, c in found.items()) or "none"))
             lines.append("  attention kernels: " + (", ".join(
                 f"{k} x{n}" for k, n in step.attention_kernels.items()) or
                 "none (attention is XLA fusions)"))
         return "\n".join(lines)
 
 
-def _array_bytes(shape_text: str) -> int:
-    """Bytes of every `dtype[d0,d1,...]` in an HLO shape (a tuple sums them)."""
-    return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-               for dtype, dims in _ARRAY.findall(shape_text))
-
-
 def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
-    """`{kind: {'count', 'bytes'}}` of a compiled program's communication ops; an
-    asynchronous pair (`-start`/`-done`) counts once, with its result's bytes."""
-    found: dict[str, dict[str, float]] = collections.defaultdict(
-        lambda: {"count": 0, "bytes": 0})
-    for line in hlo_text.splitlines():
-        match = _OP.search(line)
-        if match and not _START.search(line):
-            shape, kind, _ = match.groups()
-            found[kind]["count"] += 1
-            found[kind]["bytes"] += _array_bytes(shape)
-    return {kind: dict(found[kind]) for kind in COLLECTIVES if kind in found}
+    """`{kind: {'count', 'bytes'}}` of a compiled program's communication ops as
+    written (an op inside a loop counts once); an asynchronous pair
+    (`-start`/`-done`) counts once, with its result's bytes. As executed:
+    `hlo.collective_ops(hlo_text).executed`."""
+    return hlo.collective_ops(hlo_text).as_written
 
 
 def attention_kernels(hlo_text: str) -> dict[str, int]:
@@ -188,8 +184,9 @@ def _compile(jitted, args, num_devices: int) -> StepReport:
             line.strip() for line in str(e).splitlines()[:3])) from e
     seconds = time.perf_counter() - start
     text = compiled.as_text()
+    found = hlo.collective_ops(text)
     return StepReport(seconds, compiled_memory(compiled), _xla_flops(compiled, num_devices),
-                      collectives(text), attention_kernels(text))
+                      found.as_written, attention_kernels(text), found.executed, found.ops)
 
 
 def with_per_device_batch(config: ml_collections.ConfigDict, per_device: int,
