@@ -115,7 +115,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # fields apply (dropout, dtype, attention_impl, remat, scan_layers).
     config.model = ml_collections.ConfigDict(dict(
         hidden_size=384, num_heads=12, mlp_dim=1536, num_layers=6, max_len=512,
-        norm_position="post", vocab_size=1, dropout_rate=0.1, attention_dropout_rate=0.1, dtype="auto",
+        # BertConfig's other architecture fields, so that a run from scratch can
+        # copy a checkpoint's (a transfer study's scratch backbone does).
+        activation="gelu", norm_position="post", layer_norm_eps=1e-12,
+        initializer="truncated_normal", initializer_range=0.02, type_vocab_size=2,
+        vocab_size=1, dropout_rate=0.1, attention_dropout_rate=0.1, dtype="auto",
         # Run-time choices (any value restores the same checkpoints, except
         # scan_layers, which stacks them): attention kernel ('einsum', 'flash'
         # = the platform's, 'xla', 'cudnn', 'splash'), rematerialisation

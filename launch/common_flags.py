@@ -1,9 +1,11 @@
 """Flags shared by the launch entry points: the experiment config, the workdir
-and multi-host start-up; `run(main)` reports user errors (cli.py), naming the config file's."""
+and multi-host start-up; `run(main)` reports user errors (cli.py), naming the config file's;
+`print_table` ends the sweeps' output."""
 
 import difflib
 import logging as python_logging
 import os
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -72,17 +74,27 @@ def _unknown_field(argv: list[str], config: str) -> str:
 WORKDIR_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workdir_config.py")
 
 
+def _has_config(argv: list[str]) -> bool:
+    return any(a == "--config" or a.startswith("--config=") for a in argv)
+
+
+def default_config_argv(argv: list[str], config_file: str) -> list[str]:
+    """`argv` with `--config=config_file` when it gives no `--config` (which
+    `--config.KEY=VALUE` overrides need)."""
+    return argv if _has_config(argv) else argv[:1] + [f"--config={config_file}"] + argv[1:]
+
+
 def workdir_argv(argv: list[str]) -> list[str]:
     """`argv` for an entry point that restores a workdir: without `--config`,
     the experiment is the workdir's `config.json` (`workdir_config.py`), which
     `--config.KEY=VALUE` overrides."""
-    if any(a == "--config" or a.startswith("--config=") for a in argv):
+    if _has_config(argv):
         return argv
     for i, arg in enumerate(argv):
         workdir = (arg.split("=", 1)[1] if arg.startswith("--workdir=") else
                    argv[i + 1] if arg == "--workdir" and i + 1 < len(argv) else None)
         if workdir:
-            return argv[:1] + [f"--config={WORKDIR_CONFIG}:{workdir}"] + argv[1:]
+            return default_config_argv(argv, f"{WORKDIR_CONFIG}:{workdir}")
     return argv
 
 
@@ -118,6 +130,16 @@ def quiet_library_logs() -> None:
     """Keeps the progress lines readable; call once at start-up."""
     for handler in python_logging.getLogger().handlers:
         handler.addFilter(_QuietLibraries())
+
+
+def print_table(table: str, failed: list[str]) -> int:
+    """The end of a sweep's command: its table on stdout, the failed runs on
+    stderr; the exit status (1 when a run failed)."""
+    print(table, end="")
+    if failed:
+        print(f"failed runs (see their run.json): {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def start(argv) -> None:

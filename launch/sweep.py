@@ -89,11 +89,7 @@ def main(argv):
         paths = sweeps.plot(rows, workdir, metric, x=X.value, y=Y.value, mode=mode)
         print(f"wrote {os.path.join(workdir, 'results.csv')}, results.md, "
               + ", ".join(os.path.basename(p) for p in paths.values()), file=sys.stderr)
-    print(table, end="")
-    if failed:
-        print(f"failed runs (see their run.json): {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return launch_flags.print_table(table, failed)
 
 
 if __name__ == "__main__":

@@ -115,13 +115,27 @@ def as_points(points: str | Iterable[Point]) -> list[Point]:
     return [dict(p) for p in points]
 
 
+def load_module(path: str, name: str = "_bert_jax_sweep_config"):
+    """The Python file `path` as a module (a config file, a study file)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_config(config_file: str) -> Any:
+    """`get_config(arg)` of `path.py:arg` (`get_config()` without one), as
+    `--config=path.py[:arg]` gives it."""
+    path, _, arg = config_file.partition(":")
+    module = load_module(path)
+    return module.get_config(arg) if arg else module.get_config()
+
+
 def load_sweep(config_file: str) -> list[Point]:
     """The points of a config file's `get_sweep()` (`get_sweep(arg)` for
     `path.py:arg`): a list of override dicts or a spec."""
     path, _, arg = config_file.partition(":")
-    spec = importlib.util.spec_from_file_location("_bert_jax_sweep_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module(path)
     get_sweep = getattr(module, "get_sweep", None)
     if get_sweep is None:
         raise SweepError(f"{path} defines no get_sweep(); pass --sweep='KEY=V1,V2 x ...'")

@@ -32,7 +32,8 @@ def _run_dirs(directory: str) -> list[str]:
 def collect(directory: str) -> list[dict[str, Any]]:
     """One row per run of the sweep directory, whatever state it is in.
 
-    Row keys: name, workdir, overrides, status ('not started', 'unfinished',
+    Row keys: name, workdir, overrides, labels (what names the run: the
+    sweep's labels, else the overrides), status ('not started', 'unfinished',
     'interrupted', 'failed', or 'done': a DONE marker or a checkpoint of the
     final step), step, num_steps, params, wall_seconds (wall_source:
     'run.json', or 'metrics': training time from steps/s, no evaluation),
@@ -76,7 +77,9 @@ def collect(directory: str) -> list[dict[str, Any]]:
             wall = wall or None
         rows.append({
             "name": record.get("name", name), "workdir": workdir,
-            "overrides": record.get("overrides", {}), "status": status, "step": step,
+            "overrides": record.get("overrides", {}),
+            "labels": record.get("labels", record.get("overrides", {})),
+            "status": status, "step": step,
             "num_steps": num_steps, "params": info.get("params"),
             "wall_seconds": wall, "wall_source": source if wall is not None else None,
             "start_time": info.get("start_time"), "end_time": info.get("end_time"),
@@ -90,7 +93,8 @@ def _override_keys(rows: Sequence[dict]) -> list[str]:
     return list(dict.fromkeys(k for row in rows for k in row["overrides"]))
 
 
-def _human_seconds(seconds: float | None, estimated: bool) -> str:
+def human_seconds(seconds: float | None, estimated: bool = False) -> str:
+    """`12.5s`, `3m07s`, `2h05m`; '~' in front of an estimate; '' for None."""
     if seconds is None:
         return ""
     prefix, seconds = "~" if estimated else "", float(seconds)
@@ -101,7 +105,8 @@ def _human_seconds(seconds: float | None, estimated: bool) -> str:
     return f"{prefix}{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
 
 
-def _number(value: Any) -> str:
+def number(value: Any) -> str:
+    """A table cell: floats to 4 significant digits, None blank."""
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.4g}"
     return "" if value is None else str(value)
@@ -134,25 +139,34 @@ def write_tables(rows: Sequence[dict], directory: str,
                      *("" if k not in row["overrides"] else format_value(v)
                        for k, v in zip(keys, values)),
                      "" if row["params"] is None else f"{row['params']:,}",
-                     *(_number(v) for v in found),
+                     *(number(v) for v in found),
                      f"{row['step']}/{row['num_steps'] or '?'}",
-                     _human_seconds(wall, row["wall_source"] == "metrics")])
+                     human_seconds(wall, row["wall_source"] == "metrics")])
     os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, "results.csv"), "w", newline="") as f:
-        csv.writer(f).writerows([["" if v is None else v for v in r] for r in csv_rows])
+    write_csv(os.path.join(directory, "results.csv"), csv_rows)
+    text = markdown_table(header, body)
+    with open(os.path.join(directory, "results.md"), "w") as f:
+        f.write(text)
+    return text
 
+
+def write_csv(path: str, rows: Sequence[Sequence[Any]]) -> None:
+    """`rows` (the header first) as CSV, None as an empty cell."""
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([["" if v is None else v for v in r] for r in rows])
+
+
+def markdown_table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table; the columns whose every filled cell looks like a
+    number (or a duration) are right-aligned."""
     def line(cells):
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
-    # Right-align the columns whose every filled cell looks like a number.
     numeric = [any(r[i] != "" for r in body) and all(
         re.fullmatch(r"~?[-+0-9.,e/hms]+|nan|True|False", str(r[i]))
         for r in body if r[i] != "") for i in range(len(header))]
     rule = "|" + "|".join("---:" if n else "---" for n in numeric) + "|"
-    text = "\n".join([line(header), rule, *(line(r) for r in body)]) + "\n"
-    with open(os.path.join(directory, "results.md"), "w") as f:
-        f.write(text)
-    return text
+    return "\n".join([line(header), rule, *(line(r) for r in body)]) + "\n"
 
 
 def _axis_values(rows: Sequence[dict], key: str | None) -> list[Any]:

@@ -142,6 +142,7 @@ class Run:
     overrides: dict[str, Any]     # the point's overrides only
     workdir: str                  # local path (files, local training)
     command_workdir: str          # --workdir in launcher commands
+    labels: dict[str, Any] | None = None   # what names the run, when not its overrides
 
 
 class Sweep:
@@ -150,7 +151,10 @@ class Sweep:
     launcher commands (a point's own value wins); `config_file`
     (`experiments/X.py[:ARG]`) is for launcher commands; `command_directory`
     is `directory` as the launched jobs see it; `tpu_name` formats {index} and
-    {name}; `train_fn(config, workdir)` defaults to the trainer's."""
+    {name}; `train_fn(config, workdir)` defaults to the trainer's. `labels`,
+    one dict a point, name the runs in place of their overrides (e.g.
+    `{"backbone": "bert", "seed": 1}` for a point of many model fields) and are
+    recorded in overrides.json."""
 
     def __init__(self, config: Any, directory: str, points, *,
                  config_file: str | None = None,
@@ -159,7 +163,8 @@ class Sweep:
                  launcher_flags: Sequence[str] = (), tpu_name: str = "bert-jax-{index}",
                  python: str = "python",
                  train_fn: Callable[[Any, str], dict] | None = None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None,
+                 labels: Sequence[dict[str, Any]] | None = None):
         if launcher not in LAUNCHERS:
             raise SweepError(f"launcher={launcher!r}: use one of {', '.join(LAUNCHERS)}")
         self.config = config
@@ -176,16 +181,19 @@ class Sweep:
         self.train_fn = train_fn
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         command_directory = command_directory or directory
+        if labels is not None and len(labels) != len(self.points):
+            raise SweepError(f"{len(labels)} labels for {len(self.points)} points")
         self.runs = []
         names: dict[str, dict] = {}
         for i, point in enumerate(self.points):
-            name = run_name(point)
+            label = None if labels is None else dict(labels[i])
+            name = run_name(point if label is None else label)
             if name in names:
-                raise SweepError(f"points {names[name]} and {point} share the run name "
-                                 f"{name!r}; remove the repeated point")
-            names[name] = point
+                raise SweepError(f"points {names[name]} and {label or point} share the run "
+                                 f"name {name!r}; remove the repeated point")
+            names[name] = label or point
             self.runs.append(Run(i, name, dict(point), os.path.join(directory, name),
-                                 os.path.join(command_directory, name)))
+                                 os.path.join(command_directory, name), label))
 
     def num_steps(self, run: Run) -> int:
         return int(apply_overrides(self.config, run.overrides).train.num_steps)
@@ -214,6 +222,8 @@ class Sweep:
                                "base_overrides": self.base_overrides,
                                "config_file": self.config_file,
                                "num_steps": self.num_steps(run)})
+            if run.labels is not None:
+                record["labels"] = jsonable(run.labels)
             if saved and saved.get("overrides") != record["overrides"]:
                 raise SweepError(f"{path} holds other overrides ({saved.get('overrides')}) "
                                  f"than this point ({run.overrides}); use another --workdir")

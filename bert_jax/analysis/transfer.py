@@ -1,0 +1,594 @@
+r"""Transfer studies: fine-tuning from several backbones over tasks, seeds and
+training-set sizes in one command, then one table and one figure of learning
+curves (launch/transfer_study.py, docs/SWEEPS.md).
+
+A study is, per task variant (the argument of experiments/finetune.py:
+`sst2,steps=800`, `mrpc`, `upos,epochs=2`), one sweep (`sweeps.Sweep`) over
+backbone x training-set size (`data.train_examples`; 0: the whole split) x
+seed: the union of the study's `Group`s. Its runs are named by labels, not by
+their many overrides:
+
+    DIR/study.json                         config file, tasks, backbones, split sizes
+    DIR/<task>/sweep.json                  the task's sweep
+    DIR/<task>/backbone=NAME,n=N,seed=S/   a run's workdir (overrides.json, run.json, ...)
+    DIR/results.csv, results.md            per task x backbone x size: seeds, mean, sample
+                                           sd, min and max of the task's metric, wall time
+    DIR/learning_curves.png                the metric against labelled examples (log x),
+                                           a panel a task, a line a backbone, +-1 sd shaded
+
+A backbone is a name and an `init_from` (a bert_jax workdir, a Hugging Face
+BERT folder, a bert_jax pretrained folder, `package:NAME`) or '': random
+weights of the first pretrained backbone's architecture with its vocabulary
+(`scratch_overrides`), so that only the weights differ. The runs go seed by
+seed (every task, size and backbone at seed 0 first: a study stopped half-way
+already fills the table), smaller sizes first; a finished run is skipped and
+an interrupted one resumed (the sweep's). Size 0 is tabulated and drawn at the
+split's real number of examples (`train_split_size`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import os
+import re
+import statistics
+import sys
+import tempfile
+from typing import Any, Callable, Iterable, Sequence
+
+from bert_jax.analysis.sweeps.points import (
+    SweepError, apply_overrides, load_config, load_module)
+from bert_jax.analysis.sweeps.results import (
+    collect as collect_runs, human_seconds, markdown_table, number, write_csv)
+from bert_jax.analysis.sweeps.runner import SWEEP_FILE, Sweep, read_record
+from bert_jax.convert.pretrained import PACKAGE_PREFIX, checkpoint_path
+from bert_jax.errors import UserError
+from bert_jax.file_io import jsonable, write_json
+from bert_jax.modeling import BertConfig
+from bert_jax.tasks.bert_backbone import RUNTIME_FIELDS, _checkpoint_model, checkpoint_kind
+
+STUDY_FILE = "study.json"
+CSV_FILE = "results.csv"
+MARKDOWN_FILE = "results.md"
+FIGURE_FILE = "learning_curves.png"
+SIZE_KEY = "data.train_examples"
+LABELS = ("backbone", "n", "seed")
+# The fields a scratch backbone copies: BertConfig's architecture (its
+# vocabulary size comes with the vocabulary).
+ARCHITECTURE = tuple(f.name for f in dataclasses.fields(BertConfig)
+                     if f.name not in RUNTIME_FIELDS and f.name != "vocab_size")
+_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_TASK = re.compile(r"[A-Za-z0-9._=,+-]+")
+
+
+class StudyError(SweepError):
+    """A bad transfer study: backbones, groups, tasks or metrics."""
+
+
+# -- what a study is -------------------------------------------------------------------
+
+
+def _ints(name: str, values: Iterable[Any], minimum: int | None = None) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in ([values] if isinstance(values, (int, str)) else values))
+    except (TypeError, ValueError):
+        raise StudyError(f"{name}={values!r}: give whole numbers") from None
+    if not out or (minimum is not None and min(out) < minimum):
+        raise StudyError(f"{name}={values!r}: give at least one number"
+                         + (f", each at least {minimum}" if minimum is not None else ""))
+    return tuple(dict.fromkeys(out))
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Every task x backbone x size x seed of these is a run of the study.
+    `tasks`: experiments/finetune.py arguments (`sst2,steps=800`);
+    `train_examples`: sizes of the training subset (0: the whole split);
+    `backbones`: names (None: every backbone of the study)."""
+
+    tasks: tuple[str, ...]
+    seeds: tuple[int, ...] = (0,)
+    train_examples: tuple[int, ...] = (0,)
+    backbones: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks or ())
+        if not tasks or not all(isinstance(t, str) and _TASK.fullmatch(t) for t in tasks):
+            raise StudyError(f"tasks={self.tasks!r}: give task variants such as "
+                             "'sst2,steps=800' or 'mrpc'")
+        object.__setattr__(self, "tasks", tuple(dict.fromkeys(tasks)))
+        object.__setattr__(self, "seeds", _ints("seeds", self.seeds))
+        object.__setattr__(self, "train_examples",
+                           _ints("train_examples", self.train_examples, minimum=0))
+        if self.backbones is not None:
+            names = (self.backbones,) if isinstance(self.backbones, str) else self.backbones
+            object.__setattr__(self, "backbones", tuple(dict.fromkeys(names)))
+
+
+def as_groups(groups: Iterable[Group | dict]) -> list[Group]:
+    """Groups from `Group`s or dicts of its fields."""
+    fields = [f.name for f in dataclasses.fields(Group)]
+    out = []
+    for group in groups or ():
+        if isinstance(group, dict):
+            unknown = sorted(set(group) - set(fields))
+            if unknown:
+                raise StudyError(f"study group {group}: unknown keys {unknown}; a group has "
+                                 f"{', '.join(fields)}")
+            group = Group(**group)
+        if not isinstance(group, Group):
+            raise StudyError(f"a study is a list of groups (dicts), not {group!r}")
+        out.append(group)
+    if not out:
+        raise StudyError("the study has no groups: give --task (or a study file)")
+    return out
+
+
+def load_study(path: str) -> list[Group]:
+    """The groups of a study file's `get_study()` (experiments/transfer_study.py)."""
+    module = load_module(path, "_bert_jax_study")
+    if not hasattr(module, "get_study"):
+        raise StudyError(f"{path} defines no get_study()")
+    return as_groups(module.get_study())
+
+
+def parse_backbones(specs: Iterable[str]) -> dict[str, str]:
+    """`NAME=PATH` texts -> {name: init_from}, in order; PATH '' (or `''`) is
+    from scratch; a directory is made absolute (runs compare their overrides)."""
+    backbones: dict[str, str] = {}
+    for spec in specs or ():
+        name, equals, path = spec.partition("=")
+        if not equals or not _NAME.fullmatch(name):
+            raise StudyError(f"--backbone={spec}: write NAME=PATH (NAME of letters, digits, "
+                             "'.', '_', '-'; PATH '' for random weights)")
+        if name in backbones:
+            raise StudyError(f"--backbone: the name {name!r} is given twice")
+        path = "" if path in ("''", '""') else path
+        if path and not path.startswith(PACKAGE_PREFIX):
+            path = os.path.abspath(os.path.expanduser(path))
+        backbones[name] = path
+    if not backbones:
+        raise StudyError("give the backbones: --backbone=NAME=PATH (PATH '' for random "
+                         "weights of the first pretrained backbone's architecture)")
+    return backbones
+
+
+def checkpoint_model(init_from: str) -> tuple[BertConfig, str, bool | None]:
+    """(architecture, its vocab.txt or '', its declared casing or None) of a
+    backbone, read as fine-tuning reads it (`bert_backbone`); no weights."""
+    folder = checkpoint_path(init_from)
+    return _checkpoint_model(folder, checkpoint_kind(folder))
+
+
+def scratch_overrides(init_from: str, config: Any) -> dict[str, Any]:
+    """Overrides of `config` (a fine-tuning config) that train from random
+    weights of the backbone `init_from`'s architecture and vocabulary (and
+    casing): `init_from=''`, `model.<ARCHITECTURE field>`, `data.vocab_file`
+    (`config.data.vocab_file` if set, as fine-tuning from it takes it),
+    `data.lowercase`."""
+    architecture, vocab_file, lowercase = checkpoint_model(init_from)
+    overrides: dict[str, Any] = {"init_from": ""}
+    lacking = []
+    for field in ARCHITECTURE:
+        value = getattr(architecture, field)
+        if field in config.model:
+            overrides[f"model.{field}"] = value
+        elif value != BertConfig.__dataclass_fields__[field].default:
+            lacking.append(f"{field}={value!r}")
+    if lacking:
+        raise StudyError(f"a scratch backbone copies {init_from}, whose {', '.join(lacking)} "
+                         "the fine-tuning config's `model` section cannot set; add the field")
+    vocab_file = config.data.get("vocab_file", "") or vocab_file
+    if not vocab_file:
+        raise StudyError(f"a scratch backbone copies {init_from}, which has no vocab.txt: "
+                         "give --config.data.vocab_file")
+    overrides["data.vocab_file"] = os.path.abspath(vocab_file)
+    if lowercase is not None:
+        overrides["data.lowercase"] = bool(lowercase)
+    return overrides
+
+
+def architecture_key(init_from: str) -> tuple:
+    """What makes two backbones train at the same speed: the architecture and
+    the vocabulary size."""
+    architecture = checkpoint_model(init_from)[0]
+    return tuple(getattr(architecture, f) for f in (*ARCHITECTURE, "vocab_size"))
+
+
+def task_directory(task: str) -> str:
+    return task   # `_TASK` characters only (Group): a safe directory name as it is
+
+
+def train_split_size(config: Any) -> int:
+    """The training split's number of examples as the task reads it (with
+    `data.train_examples` 0), from a fine-tuning config."""
+    from bert_jax.tasks import build_task
+
+    if SIZE_KEY.split(".")[1] in config.data:
+        config = apply_overrides(config, {SIZE_KEY: 0})
+    with tempfile.TemporaryDirectory() as workdir:
+        return len(build_task(config, workdir).examples("train"))
+
+
+# -- running ------------------------------------------------------------------------------
+
+
+class Study:
+    """The runs of `groups` (see `Group`) with `backbones` ({name: init_from},
+    `parse_backbones`): a `Sweep` a task of `config_file` (experiments/finetune.py,
+    `path.py:TASK` each) in DIR/<task>/, `base_overrides` applied to every run.
+    `train_fn(config, workdir)` and `log(line)` go to the sweeps."""
+
+    def __init__(self, directory: str, backbones: dict[str, str],
+                 groups: Iterable[Group | dict], *, config_file: str,
+                 base_overrides: dict[str, Any] | None = None,
+                 train_fn: Callable[[Any, str], Any] | None = None,
+                 log: Callable[[str], None] | None = None):
+        self.directory = directory
+        self.backbones = dict(backbones)
+        self.groups = as_groups(groups)
+        self.config_file = config_file
+        self.base_overrides = dict(base_overrides or {})
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        for group in self.groups:
+            unknown = [b for b in group.backbones or () if b not in self.backbones]
+            if unknown:
+                raise StudyError(f"study group of {', '.join(group.tasks)} names backbones "
+                                 f"{unknown} that --backbone does not give (given: "
+                                 f"{', '.join(self.backbones)})")
+        pretrained = [path for path in self.backbones.values() if path]
+        if not pretrained:
+            raise StudyError("a scratch backbone takes the architecture and vocabulary of the "
+                             "first pretrained backbone: give one")
+        first = pretrained[0]
+        self.architectures = {}
+        for name, path in self.backbones.items():
+            try:
+                self.architectures[name] = architecture_key(path or first)
+            except UserError as e:
+                raise StudyError(f"--backbone={name}={path or first}: {e}") from e
+        self.tasks = list(dict.fromkeys(t for g in self.groups for t in g.tasks))
+        names = list(self.backbones)
+        self.sweeps: dict[str, Sweep] = {}
+        for task in self.tasks:
+            config = apply_overrides(load_config(f"{config_file}:{task}"), self.base_overrides)
+            overrides = {name: {"init_from": path} if path else scratch_overrides(first, config)
+                         for name, path in self.backbones.items()}
+            runs = sorted({(seed, size, names.index(name))
+                           for g in self.groups if task in g.tasks
+                           for seed in g.seeds for size in g.train_examples
+                           for name in (g.backbones or names)},
+                          key=lambda r: (r[0], r[1] or math.inf, r[2]))   # 0: the whole split
+            self.sweeps[task] = Sweep(
+                config, os.path.join(directory, task_directory(task)),
+                [{**overrides[names[b]], "seed": seed, SIZE_KEY: size} for seed, size, b in runs],
+                labels=[{"backbone": names[b], "n": size, "seed": seed}
+                        for seed, size, b in runs],
+                config_file=f"{config_file}:{task}", base_overrides=self.base_overrides,
+                train_fn=train_fn, log=self.log)
+        # Seed by seed across the tasks; each sweep's runs are in (seed, size, backbone) order.
+        self.order = sorted(((task, sweep, run) for task, sweep in self.sweeps.items()
+                             for run in sweep.runs),
+                            key=lambda item: (item[2].labels["seed"], self.tasks.index(item[0]),
+                                              item[2].index))
+
+    def run(self, *, stop_on_error: bool = False) -> dict[str, str]:
+        """Trains every unfinished run here, stopping after a preempted one.
+        Returns {'<task>/<run>': 'skipped' | 'done' | 'failed' | 'interrupted'}."""
+        for sweep in self.sweeps.values():
+            sweep.prepare()
+        self._record()
+        outcome = {}
+        for task, sweep, run in self.order:
+            outcome[f"{task}/{run.name}"] = sweep.run_one(run, stop_on_error=stop_on_error)
+            if outcome[f"{task}/{run.name}"] == "interrupted":
+                break
+        return outcome
+
+    def _record(self) -> None:
+        """DIR/study.json: what `report` reads for the order of tasks and backbones."""
+        path = os.path.join(self.directory, STUDY_FILE)
+        previous = read_record(path) or {}
+        write_json(path, jsonable({
+            "config_file": self.config_file,
+            "tasks": list(dict.fromkeys([*previous.get("tasks", []), *self.tasks])),
+            "backbones": {**previous.get("backbones", {}), **self.backbones},
+            "base_overrides": self.base_overrides,
+            "train_split_examples": previous.get("train_split_examples", {}),
+        }))
+
+    # -- the dry run ---------------------------------------------------------------------
+
+    def plan(self) -> tuple[list[dict], list[str]]:
+        """(one row per run in the order they train: task, backbone, n,
+        examples, seed, steps, step, status, seconds (done: its wall time;
+        else an estimate of what is left), estimated; the estimates' sources).
+        Writes nothing. Seconds a step come from the finished runs of the same
+        task and architecture in DIR, else from the task's FLOPs a step at this
+        machine's matmul peak (building the task once per architecture, which
+        tokenises its training split); the split's size from study.json, else
+        from a built task."""
+        cached = (read_record(os.path.join(self.directory, STUDY_FILE)) or {}).get(
+            "train_split_examples", {})
+        states = {task: {row["name"]: row for row in collect_runs(sweep.directory)}
+                  for task, sweep in self.sweeps.items()}
+        rates, sources = self._measured_rates(states)
+        tasks: dict[tuple, Any] = {}      # (task, architecture) -> a built task
+        throughput = None
+        rows = []
+        for task, sweep, run in self.order:
+            key = (task, self.architectures[run.labels["backbone"]])
+            if key not in tasks and (key not in rates or task not in cached):
+                from bert_jax.tasks import build_task
+                with tempfile.TemporaryDirectory() as workdir:
+                    tasks[key] = build_task(apply_overrides(
+                        sweep.config, {**run.overrides, SIZE_KEY: 0}), workdir)
+            if key not in rates:
+                throughput = throughput or self._throughput(sweep.config)
+                flops = tasks[key].flops_per_step()
+                rates[key] = flops / throughput
+                sources.append(f"{self._who(key)}: {flops:.3g} FLOPs a step at {throughput:.3g}"
+                               " FLOP/s, this machine's matmul peak (a lower bound: no "
+                               "compiling, no evaluation)")
+            if task not in cached:
+                cached[task] = len(tasks[key].examples("train"))
+            steps = sweep.num_steps(run)
+            state = states[task].get(run.name, {})
+            status, step = state.get("status", "not started"), state.get("step", 0)
+            done = status == "done"
+            rows.append({
+                "task": task, **run.labels, "examples": run.labels["n"] or cached[task],
+                "steps": steps, "step": step, "status": status,
+                "seconds": state["wall_seconds"] if done else rates[key] * max(0, steps - step),
+                "estimated": not done})
+        return rows, sources
+
+    def _who(self, key: tuple) -> str:
+        task, architecture = key
+        names = [n for n, a in self.architectures.items() if a == architecture]
+        return f"{task} from {', '.join(names)}"
+
+    def _measured_rates(self, states: dict[str, dict[str, dict]]
+                        ) -> tuple[dict[tuple, float], list[str]]:
+        """Seconds a step of each (task, architecture) over its finished runs
+        (run.json's wall time: compiling and evaluation included), and where
+        each comes from."""
+        totals: dict[tuple, list] = collections.defaultdict(lambda: [0.0, 0, 0])
+        for task, runs in states.items():
+            for row in runs.values():
+                backbone = row["labels"].get("backbone")
+                if (row["status"] == "done" and row["wall_source"] == "run.json"
+                        and backbone in self.architectures and row["num_steps"]):
+                    total = totals[(task, self.architectures[backbone])]
+                    total[0] += row["wall_seconds"]
+                    total[1] += row["num_steps"]
+                    total[2] += 1
+        rates = {key: seconds / steps for key, (seconds, steps, _) in totals.items()}
+        return rates, [f"{self._who(key)}: {rates[key]:.3g} s a step, measured over {runs} "
+                       "finished run(s)" for key, (_, _, runs) in totals.items()]
+
+    @staticmethod
+    def _throughput(config: Any) -> float:
+        import jax
+        from bert_jax.training.metrics import peak_flops_per_device
+        return peak_flops_per_device(config.get("peak_flops", 0.0)) * jax.device_count()
+
+    def dry_run(self) -> str:
+        """The runs (task, backbone, examples, seed, steps, status, time) and the
+        time left, as text; trains and writes nothing."""
+        rows, sources = self.plan()
+        body = [[r["task"], r["backbone"],
+                 f"{r['examples']:,}" + (" (all)" if not r["n"] else ""), r["seed"],
+                 r["steps"], r["status"] + (f" at {r['step']}" if r["status"] not in (
+                     "done", "not started") else ""),
+                 human_seconds(r["seconds"], r["estimated"])] for r in rows]
+        left = [r for r in rows if r["status"] != "done"]
+        counts = collections.Counter(r["status"] for r in rows)
+        summary = (f"{len(rows)} runs ({', '.join(f'{n} {s}' for s, n in counts.items())}); "
+                   f"left: {human_seconds(sum(r['seconds'] for r in left), True)}")
+        notes = "\ntime: a done run's wall time" + (
+            "; '~' the estimated time left, from\n" + "".join(f"  {s}\n" for s in sources)
+            if sources else "\n")
+        return markdown_table(["task", "backbone", "examples", "seed", "steps", "status",
+                               "time"], body) + notes + summary + "\n"
+
+
+# -- results --------------------------------------------------------------------------------
+
+
+def parse_metrics(specs: Iterable[str]) -> dict[str, str]:
+    """`KEY` (every task) or `TASK=KEY` (a task variant or its name, `sst2`)
+    texts -> {task or '': metric key}."""
+    out = {}
+    for spec in specs or ():
+        task, _, key = spec.rpartition("=")
+        if not key:
+            raise StudyError(f"--metric={spec}: write KEY or TASK=KEY (e.g. mrpc=eval/f1)")
+        out[task] = key
+    return out
+
+
+def main_metric(config: dict | None, logged: Iterable[str]) -> str | None:
+    """The task's headline metric among the logged keys: GLUE's F1 where the
+    task reports it (MRPC, QQP), else its first metric (accuracy, Pearson,
+    Matthews); tagging's entity F1 (BIO tags), else word accuracy; SQuAD's
+    F1; else the first eval/* key."""
+    logged = set(logged)
+    kind, data = (config or {}).get("task"), (config or {}).get("data", {})
+    candidates: list[str] = []
+    if kind == "glue":
+        from bert_jax.data import glue
+        names = glue.get_task(data["glue_task"]).metrics
+        candidates = ["f1"] if "f1" in names else list(names[:1])
+    elif kind == "tagging":
+        candidates = ["entity_f1", "tag_accuracy"]
+    elif kind == "squad":
+        candidates = ["f1"]
+    return next((f"eval/{c}" for c in candidates if f"eval/{c}" in logged),
+                min((k for k in logged if k.startswith("eval/")), default=None))
+
+
+def collect(directory: str) -> tuple[list[dict], dict]:
+    """(one record per study run in DIR: task, backbone, n, seed, status,
+    metrics, wall_seconds, config, workdir; DIR/study.json or {}). Tasks in
+    study.json's order, then any other DIR/<task>/sweep.json."""
+    study = read_record(os.path.join(directory, STUDY_FILE)) or {}
+    try:
+        others = sorted(d for d in os.listdir(directory)
+                        if os.path.isfile(os.path.join(directory, d, SWEEP_FILE)))
+    except OSError:
+        others = []
+    records = []
+    for task in dict.fromkeys([*study.get("tasks", []), *others]):
+        for row in collect_runs(os.path.join(directory, task_directory(task))):
+            if all(k in row["labels"] for k in LABELS):
+                records.append({"task": task, **{k: row["labels"][k] for k in LABELS},
+                                **{k: row[k] for k in ("status", "metrics", "wall_seconds",
+                                                       "config", "workdir")}})
+    return records, study
+
+
+def aggregate(records: Iterable[dict]) -> list[dict]:
+    """Records (task, metric, backbone, examples, seed, value, wall_seconds)
+    -> one row per task x backbone x examples, in the records' order of tasks
+    and backbones and by examples: seeds, mean, sd (sample, ddof=1; None for
+    one seed), min, max, wall_seconds (mean; None when none is known)."""
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        if record.get("value") is not None and not math.isnan(record["value"]):
+            groups.setdefault((record["task"], record["backbone"], record["examples"]),
+                              []).append(record)
+    tasks = list(dict.fromkeys(k[0] for k in groups))
+    backbones = list(dict.fromkeys(k[1] for k in groups))
+    rows = []
+    for (task, backbone, examples), members in sorted(
+            groups.items(), key=lambda item: (tasks.index(item[0][0]),
+                                              backbones.index(item[0][1]), item[0][2])):
+        values = [float(m["value"]) for m in members]
+        walls = [m["wall_seconds"] for m in members if m.get("wall_seconds") is not None]
+        rows.append({
+            "task": task, "metric": members[0]["metric"], "backbone": backbone,
+            "train_examples": examples, "seeds": len(values),
+            "mean": statistics.fmean(values),
+            "sd": statistics.stdev(values) if len(values) > 1 else None,
+            "min": min(values), "max": max(values),
+            "wall_seconds": statistics.fmean(walls) if walls else None})
+    return rows
+
+
+CSV_COLUMNS = ("task", "metric", "backbone", "train_examples", "seeds", "mean", "sd", "min",
+               "max", "wall_seconds")
+
+
+def write_results(rows: Sequence[dict], directory: str, full: dict[str, int]) -> str:
+    """DIR/results.csv and DIR/results.md (a table a task, under its name and
+    metric); returns the Markdown. `full`: {task: training split size}, to
+    mark the whole-split rows."""
+    os.makedirs(directory, exist_ok=True)
+    write_csv(os.path.join(directory, CSV_FILE),
+              [list(CSV_COLUMNS), *([r[c] for c in CSV_COLUMNS] for r in rows)])
+    sections = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task]
+        body = [[r["backbone"], f"{r['train_examples']:,}" + (
+                    " (all)" if r["train_examples"] == full.get(task) else ""),
+                 r["seeds"], number(r["mean"]), number(r["sd"]), number(r["min"]),
+                 number(r["max"]), human_seconds(r["wall_seconds"])] for r in mine]
+        sections.append(f"## {task}: {mine[0]['metric']}\n\n" + markdown_table(
+            ["backbone", "examples", "seeds", "mean", "sd", "min", "max", "wall time"],
+            body))
+    text = "\n".join(sections)
+    with open(os.path.join(directory, MARKDOWN_FILE), "w") as f:
+        f.write(text)
+    return text
+
+
+def plot_learning_curves(rows: Sequence[dict], path: str) -> str:
+    """The metric against labelled training examples (log x), a panel a task,
+    a line a backbone (its mean over seeds, +-1 sample sd shaded; a point with
+    an error bar when a backbone has one size). Writes and returns `path`."""
+    from matplotlib.figure import Figure
+
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    colours = {b: f"C{i}" for i, b in enumerate(dict.fromkeys(r["backbone"] for r in rows))}
+    columns = min(len(tasks), 2) or 1
+    lines = math.ceil(len(tasks) / columns) or 1
+    fig = Figure(figsize=(5.5 * columns, 4 * lines))
+    axes = fig.subplots(lines, columns, squeeze=False).ravel()
+    for ax, task in zip(axes, tasks):
+        mine = [r for r in rows if r["task"] == task]
+        for backbone, colour in colours.items():
+            points = sorted((r for r in mine if r["backbone"] == backbone),
+                            key=lambda r: r["train_examples"])
+            if not points:
+                continue
+            xs = [p["train_examples"] for p in points]
+            means = [p["mean"] for p in points]
+            sds = [p["sd"] or 0.0 for p in points]
+            low, high = min(p["seeds"] for p in points), max(p["seeds"] for p in points)
+            label = f"{backbone} ({low if low == high else f'{low}-{high}'} seed" + (
+                "s)" if high > 1 else ")")
+            if len(points) == 1:
+                ax.errorbar(xs, means, yerr=sds, color=colour, marker="o", capsize=4,
+                            label=label)
+            else:
+                ax.plot(xs, means, color=colour, marker="o", label=label)
+                ax.fill_between(xs, [m - s for m, s in zip(means, sds)],
+                                [m + s for m, s in zip(means, sds)], color=colour,
+                                alpha=0.2, linewidth=0)
+        ax.set_xscale("log")
+        ax.set(xlabel="labelled training examples", ylabel=mine[0]["metric"], title=task)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8, loc="best")
+    for ax in axes[len(tasks):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def report(directory: str, metrics: dict[str, str] | None = None) -> tuple[str, list[dict]]:
+    """Tabulates and plots DIR's finished runs (results.csv, results.md,
+    learning_curves.png); returns (the Markdown, the rows). `metrics`: {task
+    variant, its name or '': metric key} (default `main_metric`). The whole
+    split's size is cached in study.json (computed from a run's config.json)."""
+    from bert_jax.training.evaluation import saved_config
+
+    metrics = dict(metrics or {})
+    records, study = collect(directory)
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    unknown = [t for t in metrics if t and t not in tasks
+               and t not in {task.split(",")[0] for task in tasks}]
+    if unknown:
+        raise StudyError(f"--metric names tasks {unknown} that {directory} does not hold "
+                         f"(it holds {', '.join(tasks) or 'none'})")
+    full = dict(study.get("train_split_examples", {}))
+    computed = False
+    values = []
+    for task in tasks:
+        done = [r for r in records if r["task"] == task and r["status"] == "done"]
+        if not done:
+            continue
+        metric = next((metrics[k] for k in (task, task.split(",")[0], "") if k in metrics),
+                      None) or main_metric(done[0]["config"], {
+                          k for r in done for k in r["metrics"]})
+        if any(not r["n"] for r in done) and task not in full:
+            full[task] = train_split_size(saved_config(next(
+                r["workdir"] for r in done if not r["n"])))
+            computed = True
+        values += [{"task": task, "metric": metric, "backbone": r["backbone"],
+                    "examples": r["n"] or full[task], "seed": r["seed"],
+                    "value": r["metrics"].get(metric), "wall_seconds": r["wall_seconds"]}
+                   for r in done]
+    if computed and study:
+        write_json(os.path.join(directory, STUDY_FILE),
+                   jsonable({**study, "train_split_examples": full}))
+    rows = aggregate(values)
+    if not rows:
+        raise StudyError(f"{directory} holds no finished run of a study (with its metric)")
+    text = write_results(rows, directory, full)
+    plot_learning_curves(rows, os.path.join(directory, FIGURE_FILE))
+    return text, rows
