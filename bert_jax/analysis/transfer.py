@@ -306,8 +306,8 @@ class Study:
         examples, seed, steps, step, status, seconds (done: its wall time;
         else an estimate of what is left), estimated; the estimates' sources).
         Writes nothing. Seconds a step come from the finished runs of the same
-        task and architecture in DIR, else from the task's FLOPs a step at this
-        machine's matmul peak (building the task once per architecture, which
+        task and architecture in DIR, else from the task's FLOPs a step at the
+        peak FLOP/s MFU uses (building the task once per architecture, which
         tokenises its training split); the split's size from study.json, else
         from a built task."""
         cached = (read_record(os.path.join(self.directory, STUDY_FILE)) or {}).get(
@@ -330,8 +330,9 @@ class Study:
                 flops = tasks[key].flops_per_step()
                 rates[key] = flops / throughput
                 sources.append(f"{self._who(key)}: {flops:.3g} FLOPs a step at {throughput:.3g}"
-                               " FLOP/s, this machine's matmul peak (a lower bound: no "
-                               "compiling, no evaluation)")
+                               " FLOP/s, the peak (config.peak_flops, else the chip's, else a "
+                               "matmul timed now): a lower bound on an idle machine, without "
+                               "compiling and evaluation")
             if task not in cached:
                 cached[task] = len(tasks[key].examples("train"))
             steps = sweep.num_steps(run)
