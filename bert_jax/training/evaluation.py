@@ -18,6 +18,7 @@ import numpy as np
 import optax
 from flax import traverse_util
 
+from bert_jax.errors import UserError
 from bert_jax.evaluation import evaluators as evaluators_lib
 from bert_jax.file_io import read_json
 from bert_jax.modeling.configs import ConfigError
@@ -61,23 +62,29 @@ def evaluator_specs(task: Task) -> dict[str, dict[str, Any]]:
 
 
 def _write(directory: str, files: dict[str, Any]) -> None:
+    """A full disk or a permission is a `UserError` naming the file."""
     for relative, content in files.items():
         path = os.path.join(directory, relative)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            if path.endswith(".jsonl"):
-                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in content)
-            else:
-                json.dump(content, f, ensure_ascii=False)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                if path.endswith(".jsonl"):
+                    f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in content)
+                else:
+                    json.dump(content, f, ensure_ascii=False)
+        except OSError as e:
+            raise UserError(f"cannot write {path} ({e.strerror}).") from e
 
 
-def make_evaluator(task: Task, mesh, files_dir: str | None = None
+def make_evaluator(task: Task, mesh, files_dir: str | None = None,
+                   report: Callable[[dict[str, float]], None] | None = None
                    ) -> Callable[..., dict[str, float]]:
     """`evaluate(params, step, model_kwargs=None) -> {'eval/<name>': ...}`.
 
     One pass over the split sums the evaluation sums and gathers every real
     row's outputs, which the task decodes once for all evaluators. Files go to
-    `files_dir` (None: none, so evaluating a workdir never writes into it).
+    `files_dir` (None: none, so evaluating a workdir never writes into it),
+    after `report(metrics)` has seen the metrics (a failed write loses nothing).
     With `model_kwargs` (e.g. head masks) generation is skipped (incremental
     decoding takes none) and no file is written.
     """
@@ -109,9 +116,12 @@ def make_evaluator(task: Task, mesh, files_dir: str | None = None
             result = evaluators_lib.get(name)(context, **options)
             metrics.update(result.metrics)
             files.update(result.files)
+        metrics = {f"eval/{k}": v for k, v in metrics.items()}
+        if report is not None:
+            report(metrics)
         if files and model_kwargs is None and jax.process_index() == 0 and files_dir:
             _write(files_dir, files)
-        return {f"eval/{k}": v for k, v in metrics.items()}
+        return metrics
 
     return evaluate
 
@@ -215,9 +225,13 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
-                        step: int | None = None, files_dir: str | None = None
+                        step: int | None = None, files_dir: str | None = None,
+                        report: Callable[[dict[str, float]], None] | None = None
                         ) -> dict[str, float]:
+    """{"step": N, "eval/...": ...} of a workdir's checkpoint (default: the latest);
+    `report` sees it before the evaluators' files are written to `files_dir`."""
     task, mesh, params, step = restore_for_inference(config, workdir, step)
     with jax.set_mesh(mesh):
-        metrics = make_evaluator(task, mesh, files_dir)(params, step)
+        metrics = make_evaluator(task, mesh, files_dir, report and (
+            lambda metrics: report({"step": step, **metrics})))(params, step)
     return {"step": step, **metrics}
