@@ -25,7 +25,7 @@ from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import Task, build_task
 from bert_jax.tasks.base import task_class
 from bert_jax.training.checkpoints import (
-    CheckpointError, DamagedCheckpointError, restore_params)
+    CheckpointError, DamagedCheckpointError, restore_params, vanished_step)
 from bert_jax.training.sharding import global_batch, mesh_from_config, replicated
 from bert_jax.training.train_step import abstract_train_state
 from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps
@@ -212,9 +212,12 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
     try:
         params, _, _ = restore_params(os.path.join(directory, str(step)), abstract,
                                       strict=True)
-    except DamagedCheckpointError as e:
+    except CheckpointError as e:
+        vanished = vanished_step(directory, step, "step")
+        if vanished:
+            raise vanished from e
         earlier = max((s for s in steps if s < step), default=None)
-        if earlier is None:
+        if earlier is None or not isinstance(e, DamagedCheckpointError):
             raise
         damage = str(e).split("\n", 1)[0]
         raise DamagedCheckpointError(
