@@ -30,7 +30,8 @@ from bert_jax.modeling import Transformer, TransformerConfig
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.modeling.flops import transformer_train_flops
 from bert_jax.modeling.losses import cross_entropy_sums
-from bert_jax.tasks.base import Batch, Task, cached_method, register, written_by_process_zero
+from bert_jax.tasks.base import (
+    Batch, Task, cached_method, holds_checkpoints, register, written_by_process_zero)
 
 
 _PACKING_FEATURES = ("inputs_segmentation", "targets_segmentation",
@@ -81,7 +82,8 @@ class TranslationTask(Task):
         return written_by_process_zero(
             lambda is_writer: vocabulary.load_or_train(
                 self.workdir, self._training_texts(), data.vocab_size,
-                model_type=data.vocab_type, is_writer=is_writer),
+                model_type=data.vocab_type, is_writer=is_writer,
+                checkpointed=holds_checkpoints(self.workdir)),
             "vocabulary")
 
     @cached_method
