@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import os
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import flax.linen as nn
@@ -18,6 +19,7 @@ from jax.experimental import multihost_utils
 
 from bert_jax.modeling.configs import ConfigError, StackConfig
 from bert_jax.auto_dtype import resolve_model_dtype
+from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
 
 Batch = dict[str, Any]
 Sums = dict[str, jax.Array]
@@ -68,6 +70,12 @@ def cached_method(method: Callable) -> Callable:
             cache[key] = method(self, arg)
         return cache[key]
     return cached
+
+
+def holds_checkpoints(workdir: str) -> bool:
+    """Whether `workdir` holds checkpoints: what they were trained with (a vocabulary) is
+    then only read, never made again (it could differ: other ids)."""
+    return bool(checkpoint_steps(os.path.join(workdir, CHECKPOINT_DIR)))
 
 
 def written_by_process_zero(load_or_create: Callable[[bool], T], what: str) -> T:

@@ -27,7 +27,7 @@ from bert_jax.errors import MissingFileError
 from bert_jax.file_io import read_json
 from bert_jax.modeling import BertConfig
 from bert_jax.modeling.configs import ConfigError
-from bert_jax.tasks.base import written_by_process_zero
+from bert_jax.tasks.base import holds_checkpoints, written_by_process_zero
 from bert_jax.auto_dtype import resolve_model_dtype
 
 RUNTIME_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "param_dtype",
@@ -107,7 +107,8 @@ def resolve_backbone(config: ml_collections.ConfigDict, workdir: str,
         vocab = written_by_process_zero(
             lambda is_writer: wordpiece.load_or_train(
                 workdir, texts, data.get("vocab_size", 30522), lowercase=data.lowercase,
-                vocab_file=data.get("vocab_file", ""), is_writer=is_writer),
+                vocab_file=data.get("vocab_file", ""), is_writer=is_writer,
+                checkpointed=holds_checkpoints(workdir)),
             "vocabulary")
         return Backbone(BertConfig(**{**model, "vocab_size": vocab.size}), vocab, "scratch")
     init_from = checkpoint_path(init_from)

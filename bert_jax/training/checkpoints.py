@@ -6,6 +6,11 @@ Layout of a workdir's checkpoints (one folder per step):
     WORKDIR/checkpoints/<step>/data/    the input iterator's state, per process
     WORKDIR/checkpoints/<step>/digest/  a checksum of each array of the state
 
+Integrity is checked whole or the checkpoint is refused: a missing or damaged
+checksum record is damage, as a checksum that differs is. Only a step whose
+Orbax record of its items (`_CHECKPOINT_METADATA`) lists no digest (saved
+before checksums were, 2026-11-25) is restored unchecked, with a warning.
+
 Kept: the last `keep_last` checkpoints plus the `keep_best` best by an
 evaluation metric. A save interrupted by `kill -9` leaves a
 `<step>.orbax-checkpoint-tmp*` folder that is never read: resuming takes the
@@ -30,11 +35,13 @@ import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint import checkpoint_managers
 
-from bert_jax.errors import UserError, chain
+from bert_jax.errors import DamagedFileError, UserError, chain
+from bert_jax.file_io import read_json
 from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
 
 SET_ASIDE_DIR = "checkpoints_set_aside"
 DIGEST_ITEM = "digest"
+STEP_RECORD = "_CHECKPOINT_METADATA"  # Orbax's: {"item_handlers": {item: handler}, ...}
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -135,15 +142,12 @@ class Checkpointer:
         items = {"state": ocp.args.StandardRestore(abstract_state)}
         if data_iterator is not None:
             items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
-        checked = os.path.isdir(os.path.join(self.directory, str(step), DIGEST_ITEM))
-        if checked:  # not in checkpoints written before it was added
-            items[DIGEST_ITEM] = ocp.args.JsonRestore()
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # Orbax/TensorStore raise many types
             _drop_reports_of_abandoned_io()
             raise self._unrestorable(step, UNREADABLE) from e
-        damage = check_integrity(restored["state"], restored[DIGEST_ITEM] if checked else None)
+        damage = checkpoint_damage(os.path.join(self.directory, str(step)), restored["state"])
         if damage:
             raise self._unrestorable(step, damage)
         return restored["state"]
@@ -211,16 +215,44 @@ def digests(tree: Any) -> tuple[dict[str, int], list[str]]:
 def check_integrity(tree: Any, saved: dict[str, int] | None) -> str | None:
     """What is wrong with restored `tree`: an array whose checksum differs from
     the one `saved` with it (same-size damage that TensorStore reads without
-    error), or that holds NaN/Inf (training never saves one); None if nothing."""
+    error) or that `saved` lacks, or that holds NaN/Inf (training never saves
+    one); None if nothing. `saved=None`: no checksums (NaN/Inf only)."""
     computed, nonfinite = digests(tree)
+    unrecorded = [name for name in computed if saved is not None and name not in saved]
     changed = [name for name, total in computed.items()
                if saved is not None and name in saved and saved[name] != total]
-    for names, what in ((changed, "does not match the checksum saved with it"),
+    for names, what in ((unrecorded, "has no checksum in the record saved with it"),
+                        (changed, "does not match the checksum saved with it"),
                         (nonfinite, "holds NaN or Inf")):
         if names:
             more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
             return f"array {names[0]}{more} {what}: the checkpoint is damaged"
     return None
+
+
+def checkpoint_damage(step_dir: str, tree: Any) -> str | None:
+    """What is wrong with `tree`, restored from the checkpoint `step_dir`
+    (WORKDIR/checkpoints/N), checked against the checksums saved with it; None if
+    nothing. Unchecked only when the step's Orbax record of its items says its
+    writer saved no checksums; a missing or damaged record is damage."""
+    try:
+        items = read_json(os.path.join(step_dir, STEP_RECORD))["item_handlers"]
+        checked = DIGEST_ITEM in items
+    except (OSError, DamagedFileError, LookupError, TypeError):
+        return (f"{STEP_RECORD}, its record of what it holds, is missing or damaged: its "
+                "checksums cannot be found")
+    if not checked:
+        logging.warning("%s was saved without checksums (before bert_jax recorded them): "
+                        "its arrays are restored unchecked.", step_dir)
+        return check_integrity(tree, None)
+    try:
+        saved = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(
+            os.path.join(step_dir, DIGEST_ITEM))
+    except Exception:  # Orbax raises FileNotFoundError, JSONDecodeError, ...
+        saved = None
+    if not isinstance(saved, dict):
+        return f"its checksums ({DIGEST_ITEM}/) are missing or damaged"
+    return check_integrity(tree, saved)
 
 
 UNREADABLE = "its files cannot be read (--debug shows Orbax's error)"
@@ -281,6 +313,21 @@ def set_aside_steps_after(workdir: str, step: int) -> list[str]:
         shutil.move(os.path.join(workdir, CHECKPOINT_DIR, str(later_step)), target)
         moved.append(target)
     return moved
+
+
+def vanished_step(directory: str, step: int, flag: str | None) -> CheckpointError | None:
+    """The error for checkpoint `step` of the checkpoints folder `directory` deleted while
+    it was read (a training run writing there keeps its last `train.keep_last`), naming
+    the steps there now and `--FLAG` for the latest; None while the step is there."""
+    if os.path.isdir(os.path.join(directory, str(step))):
+        return None
+    now = checkpoint_steps(directory)
+    return CheckpointError(
+        f"checkpoint {step} vanished from {directory} while it was being read: a training "
+        "run writing there deletes all but its last config.train.keep_last checkpoints. "
+        f"It holds {now} now: rerun to read the latest"
+        + (f" (--{flag}=N for another)." if flag else "."),
+        rerun_with={flag: now[-1]} if flag and now else None)
 
 
 def _damaged(path: str, damage: str) -> DamagedCheckpointError:
@@ -385,8 +432,9 @@ def restore_params(path: str, abstract_params: Any, strict: bool = False
         metadata = checkpointer.metadata(directory)
         saved_tree = metadata.item_metadata.tree if hasattr(
             metadata, "item_metadata") else metadata.tree
-    except Exception as e:
-        raise CheckpointError(f"cannot read checkpoint metadata in {directory}: {e}") from e
+    except Exception as e:  # Orbax: None for a damaged _METADATA, or any error
+        raise _damaged(path, f"the metadata of {directory} cannot be read (--debug shows "
+                       "Orbax's error)") from e
     saved = traverse_util.flatten_dict(saved_tree)
     target, restored_paths, missing = _match(
         {k: v.shape for k, v in saved.items() if hasattr(v, "shape")},
@@ -402,9 +450,8 @@ def restore_params(path: str, abstract_params: Any, strict: bool = False
     except Exception as e:  # the metadata and shapes matched: the data files are damaged
         _drop_reports_of_abandoned_io()
         raise _damaged(path, UNREADABLE) from e
-    digest = os.path.join(os.path.dirname(directory), DIGEST_ITEM)  # a workdir's step
-    damage = check_integrity(restored, ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(
-        digest) if prefix and os.path.isdir(digest) else None)
+    damage = (checkpoint_damage(os.path.dirname(directory), restored) if prefix  # a step
+              else check_integrity(restored, None))  # a pretrained folder has no checksums
     if damage:
         raise _damaged(path, damage)
     for key in prefix:
