@@ -27,7 +27,7 @@ from bert_jax.errors import MissingFileError
 from bert_jax.file_io import read_json
 from bert_jax.modeling import BertConfig
 from bert_jax.modeling.configs import ConfigError
-from bert_jax.tasks.base import written_by_process_zero
+from bert_jax.tasks.base import check_saved_config, written_by_process_zero
 from bert_jax.auto_dtype import resolve_model_dtype
 
 RUNTIME_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "param_dtype",
@@ -71,7 +71,9 @@ def _checkpoint_model(path: str, kind: str) -> tuple[BertConfig, str, bool | Non
                               "not BERT.")
         vocab = os.path.join(path, "vocab.txt")
         return BertConfig.from_dict(meta["config"]), vocab if os.path.isfile(vocab) else "", None
-    saved = read_json(os.path.join(path, "config.json"))
+    saved_path = os.path.join(path, "config.json")
+    saved = read_json(saved_path)
+    check_saved_config(saved, saved_path)
     vocab_dir = os.path.join(path, wordpiece.VOCAB_DIR)
     vocab = wordpiece.WordPiece.load(vocab_dir)
     model = {**saved["model"], "vocab_size": vocab.size}
