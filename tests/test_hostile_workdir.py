@@ -8,8 +8,8 @@ import hashlib
 import json
 import os
 import pathlib
-import shutil
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +21,7 @@ import pytest
 from bert_jax.errors import DamagedFileError
 from bert_jax.training import trainer
 from bert_jax.training.checkpoints import Checkpointer
+from bert_jax.training.evaluation import saved_config
 from bert_jax.training.preemption import PreemptionWatcher
 from bert_jax.training.workdir import (
     LOCK_FILE, METRICS_FILE, WorkdirError, WorkdirLock, parse_metrics, read_metrics)
@@ -262,13 +263,11 @@ def workdir_config(tmp_path):
 
 
 def test_every_unknown_model_key_is_named(workdir_config):
-    from bert_jax.training.evaluation import saved_config
     with pytest.raises(DamagedFileError, match=r"config\.json: model\.a, model\.b are not"):
         saved_config(str(workdir_config))
 
 
 def test_a_config_json_that_is_no_object_is_named(tmp_path):
-    from bert_jax.training.evaluation import saved_config
     (tmp_path / "config.json").write_text("[1]")
     with pytest.raises(DamagedFileError, match=f"{tmp_path}/config.json holds a JSON list"):
         saved_config(str(tmp_path))
