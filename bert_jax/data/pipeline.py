@@ -41,6 +41,7 @@ import functools
 import math
 import multiprocessing
 import queue
+import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -342,7 +343,10 @@ def _row_block(examples: grain.MapDataset, first_row: int, kwargs: dict[str, Any
 def _block_worker(make_rows: Callable[[], TrainDatasetIterator], state: dict[str, Any],
                   out: Any) -> None:
     """Worker process: the batches of one block of rows, each with its state,
-    into the bounded queue `out`, an error too; it ends when its parent is gone."""
+    into the bounded queue `out`, an error too; it ends when its parent is gone.
+    It ignores Ctrl-C, which a terminal sends to the whole process group: the
+    trainer answers it (a checkpoint, then a stop) and needs its batches meanwhile."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         rows = make_rows()
         rows.set_state(state)

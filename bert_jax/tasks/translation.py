@@ -60,6 +60,7 @@ def training_rows(config: ml_collections.ConfigDict) -> int:
 @register("translation")
 class TranslationTask(Task):
 
+    model_config_class = TransformerConfig
     supports_abstract = True
     evaluation_overrides = ("data.bleu_examples", "data.builder_kwargs.path", "decode.")
     model_keywords = _PACKING_FEATURES

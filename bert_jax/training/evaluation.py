@@ -23,7 +23,7 @@ from bert_jax.evaluation import evaluators as evaluators_lib
 from bert_jax.file_io import read_json
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import Task, build_task
-from bert_jax.tasks.base import task_class
+from bert_jax.tasks.base import check_saved_config, task_class
 from bert_jax.training.checkpoints import (
     CheckpointError, DamagedCheckpointError, restore_params, vanished_step)
 from bert_jax.training.sharding import global_batch, mesh_from_config, replicated
@@ -139,7 +139,9 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
     if not os.path.isfile(path):
         raise CheckpointError(f"--workdir={workdir} holds no {CONFIG_FILE}: it is not the "
                               "workdir of a training run (launch/train.py writes it).")
-    return ml_collections.ConfigDict(read_json(path, object_hook=_tuples))
+    saved = read_json(path, object_hook=_tuples)
+    check_saved_config(saved, path)
+    return ml_collections.ConfigDict(saved)
 
 
 def _tuples(values: dict) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from typing import Any
 
@@ -22,7 +23,7 @@ from absl import logging
 
 from bert_jax.file_io import write_atomically
 from bert_jax.training.topologies import peak_flops
-from bert_jax.training.workdir import METRICS_FILE, read_metrics
+from bert_jax.training.workdir import METRICS_FILE, parse_metrics, report_metrics_damage
 
 def measured_matmul_flops(size: int = 2048, repeats: int = 10) -> float:
     """FLOP/s of a float32 `size x size` matmul: the fastest of `repeats` (a peak,
@@ -61,11 +62,19 @@ class MetricWriter:
                                           purge_step=resume_step + 1 if resume_step else None)
 
     def _drop_lines_after(self, step: int) -> None:
-        """On resume: the steps after `step` are logged again; a torn line goes too."""
-        if os.path.exists(self.path):
-            write_atomically(self.path, "".join(
-                json.dumps(m) + "\n" for m in read_metrics(os.path.dirname(self.path))
-                if m["step"] <= step))
+        """On resume: the steps after `step` are logged again; a torn last line goes
+        too. A file with damage (`parse_metrics`) is copied aside first, named in the
+        warning: the rewrite keeps only the records."""
+        if not os.path.exists(self.path):
+            return
+        records, problems = parse_metrics(self.path)
+        kept = None
+        if problems:
+            kept = f"{self.path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+            shutil.copyfile(self.path, kept)
+        report_metrics_damage(self.path, problems, kept)
+        write_atomically(self.path, "".join(json.dumps(m) + "\n" for m in records
+                                            if m["step"] <= step))
 
     def write(self, step: int, scalars: dict[str, Any]) -> None:
         if not self.enabled:
