@@ -10,7 +10,14 @@ A `StepReport` gives, per device: memory (`compiled_memory`) against the
 chip's; XLA's FLOP count (TPU only; the GPU compiler gives none) beside the
 model FLOPs of `bert_jax.modeling.flops`; the collectives in the program text
 with count and result bytes (an op inside a loop counted once); the fused
-attention kernels (cuDNN's, splash's).
+attention kernels (cuDNN's, splash's); the program's matmul FLOPs and memory
+traffic with every loop unrolled (`hlo_cost`).
+
+`CompileReport.bound` is the train step's time bound (`step_bound`): compute,
+memory and communication time at the target's peak figures
+(`topologies.machine`), the largest of them, their sum, the bottleneck and the
+MFU ceiling it implies. `fit_global_batch` ranks the configurations that fit
+by it.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax.auto_dtype import Hardware, resolve_model_dtype
 from bert_jax.training.evaluation import jit_predict
+from bert_jax.training.hlo_cost import program_cost
 from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_config
-from bert_jax.training.topologies import GPUS, Target
+from bert_jax.training.step_bound import Machine, StepBound, step_bound
+from bert_jax.training.topologies import GPUS, Target, machine
 from bert_jax.training.train_step import (
     abstract_train_state, jit_train_step, make_train_step)
 
@@ -59,6 +68,8 @@ class StepReport:
     xla_flops: float | None
     collectives: dict[str, dict[str, float]]
     attention_kernels: dict[str, int]
+    program_flops: float | None = None   # per device, dots and convolutions, loops unrolled
+    program_bytes: float | None = None   # per device memory traffic, loops unrolled
 
     @property
     def total_bytes(self) -> int:
@@ -80,6 +91,7 @@ class CompileReport:
     model_flops: float
     train: StepReport
     eval: StepReport | None
+    bound: StepBound | None = None   # the train step's; None without the chip's figures
 
     @property
     def fits(self) -> bool:
@@ -87,7 +99,11 @@ class CompileReport:
         return all(step.total_bytes <= self.memory_per_device for step in steps)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "fits": self.fits}
+        """The report; the bound under `step_time_bound` (seconds: compute,
+        memory, communication, bound, sum), `bottleneck`, `mfu_ceiling`."""
+        report = dataclasses.asdict(self)
+        del report["bound"]
+        return {**report, "fits": self.fits, **(self.bound.to_dict() if self.bound else {})}
 
     def summary(self) -> str:
         slices = f", {self.num_slices} slices" if self.num_slices > 1 else ""
@@ -117,6 +133,8 @@ class CompileReport:
             lines.append("  attention kernels: " + (", ".join(
                 f"{k} x{n}" for k, n in step.attention_kernels.items()) or
                 "none (attention is XLA fusions)"))
+            if name == "train" and self.bound:
+                lines.append("  " + self.bound.summary())
         return "\n".join(lines)
 
 
@@ -186,10 +204,49 @@ def _compile(jitted, args, num_devices: int) -> StepReport:
             raise
         raise DoesNotFit("the compiler ran out of device memory: " + " ".join(
             line.strip() for line in str(e).splitlines()[:3])) from e
-    seconds = time.perf_counter() - start
+    return step_report(compiled, time.perf_counter() - start, num_devices)
+
+
+def step_report(compiled, compile_seconds: float, num_devices: int) -> StepReport:
+    """What a compiled step needs and does, per device."""
     text = compiled.as_text()
-    return StepReport(seconds, compiled_memory(compiled), _xla_flops(compiled, num_devices),
-                      collectives(text), attention_kernels(text))
+    cost = program_cost(text)
+    return StepReport(compile_seconds, compiled_memory(compiled),
+                      _xla_flops(compiled, num_devices), collectives(text),
+                      attention_kernels(text), cost.flops, cost.bytes_accessed)
+
+
+def collective_ops(step: StepReport) -> list[dict]:
+    """The step's collectives as `step_bound` costs them: one dict an op
+    (`kind`, `bytes`, `executions`, `replica_groups`, ...)."""
+    ops = getattr(step, "collective_ops", None)
+    if ops is not None:
+        return ops
+    # TODO(issue 37 items 1-2, merge): until StepReport.collective_ops exists, today's
+    # `collectives` as written: executed once, each kind's bytes over every device.
+    return [{"kind": kind, "bytes": found["bytes"], "executions": 1}
+            for kind, found in step.collectives.items()]
+
+
+def bound_of(step: StepReport, hardware: Machine, model_flops_per_device: float
+             ) -> StepBound:
+    """The time bound of `step` on `hardware`. FLOPs: the program's matmuls,
+    loops unrolled, or the model's if more (the program's count misses custom
+    calls: cuDNN attention, Pallas kernels)."""
+    program = step.program_flops or 0.0
+    flops, source = ((program, "the program's dots and convolutions, loops unrolled")
+                     if program >= model_flops_per_device else
+                     (model_flops_per_device, "the model's matmuls (bert_jax.modeling.flops), "
+                      f"above the program's count of {program:.3e} (custom calls uncounted)"))
+    executed = getattr(step, "collective_ops", None) is not None
+    return step_bound(
+        flops=flops, bytes_accessed=step.program_bytes or 0.0,
+        model_flops=model_flops_per_device, collective_ops=collective_ops(step),
+        machine=hardware, sources={
+            "flops": source,
+            "bytes": "operands and results of the instructions run, loops unrolled (hlo_cost)",
+            "collectives": "each op's executions and replica groups" if executed else
+            "as written (each op once), over every device"})
 
 
 def with_per_device_batch(config: ml_collections.ConfigDict, per_device: int,
@@ -246,13 +303,18 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
         if eval_step:
             evaluation = _compile(jit_predict(task, mesh),
                                   (state.params, batch(False), None), num_devices)
+    model_flops = task.flops_per_step()
+    bound = None
+    if target.interconnect is not None:   # the program's device ids index mesh.devices.flat
+        bound = bound_of(train, machine(target, tuple(mesh.devices.flat)),
+                         model_flops / num_devices)
     return CompileReport(
         topology=target.name, chip=target.chip, num_devices=num_devices,
         num_slices=target.num_slices, memory_per_device=target.memory_bytes,
         memory_note=target.memory_note,
         mesh=dict(mesh.shape), global_batch=global_rows,
         per_device_batch=global_rows / batch_devices(mesh),
-        model_flops=task.flops_per_step(), train=train, eval=evaluation)
+        model_flops=model_flops, train=train, eval=evaluation, bound=bound)
 
 
 @dataclasses.dataclass
@@ -305,42 +367,76 @@ class GlobalBatchFit:
     micro_batch: int              # rows per device in one micro-batch
     grad_accum_steps: int         # micro-batches a step: global = micro x devices x steps
     mesh_shape: tuple[int, int, int]
+    scan_layers: bool             # config.model.scan_layers of the step compiled
     report: CompileReport         # the step at that micro-batch, as train.py runs it
 
+    @property
+    def bound_s(self) -> float:
+        return self.report.bound.bound_s if self.report.bound else math.inf
 
-def fit_global_batch(config: ml_collections.ConfigDict, target: Target) -> GlobalBatchFit:
-    """The largest per-device micro-batch for `config.train.batch_size` rows a
-    step: bisection over the divisors of each device's share, compiling the
-    step `launch/train.py` runs (`grad_accum_steps` = share / micro-batch; the
-    accumulation scan's buffers count), assuming every smaller micro-batch fits.
-    If nothing fits with `config.mesh`, it tries FSDP over the whole target."""
-    meshes = [tuple(config.mesh.shape), (1, -1, 1)]
-    for shape in dict.fromkeys(meshes):
-        config = ml_collections.ConfigDict(config.to_dict())
-        config.mesh.shape = shape
-        devices = batch_devices(mesh_from_config(config.mesh, target.devices))
-        share, rest = divmod(config.train.batch_size, devices)
-        if rest or not share:
-            raise ConfigError(f"config.train.batch_size={config.train.batch_size}: use a "
-                              f"multiple of {target.name}'s {devices} devices (mesh {shape}).")
-        sizes = [size for size in range(1, share + 1) if share % size == 0]
-        low, high, best = -1, len(sizes), None   # sizes[low] fits, sizes[high] does not
-        while high - low > 1:
-            middle = (low + high) // 2
-            config.train.grad_accum_steps = share // sizes[middle]
-            try:
-                report = compile_experiment(config, target, eval_step=False)
-            except DoesNotFit:
-                report = None
-            if report is not None and report.fits:
-                low, best = middle, GlobalBatchFit(sizes[middle], share // sizes[middle],
-                                                   shape, report)
-            else:
-                high = middle
-        if best:
-            return best
-    raise DoesNotFit(f"one row per device does not fit {target.name}, even with FSDP: set "
-                     "config.model.remat, or use config.mesh.shape's tensor axis.")
+
+FSDP_MESH = (1, -1, 1)
+
+
+def fit_global_batch(config: ml_collections.ConfigDict, target: Target,
+                     alternatives: bool = True) -> list[GlobalBatchFit]:
+    """The ways to run `config.train.batch_size` rows a step that fit, the
+    fastest step-time bound first (ties, or no bound: the larger micro-batch).
+
+    Per candidate mesh and layer form, a bisection over the divisors of each
+    device's share of the batch finds the largest micro-batch that fits,
+    compiling the step `launch/train.py` runs (`grad_accum_steps` = share /
+    micro-batch; the accumulation scan's buffers count) and assuming every
+    smaller micro-batch fits; every size compiled that fits is a candidate.
+    Candidates: `config.mesh` and FSDP over the whole target, the layers
+    scanned as configured and the other way (`alternatives`; 4 searches).
+    Without `alternatives`: the configured layers, and FSDP only if nothing
+    fits `config.mesh`."""
+    scans = [bool(config.model.get("scan_layers", False))]
+    if alternatives and "scan_layers" in config.model:
+        scans.append(not scans[0])
+    meshes = list(dict.fromkeys([tuple(config.mesh.shape), FSDP_MESH]))
+    found: list[GlobalBatchFit] = []
+    for shape in meshes:
+        for scan in scans:
+            found += _fits_at(config, target, shape, scan)
+        if found and not alternatives:
+            break
+    if not found:
+        raise DoesNotFit(f"one row per device does not fit {target.name}, even with FSDP: "
+                         "set config.model.remat, or use config.mesh.shape's tensor axis.")
+    return sorted(found, key=lambda fit: (fit.bound_s, -fit.micro_batch))
+
+
+def _fits_at(config: ml_collections.ConfigDict, target: Target, shape: tuple,
+             scan: bool) -> list[GlobalBatchFit]:
+    """The micro-batches that fit with mesh `shape` and the layers `scan`ned,
+    compiled while bisecting for the largest."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.mesh.shape = shape
+    if "scan_layers" in config.model:
+        config.model.scan_layers = scan
+    devices = batch_devices(mesh_from_config(config.mesh, target.devices))
+    share, rest = divmod(config.train.batch_size, devices)
+    if rest or not share:
+        raise ConfigError(f"config.train.batch_size={config.train.batch_size}: use a "
+                          f"multiple of {target.name}'s {devices} devices (mesh {shape}).")
+    sizes = [size for size in range(1, share + 1) if share % size == 0]
+    low, high, fits = -1, len(sizes), []   # sizes[low] fits, sizes[high] does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        config.train.grad_accum_steps = share // sizes[middle]
+        try:
+            report = compile_experiment(config, target, eval_step=False)
+        except DoesNotFit:
+            report = None
+        if report is not None and report.fits:
+            low = middle
+            fits.append(GlobalBatchFit(sizes[middle], share // sizes[middle], shape, scan,
+                                       report))
+        else:
+            high = middle
+    return fits
 
 
 def projected_hours(report: CompileReport, steps: int, mfu: float, peak_flops: float
