@@ -212,8 +212,9 @@ def _trip_count(loop: Instruction, condition: Computation | None,
     if condition is None:
         return None
     counts = []
-    for instruction in condition.instructions:
-        if instruction.opcode == "compare" and "direction=LT" in instruction.attributes:
+    for instruction in condition.instructions:   # counter < N, the compare maybe fused
+        if ((instruction.opcode == "compare" and "direction=LT" in instruction.attributes)
+                or instruction.opcode == "fusion"):
             for operand in instruction.operands:
                 constant = defined.get(operand)
                 if (constant is not None and constant.opcode == "constant"
