@@ -20,7 +20,7 @@ import pytest
 
 from bert_jax.modeling.fused_attention import AttentionKernelError
 from bert_jax.tasks import build_task
-from bert_jax.training import aot, topologies
+from bert_jax.training import aot, step_bound, topologies
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
@@ -141,6 +141,13 @@ def test_bert_steps_compile_for_a_tpu_slice(v5e, layout, shape):
         assert FLOPS_RATIO[0] < report.train.xla_flops / report.model_flops < FLOPS_RATIO[1]
         assert "all-reduce" in kinds and "all-gather" not in kinds
         assert report.eval.memory["total"] > 0
+        # The program's matmuls are the model's: the bound's compute is theirs.
+        assert report.train.program.flops == pytest.approx(report.model_flops / 4, rel=0.02)
+        bound = report.to_dict()
+        assert bound["step_time_bound"]["bound_s"] == report.bound.bound_s > 0
+        assert bound["bottleneck"] in ("compute", "memory", "communication")
+        assert report.bound.communication_by_link.keys() == {"ICI"}
+        assert 0 < bound["mfu_ceiling"] <= 1
     elif layout == "fsdp":  # sharded parameters are gathered before use
         assert kinds["all-gather"]["count"] > 0 and kinds["all-gather"]["bytes"] > 0
     else:
@@ -202,6 +209,9 @@ def test_bert_step_compiles_to_cudnn_flash_attention(h100, shape):
                                    dtype="bfloat16"), shape)
     report = aot.compile_experiment(config, h100)
     assert report.train.xla_flops is None  # the GPU compiler counts none
+    # ... and cuDNN's attention is a custom call: the bound takes the model's FLOPs.
+    assert report.bound.flops == pytest.approx(report.model_flops / 2)
+    assert report.bound.sources["flops"].startswith("the model's matmuls")
     # One layer: its self-attention forward, and backward in the train step.
     assert report.train.attention_kernels == {"__cudnn$fmhaSoftmax": 1,
                                               "__cudnn$fmhaSoftmaxBackward": 1}
@@ -255,6 +265,34 @@ def test_the_largest_batch_that_fits_is_found_by_compiling():
 
 
 @pytest.mark.slow
+def test_the_configurations_that_fit_a_global_batch_are_ranked_by_their_bound():
+    """Two CPU devices with room for the data-parallel step at 8 of each
+    device's 16 rows: the search compiles micro-batches with the layers
+    scanned and not, data-parallel and FSDP, and ranks those that fit by their
+    step-time bound (CPU compiles fastest; the ranking is the same code on
+    every platform)."""
+    config = with_mesh(bert_config(), (2, 1, 1))
+    config.train.batch_size = 32
+    config.model.num_layers = 2
+    cpus = topologies.Target("cpu-2", "cpu", tuple(jax.devices()[:2]), "CPU", 0, 1e11,
+                             memory_bandwidth=1e10,
+                             interconnect=step_bound.Interconnect("memory", 1e10))
+    config.train.grad_accum_steps = 2
+    need = aot.compile_experiment(config, cpus, eval_step=False).train.total_bytes
+    fits = aot.fit_global_batch(config, dataclasses.replace(cpus, memory_bytes=need))
+    assert all(fit.report.fits and fit.report.bound for fit in fits)
+    bounds = [fit.bound_s for fit in fits]
+    assert bounds == sorted(bounds) and len(fits) >= 2
+    assert {fit.scan_layers for fit in fits} == {False, True}
+    assert {fit.mesh_shape for fit in fits} == {(2, 1, 1), aot.FSDP_MESH}
+    for fit in fits:
+        assert fit.micro_batch * fit.grad_accum_steps == 16
+        assert fit.report.bound.bound_s == max(fit.report.bound.compute_s,
+                                               fit.report.bound.memory_s,
+                                               fit.report.bound.communication_s)
+
+
+@pytest.mark.slow
 def test_a_global_batch_is_fitted_by_accumulation_and_the_printed_command_trains(
         v5e, tmp_path):
     """64 rows a step on 4 v5e chips (16 each), with room for the step at 4 rows
@@ -268,11 +306,13 @@ def test_a_global_batch_is_fitted_by_accumulation_and_the_printed_command_trains
     need = aot.compile_experiment(config, v5e, eval_step=False).train.total_bytes
     command = [sys.executable, str(REPO / "launch" / "compile.py"), "--topology=v5e:2x2",
                "--config=experiments/pretrain_bert.py", *overrides, "--fit_global_batch",
-               f"--memory_gib={(need + 1024) / aot.GiB}"]
+               f"--memory_gib={(need + 1024) / aot.GiB}", "--nofit_alternatives"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert "4 rows per device a micro-batch, grad_accum_steps=4" in done.stdout
+    assert "best: 4 rows per device a micro-batch, grad_accum_steps=4" in done.stdout
+    assert "runner-up: none" in done.stdout   # 8 rows do not fit; nothing else was tried
     assert re.search(r"projected from FLOPs at 50% MFU.*chip-hours", done.stdout)
+    assert re.search(r"projected at the step-time bound .*: [\d.]+ h", done.stdout)
     run = next(line for line in done.stdout.splitlines() if line.startswith("run: "))
     train = [sys.executable if arg == "python" else arg for arg in shlex.split(run[5:])]
     assert "--config.train.grad_accum_steps=4" in train and train[-1] == "--workdir=WORKDIR"

@@ -117,3 +117,26 @@ ENTRY %main (x: bf16[4,64,128,1], k: bf16[128,2,64,1]) -> f32[4,64,2,64] {
 
 def test_a_tpu_convolution_counts_the_taps_that_meet_the_input():
     assert hlo_cost.program_cost(TPU_CONVOLUTION).flops == 2.0 * 4 * 64 * 128 * 2 * 64
+
+
+# One slice's program of a two-slice step (libtpu): the cross-slice all-reduce
+# is a host transfer, not a collective.
+MEGASCALE = """\
+HloModule jit_sum, is_scheduled=true, num_partitions=4
+
+ENTRY %main (p: f32[1,2,128]) -> f32[1,2,128] {
+  %p = f32[1,2,128]{2,1,0:T(2,128)} parameter(0)
+  %after-all = token[] after-all()
+  %send = (f32[1,2,128]{2,1,0:T(2,128)}, u32[], token[]) send(%p, %after-all), channel_id=2, is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}
+  %recv = (f32[1,2,128]{2,1,0:T(2,128)}, u32[], token[]) recv(%after-all), channel_id=1, is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}
+  %send-done = token[] send-done(%send), channel_id=2, is_host_transfer=true
+  %recv-done = (f32[1,2,128]{2,1,0:T(2,128)}, token[]) recv-done(%recv), channel_id=1, is_host_transfer=true
+  ROOT %sum = f32[1,2,128]{2,1,0:T(2,128)} get-tuple-element(%recv-done), index=0
+}
+"""
+
+
+def test_transfers_between_tpu_slices_are_listed():
+    cost = hlo_cost.program_cost(MEGASCALE)
+    assert cost.devices == 4   # one slice's program
+    assert cost.dcn_transfers == [{"kind": "all-reduce", "bytes": 1024, "executions": 1.0}]

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from bert_jax.training import topologies
+from bert_jax.training import aot, topologies
+from bert_jax.training.hlo_cost import ProgramCost
 from bert_jax.training.step_bound import (
     Interconnect, Machine, Place, collective_seconds, step_bound)
 
@@ -127,3 +128,17 @@ def test_the_bound_is_the_largest_time_and_names_it():
     ("v5p", (4, 4, 8), (True,) * 3), ("v4", (2, 2, 4), (False,) * 3)])
 def test_wraparound_links_follow_the_scaling_book(kind, grid, closed):
     assert topologies.wraparound(topologies.TPUS[kind], grid) == closed
+
+
+def test_a_slices_program_is_costed_within_its_slice_and_its_transfers_on_dcn():
+    """On two slices each runs its own 4-device program: its collectives stay
+    on the slice's ICI, its host transfers cross DCN (one chip per slice)."""
+    two = tpu(grid=(2, 2), slices=2)
+    program = ProgramCost(0.0, 0.0, {}, [], [{"kind": "all-reduce", "bytes": B,
+                                              "executions": 3}], devices=4)
+    step = aot.StepReport(1.0, {"total": 0}, None, {"all-reduce": {"count": 1, "bytes": B}},
+                          {}, program)
+    bound = aot.bound_of(step, two, model_flops_per_device=1.0)
+    ici = collective_seconds(op("all-reduce", [[0, 1, 2, 3]]), two)[1]
+    assert bound.communication_by_link == {"ICI": pytest.approx(ici),
+                                           "DCN": pytest.approx(3 * 2 * B / 2 / DCN)}

@@ -37,7 +37,7 @@ from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax.auto_dtype import Hardware, resolve_model_dtype
 from bert_jax.training.evaluation import jit_predict
-from bert_jax.training.hlo_cost import program_cost
+from bert_jax.training.hlo_cost import ProgramCost, program_cost
 from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_config
 from bert_jax.training.step_bound import Machine, StepBound, step_bound
 from bert_jax.training.topologies import GPUS, Target, machine
@@ -68,8 +68,7 @@ class StepReport:
     xla_flops: float | None
     collectives: dict[str, dict[str, float]]
     attention_kernels: dict[str, int]
-    program_flops: float | None = None   # per device, dots and convolutions, loops unrolled
-    program_bytes: float | None = None   # per device memory traffic, loops unrolled
+    program: ProgramCost | None = None   # FLOPs and bytes per device, loops unrolled
 
     @property
     def total_bytes(self) -> int:
@@ -210,10 +209,9 @@ def _compile(jitted, args, num_devices: int) -> StepReport:
 def step_report(compiled, compile_seconds: float, num_devices: int) -> StepReport:
     """What a compiled step needs and does, per device."""
     text = compiled.as_text()
-    cost = program_cost(text)
     return StepReport(compile_seconds, compiled_memory(compiled),
                       _xla_flops(compiled, num_devices), collectives(text),
-                      attention_kernels(text), cost.flops, cost.bytes_accessed)
+                      attention_kernels(text), program_cost(text))
 
 
 def collective_ops(step: StepReport) -> list[dict]:
@@ -223,30 +221,53 @@ def collective_ops(step: StepReport) -> list[dict]:
     if ops is not None:
         return ops
     # TODO(issue 37 items 1-2, merge): until StepReport.collective_ops exists, today's
-    # `collectives` as written: executed once, each kind's bytes over every device.
-    return [{"kind": kind, "bytes": found["bytes"], "executions": 1}
+    # `collectives` as written: executed once, each kind's bytes over the program's devices.
+    devices = step.program.devices if step.program else 0
+    return [{"kind": kind, "bytes": found["bytes"], "executions": 1,
+             "replica_groups": [list(range(devices))] if devices else None}
             for kind, found in step.collectives.items()]
 
 
 def bound_of(step: StepReport, hardware: Machine, model_flops_per_device: float
              ) -> StepBound:
-    """The time bound of `step` on `hardware`. FLOPs: the program's matmuls,
-    loops unrolled, or the model's if more (the program's count misses custom
-    calls: cuDNN attention, Pallas kernels)."""
-    program = step.program_flops or 0.0
-    flops, source = ((program, "the program's dots and convolutions, loops unrolled")
-                     if program >= model_flops_per_device else
+    """The time bound of `step` on `hardware` (its `places` indexed by the
+    program's device ids; one slice's program on a multi-slice TPU: the first
+    slice's devices come first). FLOPs: the program's matmuls, loops unrolled,
+    or the model's if more (the program's count misses custom calls: cuDNN
+    attention, Pallas kernels)."""
+    program = step.program or ProgramCost(0.0, 0.0, {}, [])
+    flops, source = ((program.flops, "the program's dots and convolutions, loops unrolled")
+                     if program.flops >= model_flops_per_device else
                      (model_flops_per_device, "the model's matmuls (bert_jax.modeling.flops), "
-                      f"above the program's count of {program:.3e} (custom calls uncounted)"))
+                      f"above the program's count of {program.flops:.3e} (custom calls "
+                      "uncounted)"))
     executed = getattr(step, "collective_ops", None) is not None
+    ops = collective_ops(step)
+    if program.dcn_transfers:   # a slice's program: its share of a ring across the slices
+        slices: dict[int, int] = {}
+        for index, place in enumerate(hardware.places):
+            slices.setdefault(place.domain, index)
+        ops = ops + [{**transfer, "replica_groups": [list(slices.values())]}
+                     for transfer in program.dcn_transfers]
     return step_bound(
-        flops=flops, bytes_accessed=step.program_bytes or 0.0,
-        model_flops=model_flops_per_device, collective_ops=collective_ops(step),
+        flops=flops, bytes_accessed=program.bytes_accessed,
+        model_flops=model_flops_per_device, collective_ops=ops,
         machine=hardware, sources={
             "flops": source,
             "bytes": "operands and results of the instructions run, loops unrolled (hlo_cost)",
-            "collectives": "each op's executions and replica groups" if executed else
-            "as written (each op once), over every device"})
+            "collectives": ("each op's executions and replica groups" if executed else
+                            "as written (each op once), over the program's devices")
+            + ("; between slices: the TPU host transfers" if program.dcn_transfers else "")})
+
+
+def program_order(mesh) -> tuple:
+    """The mesh's devices in the order of the program's device ids: the mesh's
+    order; with several TPU slices, each runs its own program over its devices
+    (in the mesh's order), so the first slice's come first."""
+    flat = tuple(mesh.devices.flat)
+    first = tuple(d for d in flat
+                  if getattr(d, "slice_index", 0) == getattr(flat[0], "slice_index", 0))
+    return first + tuple(d for d in flat if d not in first)
 
 
 def with_per_device_batch(config: ml_collections.ConfigDict, per_device: int,
@@ -305,9 +326,8 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
                                   (state.params, batch(False), None), num_devices)
     model_flops = task.flops_per_step()
     bound = None
-    if target.interconnect is not None:   # the program's device ids index mesh.devices.flat
-        bound = bound_of(train, machine(target, tuple(mesh.devices.flat)),
-                         model_flops / num_devices)
+    if target.interconnect is not None:
+        bound = bound_of(train, machine(target, program_order(mesh)), model_flops / num_devices)
     return CompileReport(
         topology=target.name, chip=target.chip, num_devices=num_devices,
         num_slices=target.num_slices, memory_per_device=target.memory_bytes,

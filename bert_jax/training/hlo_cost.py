@@ -21,6 +21,11 @@ text on every platform:
           bitcasts, parameters and constants move nothing; an asynchronous
           pair (`-start`/`-done`) counts once.
 
+Across TPU slices libtpu writes no collective: each slice runs its own
+program and hands the data-centre network's share to the host as a `send`
+(`is_host_transfer=true`, `_xla_megascale_transfer_type="ALL_REDUCE"`, ...);
+`dcn_transfers` lists them (kind, bytes sent per device, executions).
+
 Loops: a `while` runs its body `known_trip_count` times (GPU, CPU), else
 (libtpu writes none) the `s32[] constant(N)` its condition compares the
 counter against, and its condition once more. Everything the body calls runs
@@ -51,11 +56,13 @@ _DIM_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 _GROUPS = re.compile(r"\b(feature_group_count|batch_group_count)=(\d+)")
 _S32_CONSTANT = re.compile(r"^s32\[\]")
 _OPCODE = re.compile(r"([a-z][\w\-]*)\(")
+_MEGASCALE = re.compile(r'_xla_megascale_transfer_type="(\w+)"')
+_PROGRAM_SIZE = re.compile(r"\b(num_partitions|replica_count)=(\d+)")
 
 # Instructions that read and write no device memory of their own.
 _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
                "call", "conditional", "after-all", "partition-id", "replica-id",
-               "opt-barrier", "iota", "add-dependency"}
+               "opt-barrier", "iota", "add-dependency", "send", "recv"}   # ...-done count
 _SLICES = {"dynamic-slice", "slice", "gather"}
 _TRANSPARENT = {"bitcast", "reshape", "copy", "transpose", "convert"}
 
@@ -83,6 +90,16 @@ class ProgramCost:
     bytes_accessed: float       # per device, loops unrolled
     loops: dict[str, int]       # while instruction -> trip count used
     unknown_loops: list[str]    # whiles counted once: no count found
+    dcn_transfers: list[dict] = dataclasses.field(default_factory=list)
+    # [{kind, bytes, executions}]: TPU host transfers between slices, per device
+    devices: int = 1            # the program's (num_partitions x replica_count):
+                                # one slice's on a multi-slice TPU
+
+
+def all_bytes(shape_text: str) -> float:
+    """Bytes of every array in an HLO shape, wherever it is placed."""
+    return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+               for dtype, dims, _ in _ARRAY.findall(shape_text))
 
 
 def shape_bytes(shape_text: str) -> float:
@@ -191,6 +208,7 @@ def program_cost(hlo_text: str) -> ProgramCost:
             if computation.name in fused and "calls" in called:
                 fused.add(called["calls"])
     flops = bytes_accessed = 0.0
+    transfers: list[dict] = []
     for computation in computations.values():
         times = runs[computation.name]
         if not times:
@@ -201,7 +219,15 @@ def program_cost(hlo_text: str) -> ProgramCost:
             if computation.name not in fused:
                 bytes_accessed += times * _traffic(instruction, shapes, defined,
                                                    computations)
-    return ProgramCost(flops, bytes_accessed, loops, unknown)
+            megascale = _MEGASCALE.search(instruction.attributes)
+            if instruction.opcode == "send" and megascale:
+                transfers.append({
+                    "kind": megascale.group(1).lower().replace("_", "-"),
+                    "bytes": all_bytes(shapes.get(instruction.operands[0], "")),
+                    "executions": times})
+    sizes = dict(_PROGRAM_SIZE.findall(hlo_text[:hlo_text.find("\n")]))
+    devices = int(sizes.get("num_partitions", 1)) * int(sizes.get("replica_count", 1))
+    return ProgramCost(flops, bytes_accessed, loops, unknown, transfers, devices)
 
 
 def _trip_count(loop: Instruction, condition: Computation | None,
