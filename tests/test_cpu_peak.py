@@ -57,4 +57,5 @@ def test_a_bfloat16_models_mfu_on_the_cpu_stays_below_100_percent():
 
 def test_the_copy_bandwidth_is_measured():
     bandwidth = metrics.measured_copy_bandwidth(megabytes=16, repeats=2)
-    assert 1e6 < bandwidth < 1e13   # bytes/s (a loaded 2-core machine measured 7e7)
+    assert 1e6 < bandwidth < 1e13   # bytes/s (a loaded 2-core machine measured 1e8)
+    assert metrics.measured_copy_bandwidth(megabytes=16, repeats=2) == bandwidth  # once

@@ -419,7 +419,11 @@ def fit_global_batch(config: ml_collections.ConfigDict, target: Target,
     found: list[GlobalBatchFit] = []
     for shape in meshes:
         for scan in scans:
-            found += _fits_at(config, target, shape, scan)
+            try:
+                found += _fits_at(config, target, shape, scan)
+            except ConfigError:
+                if shape == meshes[0]:
+                    raise       # the configured mesh; FSDP may not split this batch
         if found and not alternatives:
             break
     if not found:

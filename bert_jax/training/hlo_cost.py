@@ -1,12 +1,13 @@
 """FLOPs and memory traffic per device of a compiled XLA program, read from its
 text (`compiled.as_text()`), every while loop counted as many times as it runs.
 
-Why not `compiled.cost_analysis()`: libtpu's counts a loop body once (measured:
-a 2-layer BERT step on v5e:2x2 gave 9.03e8 FLOPs per device with the layers
-written out and 3.2e8 with them scanned; bytes 1.14e8 against 0.9e8), so a
-scanned or accumulated step looks several times cheaper than it is; XLA's GPU
-compiler gives no analysis at all (None). This module reads the same program
-text on every platform:
+Why not `compiled.cost_analysis()`: it counts a loop body once (libtpu on a
+2-layer BERT step for v5e:2x2: 9.03e8 FLOPs per device with the layers
+written out, 4.41e8 with them scanned; the CPU compiler alike), so a scanned
+or accumulated step looks several times cheaper than it is; XLA's GPU
+compiler gives no analysis at all (None). This module reads the program text
+the same way on every platform (that step: 6.89e8 FLOPs per device written
+out and scanned, the model FLOPs of `bert_jax.modeling.flops`):
 
   FLOPs   2 per multiply-add of every `dot` and `convolution` (the
           matmuls, as TPUs write them: a convolution's taps are counted where
@@ -15,11 +16,14 @@ text on every platform:
           vector units, below the matmul peak the bound divides by.
   bytes   for each instruction the program runs (a fusion as one), the bytes
           of its operands and of its result: what it reads from and writes to
-          device memory. An operand that a fusion only slices (a scanned
-          layer's weights out of the stacked ones) counts the slices; a result
-          updated in place (`dynamic-update-slice`) the update. Tuples,
-          bitcasts, parameters and constants move nothing; an asynchronous
-          pair (`-start`/`-done`) counts once.
+          device memory (on a CPU program without loops, exactly XLA's count).
+          An operand that a fusion only slices (a scanned layer's weights out
+          of the stacked ones) counts the slices; a result updated in place
+          (`dynamic-update-slice`) the update. Tuples, bitcasts, parameters and
+          constants move nothing; an asynchronous pair (`-start`/`-done`) counts
+          once. Arrays libtpu keeps on the chip (VMEM, layout memory space
+          `S(1)`) count none: what is left is HBM traffic (a model as small
+          as that step lives mostly in VMEM: 1.4e7 bytes against XLA's 1.1e8).
 
 Across TPU slices libtpu writes no collective: each slice runs its own
 program and hands the data-centre network's share to the host as a `send`
@@ -96,18 +100,13 @@ class ProgramCost:
                                 # one slice's on a multi-slice TPU
 
 
-def all_bytes(shape_text: str) -> float:
-    """Bytes of every array in an HLO shape, wherever it is placed."""
-    return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-               for dtype, dims, _ in _ARRAY.findall(shape_text))
-
-
-def shape_bytes(shape_text: str) -> float:
+def shape_bytes(shape_text: str, on_chip: bool = False) -> float:
     """Device-memory bytes of every `dtype[d0,d1,...]{layout}` in an HLO shape
-    (a tuple sums them); arrays placed on chip (TPU: `S(1)`, VMEM) count none."""
+    (a tuple sums them); arrays placed on chip (TPU: `S(1)`, VMEM) count only
+    if `on_chip`."""
     return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
                for dtype, dims, layout in _ARRAY.findall(shape_text)
-               if not _ON_CHIP.search(layout))
+               if on_chip or not _ON_CHIP.search(layout))
 
 
 def _dims(shape_text: str) -> list[int]:
@@ -223,7 +222,8 @@ def program_cost(hlo_text: str) -> ProgramCost:
             if instruction.opcode == "send" and megascale:
                 transfers.append({
                     "kind": megascale.group(1).lower().replace("_", "-"),
-                    "bytes": all_bytes(shapes.get(instruction.operands[0], "")),
+                    "bytes": shape_bytes(shapes.get(instruction.operands[0], ""),
+                                         on_chip=True),
                     "executions": times})
     sizes = dict(_PROGRAM_SIZE.findall(hlo_text[:hlo_text.find("\n")]))
     devices = int(sizes.get("num_partitions", 1)) * int(sizes.get("replica_count", 1))

@@ -12,7 +12,8 @@ bfloat16 operands, float32 accumulation). A CPU with `amx_bf16` multiplies
 bfloat16 several times faster than float32, so a float32 peak put a bfloat16
 model above 100% there; on a CPU without native bfloat16 the bfloat16 peak is
 the lower one. The CPU's memory bandwidth is a timed streaming op (read +
-write), for the step-time bound of `bert_jax.training.step_bound`.
+write) at sizes from a core's cache to main memory, for the step-time bound of
+`bert_jax.training.step_bound`.
 """
 
 from __future__ import annotations
@@ -45,12 +46,24 @@ def measured_matmul_flops(dtype: str = "float32", size: int = 2048, repeats: int
 
 
 @functools.cache
-def measured_copy_bandwidth(megabytes: int = 256, repeats: int = 10) -> float:
-    """Bytes/s of `x + 1` over a float32 array of `megabytes` (far beyond the
-    caches): the bytes read plus the bytes written, over the fastest of
-    `repeats`. Measured once per process and arguments."""
-    x = jnp.zeros((megabytes << 18,), jnp.float32)
-    return 2 * x.nbytes / _fastest(jax.jit(lambda a: a + 1), x, repeats)
+def measured_copy_bandwidth(megabytes: float = 256, repeats: int = 10) -> float:
+    """Bytes/s of `x + 1` over a float32 array of `megabytes`, repeated in one
+    program to move 512 MB a call: the bytes read plus the bytes written, over
+    the fastest of `repeats` calls. Measured once per process and arguments."""
+    x = jnp.zeros((int(megabytes * (1 << 18)),), jnp.float32)
+    passes = max(1, round(256 / megabytes))
+    add = jax.jit(lambda a: jax.lax.fori_loop(0, passes, lambda _, b: b + 1, a))
+    return 2 * x.nbytes * passes / _fastest(add, x, repeats)
+
+
+CACHE_AND_MEMORY_MB = (0.25, 4, 256)   # in a core's L2, in L3, far beyond the caches
+
+
+def memory_bandwidth_per_size() -> dict[float, float]:
+    """The copy bandwidth of this CPU at arrays of `CACHE_AND_MEMORY_MB`: a
+    step's traffic between XLA's fusions may stay in the caches, so a lower
+    bound on its time divides by the fastest of these."""
+    return {megabytes: measured_copy_bandwidth(megabytes) for megabytes in CACHE_AND_MEMORY_MB}
 
 
 def _fastest(fn, x: jax.Array, repeats: int) -> float:

@@ -121,7 +121,11 @@ class GpuSpec:
     network_bandwidth: float       # bytes/s per GPU, one way: its InfiniBand NIC
 
 
-# NVIDIA data sheets and CUDA occupancy tables (SXM parts). Memory bandwidth:
+# NVIDIA data sheets and CUDA occupancy tables (SXM parts). The A100 (the
+# NVIDIA A100 Tensor Core GPU datasheet and architecture whitepaper): 108 SMs,
+# compute capability 8.0, 80 GB, 40 MB L2, 1.41 GHz boost, 164 KB shared memory
+# per SM (163 KB a block), 64 FP32 cores per SM, 312 TFLOP/s dense bfloat16;
+# its GpuTargetConfig is `gpu_target_config(GPUS["a100"])`. Memory bandwidth:
 # H100 SXM "3.35TB/s" (HBM3), H200 "4.8TB/s", A100 80GB SXM "2,039GB/s", B200
 # "8TB/s". NVLink, the datasheets' totals over both directions: NVLink 4
 # (H100, H200) 900 GB/s, NVLink 3 (A100) 600 GB/s, NVLink 5 (B200) 1.8 TB/s; the
