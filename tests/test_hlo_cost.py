@@ -79,13 +79,15 @@ def test_nested_loops_multiply():
     assert cost.flops == 3 * 2.0 * L * N * D * D
 
 
+# Hand-written programs (a backslash continues an HLO line on the next source line).
 ON_CHIP = """\
 HloModule m, is_scheduled=true
 
 %fused (p0: f32[1024,256], p1: f32[256,128]) -> f32[1024,128] {
   %p0 = f32[1024,256]{1,0:T(8,128)} parameter(0)
   %p1 = f32[256,128]{1,0:T(8,128)S(1)} parameter(1)
-  ROOT %dot.1 = f32[1024,128]{1,0:T(8,128)} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %dot.1 = f32[1024,128]{1,0:T(8,128)} dot(%p0, %p1), lhs_contracting_dims={1}, \
+    rhs_contracting_dims={0}
 }
 
 ENTRY %main (a: f32[1024,256], b: f32[256,128]) -> f32[1024,128] {
@@ -110,7 +112,8 @@ TPU_CONVOLUTION = """\
 ENTRY %main (x: bf16[4,64,128,1], k: bf16[128,2,64,1]) -> f32[4,64,2,64] {
   %x = bf16[4,64,128,1]{2,1,3,0:T(8,128)(2,1)} parameter(0)
   %k = bf16[128,2,64,1]{0,2,1,3:T(8,128)(2,1)} parameter(1)
-  ROOT %convolution.86 = f32[4,64,2,64]{3,1,2,0:T(8,128)} convolution(%x, %k), window={size=1x2 pad=0_0x1_1 rhs_reversal=0x1}, dim_labels=0bf1_i1o0->0b1f
+  ROOT %convolution.86 = f32[4,64,2,64]{3,1,2,0:T(8,128)} convolution(%x, %k), \
+    window={size=1x2 pad=0_0x1_1 rhs_reversal=0x1}, dim_labels=0bf1_i1o0->0b1f
 }
 """
 
@@ -127,10 +130,13 @@ HloModule jit_sum, is_scheduled=true, num_partitions=4
 ENTRY %main (p: f32[1,2,128]) -> f32[1,2,128] {
   %p = f32[1,2,128]{2,1,0:T(2,128)} parameter(0)
   %after-all = token[] after-all()
-  %send = (f32[1,2,128]{2,1,0:T(2,128)}, u32[], token[]) send(%p, %after-all), channel_id=2, is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}
-  %recv = (f32[1,2,128]{2,1,0:T(2,128)}, u32[], token[]) recv(%after-all), channel_id=1, is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}
+  %send = (f32[1,2,128]{2,1,0:T(2,128)}, u32[], token[]) send(%p, %after-all), channel_id=2, \
+    is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}
+  %recv = (f32[1,2,128]{2,1,0:T(2,128)}, u32[], token[]) recv(%after-all), channel_id=1, \
+    is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}
   %send-done = token[] send-done(%send), channel_id=2, is_host_transfer=true
-  %recv-done = (f32[1,2,128]{2,1,0:T(2,128)}, token[]) recv-done(%recv), channel_id=1, is_host_transfer=true
+  %recv-done = (f32[1,2,128]{2,1,0:T(2,128)}, token[]) recv-done(%recv), channel_id=1, \
+    is_host_transfer=true
   ROOT %sum = f32[1,2,128]{2,1,0:T(2,128)} get-tuple-element(%recv-done), index=0
 }
 """

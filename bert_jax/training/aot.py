@@ -125,7 +125,10 @@ class CompileReport:
             if name == "train":
                 xla = ("not reported by this compiler" if step.xla_flops is None else
                        f"XLA {step.xla_flops:.3e} ({step.xla_flops / self.model_flops:.3f}x)")
-                lines.append(f"  FLOPs per step: model {self.model_flops:.3e}; {xla}")
+                program = ("" if step.program is None else
+                           f"; program's matmuls, loops unrolled "
+                           f"{step.program.flops * self.num_devices:.3e}")
+                lines.append(f"  FLOPs per step: model {self.model_flops:.3e}; {xla}{program}")
             lines.append("  collectives: " + (", ".join(
                 f"{kind} x{int(c['count'])} ({c['bytes'] / 2**20:.1f} MiB)"
                 for kind, c in step.collectives.items()) or "none"))
