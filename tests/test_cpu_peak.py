@@ -50,6 +50,7 @@ def test_a_bfloat16_models_mfu_on_the_cpu_stays_below_100_percent():
         start = time.perf_counter()
         step(x, w).block_until_ready()
         times.append(time.perf_counter() - start)
+    peak = max(peak, metrics.time_matmul_flops("bfloat16"))   # the load may have eased
     flops = layers * 2.0 * size ** 3
     mfu = flops / sorted(times)[1] / peak          # the median step, as logged
     assert 1 / 3 < mfu < 1.0, mfu

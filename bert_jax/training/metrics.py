@@ -34,15 +34,16 @@ from bert_jax.training.topologies import peak_flops
 from bert_jax.training.workdir import METRICS_FILE, read_metrics
 
 
-@functools.cache
-def measured_matmul_flops(dtype: str = "float32", size: int = 2048, repeats: int = 10
-                          ) -> float:
+def time_matmul_flops(dtype: str = "float32", size: int = 2048, repeats: int = 10) -> float:
     """FLOP/s of a `size x size` matmul of `dtype` operands with float32
     accumulation (the model's `precision.contract`): the fastest of `repeats`
-    (a peak, and steadier than the median on a shared CPU). Measured once per
-    process and arguments."""
+    (a peak, and steadier than the median on a shared CPU)."""
     x = jnp.ones((size, size), dtype)
     return 2 * size ** 3 / _fastest(jax.jit(lambda a: contract(a, a, 1)), x, repeats)
+
+
+# Measured once per process and arguments.
+measured_matmul_flops = functools.cache(time_matmul_flops)
 
 
 @functools.cache
