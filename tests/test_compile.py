@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+import types
 
 import jax
 import ml_collections
@@ -20,7 +21,7 @@ import pytest
 
 from bert_jax.modeling.fused_attention import AttentionKernelError
 from bert_jax.tasks import build_task
-from bert_jax.training import aot, step_bound, topologies
+from bert_jax.training import aot, topologies
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
@@ -264,32 +265,42 @@ def test_the_largest_batch_that_fits_is_found_by_compiling():
     assert (capped.per_device, capped.reached_limit) == (16, True)
 
 
-@pytest.mark.slow
-def test_the_configurations_that_fit_a_global_batch_are_ranked_by_their_bound():
-    """Two CPU devices with room for the data-parallel step at 8 of each
-    device's 16 rows: the search compiles micro-batches with the layers
-    scanned and not, data-parallel and FSDP, and ranks those that fit by their
-    step-time bound (CPU compiles fastest; the ranking is the same code on
-    every platform)."""
-    config = with_mesh(bert_config(), (2, 1, 1))
-    config.train.batch_size = 32
-    config.model.num_layers = 2
-    cpus = topologies.Target("cpu-2", "cpu", tuple(jax.devices()[:2]), "CPU", 0, 1e11,
-                             memory_bandwidth=1e10,
-                             interconnect=step_bound.Interconnect("memory", 1e10))
-    config.train.grad_accum_steps = 2
-    need = aot.compile_experiment(config, cpus, eval_step=False).train.total_bytes
-    fits = aot.fit_global_batch(config, dataclasses.replace(cpus, memory_bytes=need))
-    assert all(fit.report.fits and fit.report.bound for fit in fits)
-    bounds = [fit.bound_s for fit in fits]
-    assert bounds == sorted(bounds) and len(fits) >= 2
-    assert {fit.scan_layers for fit in fits} == {False, True}
-    assert {fit.mesh_shape for fit in fits} == {(2, 1, 1), aot.FSDP_MESH}
-    for fit in fits:
-        assert fit.micro_batch * fit.grad_accum_steps == 16
-        assert fit.report.bound.bound_s == max(fit.report.bound.compute_s,
-                                               fit.report.bound.memory_s,
-                                               fit.report.bound.communication_s)
+def test_the_configurations_that_fit_a_global_batch_are_ranked_by_their_bound(monkeypatch):
+    """The search over micro-batches, layer forms and meshes, with each
+    compile replaced by a made-up report: per device, rows x 3 GB (scanned 2,
+    FSDP 1 less) must fit 8 GB; the bound falls with the micro-batch and
+    rises 20 ms with FSDP's gathers. Every size compiled that fits is a
+    candidate, the fastest first; without alternatives only the configured
+    layers and mesh are searched."""
+    compiled = []
+
+    def compile_experiment(config, target, eval_step=True):
+        fsdp = tuple(config.mesh.shape) == aot.FSDP_MESH
+        scan = config.model.scan_layers
+        rows = 8 // config.train.grad_accum_steps          # 16 rows a step on 2 devices
+        compiled.append((rows, scan, fsdp))
+        memory = rows * (2 if scan else 3) - fsdp
+        bound = 0.1 / rows + 0.02 * fsdp + 0.001 * scan
+        return types.SimpleNamespace(fits=memory <= 8, bound=types.SimpleNamespace(
+            bound_s=bound))
+
+    monkeypatch.setattr(aot, "compile_experiment", compile_experiment)
+    config = with_mesh(bert_config(scan_layers=False), (2, 1, 1))
+    config.train.batch_size = 16
+    cpus = topologies.Target("cpu-2", "cpu", tuple(jax.devices()[:2]), "CPU", 0, 0.0)
+    fits = aot.fit_global_batch(config, cpus)
+    found = [(fit.micro_batch, fit.scan_layers, fit.mesh_shape == aot.FSDP_MESH)
+             for fit in fits]
+    # 4 rows: 12 GB unscanned (does not fit), 8 scanned, 11 unscanned FSDP, 7 scanned FSDP.
+    assert found[0] == (4, True, False) and found[1] == (4, True, True)
+    assert sorted(fits, key=lambda fit: fit.bound_s) == fits
+    assert set(found) == {(rows, scan, fsdp) for rows, scan, fsdp in compiled
+                          if rows * (2 if scan else 3) - fsdp <= 8}
+    assert all(fit.micro_batch * fit.grad_accum_steps == 8 for fit in fits)
+    compiled.clear()
+    alone = aot.fit_global_batch(config, cpus, alternatives=False)
+    assert {(scan, fsdp) for _, scan, fsdp in compiled} == {(False, False)}
+    assert alone[0].micro_batch == 2 and not alone[0].scan_layers
 
 
 @pytest.mark.slow
