@@ -1,5 +1,8 @@
 """FLOPs and memory traffic per device of a compiled XLA program, read from its
 text (`compiled.as_text()`), every while loop counted as many times as it runs.
+The text is parsed, and each computation's executions a step counted (the
+loops' trip counts), by `bert_jax.training.hlo`; this module only costs the
+instructions.
 
 Why not `compiled.cost_analysis()`: it counts a loop body once (libtpu on a
 2-layer BERT step for v5e:2x2: 9.03e8 FLOPs per device with the layers
@@ -21,19 +24,17 @@ out and scanned, the model FLOPs of `bert_jax.modeling.flops`):
           of the stacked ones) counts the slices; a result updated in place
           (`dynamic-update-slice`) the update. Tuples, bitcasts, parameters and
           constants move nothing; an asynchronous pair (`-start`/`-done`) counts
-          once. Arrays libtpu keeps on the chip (VMEM, layout memory space
-          `S(1)`) count none: what is left is HBM traffic (a model as small
-          as that step lives mostly in VMEM: 1.4e7 bytes against XLA's 1.1e8).
+          once; a computation run inside one instruction (a fusion's, a
+          reduction's `to_apply`, an async op's) is that instruction's. Arrays
+          libtpu keeps on the chip (VMEM, layout memory space `S(1)`) count
+          none: what is left is HBM traffic (a model as small as that step
+          lives mostly in VMEM: 1.4e7 bytes against XLA's 1.1e8).
 
 Across TPU slices libtpu writes no collective: each slice runs its own
 program and hands the data-centre network's share to the host as a `send`
 (`is_host_transfer=true`, `_xla_megascale_transfer_type="ALL_REDUCE"`, ...);
 `dcn_transfers` lists them (kind, bytes sent per device, executions).
-
-Loops: a `while` runs its body `known_trip_count` times (GPU, CPU), else
-(libtpu writes none) the `s32[] constant(N)` its condition compares the
-counter against, and its condition once more. Everything the body calls runs
-as often. A loop whose count cannot be read counts once and is listed in
+A loop whose trip count cannot be read counts once and is listed in
 `unknown_loops`.
 """
 
@@ -43,49 +44,21 @@ import dataclasses
 import math
 import re
 
-_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
-          "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-          "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
-_ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
-_ON_CHIP = re.compile(r"S\([1-9]\d*\)")    # a layout's memory space other than 0
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
-_CALLED = re.compile(r"\b(calls|body|condition|to_apply|true_computation|"
-                     r"false_computation)=%?([\w.\-]+)")
-_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
-_DIMS = re.compile(r"\b(lhs_contracting_dims|lhs_batch_dims)=\{([\d,]*)\}")
+from bert_jax.training import hlo
+from bert_jax.training.hlo import Computation, Instruction
+
+_CONTRACTING = re.compile(r"\blhs_contracting_dims=\{([\d,]*)\}")
 _WINDOW = re.compile(r"window=\{([^}]*)\}")
 _DIM_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 _GROUPS = re.compile(r"\b(feature_group_count|batch_group_count)=(\d+)")
-_S32_CONSTANT = re.compile(r"^s32\[\]")
-_OPCODE = re.compile(r"([a-z][\w\-]*)\(")
 _MEGASCALE = re.compile(r'_xla_megascale_transfer_type="(\w+)"')
-_PROGRAM_SIZE = re.compile(r"\b(num_partitions|replica_count)=(\d+)")
 
 # Instructions that read and write no device memory of their own.
 _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
                "call", "conditional", "after-all", "partition-id", "replica-id",
                "opt-barrier", "iota", "add-dependency", "send", "recv"}   # ...-done count
 _SLICES = {"dynamic-slice", "slice", "gather"}
-_TRANSPARENT = {"bitcast", "reshape", "copy", "transpose", "convert"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Instruction:
-    name: str
-    shape: str                  # the result's shape text
-    opcode: str
-    operands: tuple[str, ...]   # instruction names
-    attributes: str             # the rest of the line
-
-
-@dataclasses.dataclass
-class Computation:
-    name: str
-    instructions: list[Instruction]
-    root: str
-    entry: bool = False
+_CONTROL = {"while", "conditional", "call"}   # their callees are costed instruction by instruction
 
 
 @dataclasses.dataclass
@@ -100,184 +73,64 @@ class ProgramCost:
                                 # one slice's on a multi-slice TPU
 
 
-def shape_bytes(shape_text: str, on_chip: bool = False) -> float:
-    """Device-memory bytes of every `dtype[d0,d1,...]{layout}` in an HLO shape
-    (a tuple sums them); arrays placed on chip (TPU: `S(1)`, VMEM) count only
-    if `on_chip`."""
-    return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-               for dtype, dims, layout in _ARRAY.findall(shape_text)
-               if on_chip or not _ON_CHIP.search(layout))
+def _hbm(shape_text: str) -> int:
+    return hlo.array_bytes(shape_text, hbm_only=True)
 
 
-def _dims(shape_text: str) -> list[int]:
-    found = _ARRAY.search(shape_text)
-    return [int(d) for d in found.group(2).split(",") if d] if found else []
-
-
-def _balanced(text: str, start: int) -> int:
-    """The index just past the bracket group opening at `text[start]`."""
-    depth = 0
-    for index in range(start, len(text)):
-        if text[index] in "([{":
-            depth += 1
-        elif text[index] in ")]}":
-            depth -= 1
-            if depth == 0:
-                return index + 1
-    return len(text)
-
-
-def _instruction(line: str) -> Instruction | None:
-    match = _INSTRUCTION.match(line)
-    if not match:
-        return None
-    start = match.end()
-    end = _balanced(line, start) if line.startswith("(", start) else line.find(" ", start)
-    opcode = _OPCODE.match(line, end + 1)
-    if end < 0 or not opcode:
-        return None
-    close = line.find(")", opcode.end())   # operands are names: no parentheses inside
-    operands = tuple(part.split()[-1].lstrip("%")
-                     for part in line[opcode.end():close].split(",") if part.strip())
-    return Instruction(match.group(1), line[start:end], opcode.group(1), operands,
-                       line[close + 1:])
-
-
-def parse(hlo_text: str) -> dict[str, Computation]:
-    """The program's computations by name (the entry's `entry` set)."""
-    computations: dict[str, Computation] = {}
-    current: Computation | None = None
-    for line in hlo_text.splitlines():
-        header = _HEADER.match(line)
-        if header and current is None:
-            current = Computation(header.group(2), [], "", bool(header.group(1)))
-            continue
-        if current is None:
-            continue
-        if line.strip() == "}":
-            computations[current.name] = current
-            current = None
-            continue
-        instruction = _instruction(line)
-        if instruction:
-            current.instructions.append(instruction)
-            if line.lstrip().startswith("ROOT"):
-                current.root = instruction.name
-    return computations
+def _shape(name: str, defined: dict[str, Instruction]) -> str:
+    return defined[name].shape if name in defined else ""
 
 
 def program_cost(hlo_text: str) -> ProgramCost:
     """FLOPs and bytes per device of the program `hlo_text`, loops unrolled."""
-    computations = parse(hlo_text)
-    shapes = {i.name: i.shape for c in computations.values() for i in c.instructions}
+    computations = hlo.parse(hlo_text)
+    runs, loops = hlo.executions(computations)
     defined = {i.name: i for c in computations.values() for i in c.instructions}
-    runs = {name: 0.0 for name in computations}      # executions of each computation
-    fused: set[str] = set()                           # computations inside a fusion
-    loops: dict[str, int] = {}
-    unknown: list[str] = []
-    order = list(computations.values())[::-1]         # the text defines callees first
-    for computation in order:
-        if computation.entry:
-            runs[computation.name] = 1.0
-    for computation in order:
-        times = runs[computation.name]
+    inside: set[str] = set()   # computations run inside one instruction
+    for computation in reversed(computations.values()):   # the text defines callees first
         for instruction in computation.instructions:
-            called = dict(_CALLED.findall(instruction.attributes))
-            branches = _BRANCHES.search(instruction.attributes)
-            if instruction.opcode == "while":
-                trips = _trip_count(instruction, computations.get(called.get("condition")),
-                                    defined)
-                if trips is None:
-                    unknown.append(instruction.name)
-                    trips = 1
-                loops[instruction.name] = trips
-                runs[called["body"]] += times * trips
-                runs[called["condition"]] += times * (trips + 1)
-            elif ((instruction.opcode == "fusion" or instruction.opcode.endswith("-start"))
-                  and "calls" in called):   # costed at the call (an async pair: its -done)
-                runs[called["calls"]] += times
-                fused.add(called["calls"])
-            elif "calls" in called or "true_computation" in called:
-                for key in ("calls", "true_computation", "false_computation"):
-                    if key in called:
-                        runs[called[key]] += times
-            if branches:
-                for name in branches.group(1).split(","):
-                    runs[name.strip().lstrip("%")] += times
-            if computation.name in fused and "calls" in called:
-                fused.add(called["calls"])
+            if computation.name in inside or instruction.opcode not in _CONTROL:
+                inside.update(name for _, name in instruction.callees())
     flops = bytes_accessed = 0.0
     transfers: list[dict] = []
     for computation in computations.values():
-        times = runs[computation.name]
-        if not times:
-            continue
-        for instruction in computation.instructions:
+        times = runs.get(computation.name, 0)
+        for instruction in computation.instructions if times else ():
             if instruction.opcode in ("dot", "convolution"):
-                flops += times * _matmul_flops(instruction, shapes)
-            if computation.name not in fused:
-                bytes_accessed += times * _traffic(instruction, shapes, defined,
-                                                   computations)
-            megascale = _MEGASCALE.search(instruction.attributes)
+                flops += times * _matmul_flops(instruction, defined)
+            if computation.name not in inside:
+                bytes_accessed += times * _traffic(instruction, defined, computations)
+            megascale = _MEGASCALE.search(instruction.text)
             if instruction.opcode == "send" and megascale:
                 transfers.append({
                     "kind": megascale.group(1).lower().replace("_", "-"),
-                    "bytes": shape_bytes(shapes.get(instruction.operands[0], ""),
-                                         on_chip=True),
+                    "bytes": hlo.array_bytes(_shape(instruction.operands[0], defined)),
                     "executions": times})
-    sizes = dict(_PROGRAM_SIZE.findall(hlo_text[:hlo_text.find("\n")]))
-    devices = int(sizes.get("num_partitions", 1)) * int(sizes.get("replica_count", 1))
-    return ProgramCost(flops, bytes_accessed, loops, unknown, transfers, devices)
+    return ProgramCost(flops, bytes_accessed,
+                       {name: 1 if trips is None else trips for name, trips in loops.items()},
+                       [name for name, trips in loops.items() if trips is None],
+                       transfers, hlo.device_count(hlo_text) or 1)
 
 
-def _trip_count(loop: Instruction, condition: Computation | None,
-                defined: dict[str, Instruction]) -> int | None:
-    known = _TRIP_COUNT.search(loop.attributes)
-    if known:
-        return int(known.group(1))
-    if condition is None:
-        return None
-    counts = []
-    for instruction in condition.instructions:   # counter < N, the compare maybe fused
-        if ((instruction.opcode == "compare" and "direction=LT" in instruction.attributes)
-                or instruction.opcode == "fusion"):
-            for operand in instruction.operands:
-                constant = defined.get(operand)
-                if (constant is not None and constant.opcode == "constant"
-                        and _S32_CONSTANT.match(constant.shape)):
-                    counts.append(_constant_value(constant))
-    counts = [c for c in counts if c is not None]
-    return counts[0] if len(counts) == 1 else None
-
-
-def _constant_value(instruction: Instruction) -> int | None:
-    # `constant(N)`: the operand list holds the literal.
-    try:
-        return int(instruction.operands[0])
-    except (IndexError, ValueError):
-        return None
-
-
-def _matmul_flops(instruction: Instruction, shapes: dict[str, str]) -> float:
-    result = math.prod(_dims(instruction.shape))
-    lhs = _dims(shapes.get(instruction.operands[0], ""))
+def _matmul_flops(instruction: Instruction, defined: dict[str, Instruction]) -> float:
+    result = math.prod(hlo.dimensions(instruction.shape))
+    lhs = hlo.dimensions(_shape(instruction.operands[0], defined))
     if instruction.opcode == "dot":
-        contracting = dict(_DIMS.findall(instruction.attributes)).get(
-            "lhs_contracting_dims", "")
-        return 2.0 * result * math.prod(lhs[int(d)] for d in contracting.split(",") if d)
-    return _convolution_flops(instruction, lhs, _dims(shapes.get(instruction.operands[1], "")))
-
-
+        contracting = _CONTRACTING.search(instruction.text)
+        dims = contracting.group(1).split(",") if contracting else []
+        return 2.0 * result * math.prod(lhs[int(d)] for d in dims if d)
+    return _convolution_flops(instruction, lhs,
+                              hlo.dimensions(_shape(instruction.operands[1], defined)))
 def _convolution_flops(instruction: Instruction, lhs: list[int], rhs: list[int]) -> float:
     """2 x multiply-adds of a convolution, counting each output position's
     window taps that fall on the (base-dilated) input, not on padding."""
-    labels = _DIM_LABELS.search(instruction.attributes)
+    labels = _DIM_LABELS.search(instruction.text)
     if not labels or not lhs or not rhs:
         return 0.0
     lhs_labels, rhs_labels, _ = labels.groups()
-    groups = {k: int(v) for k, v in _GROUPS.findall(instruction.attributes)}
-    window = _window(instruction.attributes)
-    out = _dims(instruction.shape)
+    groups = {k: int(v) for k, v in _GROUPS.findall(instruction.text)}
+    window = _window(instruction.text)
+    out = hlo.dimensions(instruction.shape)
     out_labels = labels.group(3)
     spatial = [str(i) for i in range(len(window))]
     taps = 1
@@ -304,9 +157,9 @@ def _convolution_flops(instruction: Instruction, lhs: list[int], rhs: list[int])
     return 2.0 * multiply_adds
 
 
-def _window(attributes: str) -> list[dict[str, int]]:
+def _window(text: str) -> list[dict[str, int]]:
     """Per spatial dimension: size, stride, pad_low, lhs_dilate, rhs_dilate."""
-    match = _WINDOW.search(attributes)
+    match = _WINDOW.search(text)
     if not match:
         return []
     fields = dict(item.split("=") for item in match.group(1).split())
@@ -323,65 +176,57 @@ def _window(attributes: str) -> list[dict[str, int]]:
     return dims
 
 
-def _traffic(instruction: Instruction, shapes: dict[str, str],
-             defined: dict[str, Instruction], computations: dict[str, Computation]) -> float:
+def _traffic(instruction: Instruction, defined: dict[str, Instruction],
+             computations: dict[str, Computation]) -> float:
     """Bytes one execution of a top-level `instruction` reads and writes."""
     opcode = instruction.opcode
     if opcode in _NO_TRAFFIC or opcode.endswith("-start"):
         return 0.0
+    operands = instruction.operands
     if opcode.endswith("-done"):      # the pair's traffic: the start's operands, the result
-        start = defined.get(instruction.operands[0])
-        operands = start.operands if start else ()
-        return shape_bytes(instruction.shape) + sum(shape_bytes(shapes.get(o, ""))
-                                                    for o in operands)
-    if opcode in _SLICES:
-        return 2 * shape_bytes(instruction.shape)
-    if opcode == "dynamic-update-slice":
-        return 2 * shape_bytes(shapes.get(instruction.operands[1], ""))
-    if opcode == "fusion":
-        called = dict(_CALLED.findall(instruction.attributes)).get("calls")
-        fusion = computations.get(called)
+        operands = defined[operands[0]].operands if operands[0] in defined else []
+    elif opcode in _SLICES:
+        return 2 * _hbm(instruction.shape)
+    elif opcode == "dynamic-update-slice":
+        return 2 * _hbm(_shape(operands[1], defined))
+    elif opcode == "fusion":
+        fusion = computations.get(dict(instruction.callees()).get("calls", ""))
         if fusion is not None:
-            return _fusion_traffic(instruction, fusion, shapes)
-    return shape_bytes(instruction.shape) + sum(shape_bytes(shapes.get(o, ""))
-                                                for o in instruction.operands)
+            return _fusion_traffic(instruction, fusion, defined)
+    return _hbm(instruction.shape) + sum(_hbm(_shape(o, defined)) for o in operands)
 
 
 def _fusion_traffic(instruction: Instruction, fusion: Computation,
-                    shapes: dict[str, str]) -> float:
+                    defined: dict[str, Instruction]) -> float:
     users: dict[str, list[Instruction]] = {}
     for inner in fusion.instructions:
         for operand in inner.operands:
             users.setdefault(operand, []).append(inner)
-    by_name = {inner.name: inner for inner in fusion.instructions}
     parameters = sorted((i for i in fusion.instructions if i.opcode == "parameter"),
                         key=lambda parameter: int(parameter.operands[0]))
     in_place: set[str] = set()      # parameters only updated in place
-    written = shape_bytes(instruction.shape)
-    updates = _in_place_updates(by_name.get(fusion.root), by_name)
+    written = _hbm(instruction.shape)
+    updates = _in_place_updates(fusion.root, fusion.by_name)
     if updates is not None:
-        written = sum(shape_bytes(update.shape) for update in updates)
-        in_place = {_source(update_target, by_name) for update_target in updates.values()}
+        written = sum(_hbm(update.shape) for update, _ in updates)
+        in_place = {_source(target, fusion.by_name) for _, target in updates}
     total = written
-    for index, operand in enumerate(instruction.operands):
-        if index >= len(parameters):
-            break
-        parameter = parameters[index].name
-        if parameter in in_place:
+    for operand, parameter in zip(instruction.operands, parameters):
+        if parameter.name in in_place:
             continue
-        sliced = _sliced_reads(parameter, users)
-        total += sliced if sliced is not None else shape_bytes(shapes.get(operand, ""))
+        sliced = _sliced_reads(parameter.name, users)
+        total += sliced if sliced is not None else _hbm(_shape(operand, defined))
     return total
 
 
 def _in_place_updates(root: Instruction | None, by_name: dict[str, Instruction]
-                      ) -> dict[Instruction, str] | None:
-    """{update: the buffer it is written into} if every output of the fusion is
-    a `dynamic-update-slice` (through bitcasts), else None."""
+                      ) -> list[tuple[Instruction, str]] | None:
+    """[(update, the buffer it is written into)] if every output of the fusion
+    is a `dynamic-update-slice` (through bitcasts), else None."""
     if root is None:
         return None
     outputs = [by_name.get(o) for o in root.operands] if root.opcode == "tuple" else [root]
-    updates = {}
+    updates = []
     for output in outputs:
         while output is not None and output.opcode in ("bitcast", "copy"):
             output = by_name.get(output.operands[0])
@@ -390,7 +235,7 @@ def _in_place_updates(root: Instruction | None, by_name: dict[str, Instruction]
         update = by_name.get(output.operands[1])
         if update is None:
             return None
-        updates[update] = output.operands[0]
+        updates.append((update, output.operands[0]))
     return updates
 
 
@@ -411,7 +256,7 @@ def _sliced_reads(parameter: str, users: dict[str, list[Instruction]]) -> float 
         name = frontier.pop()
         for user in users.get(name, []):
             if user.opcode in _SLICES and user.operands[0] == name:
-                total += shape_bytes(user.shape)
+                total += _hbm(user.shape)
             elif user.opcode in ("bitcast", "reshape"):
                 frontier.append(user.name)
             else:
