@@ -217,7 +217,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
     progress = Progress(total_steps=train.num_steps, first_step=first_step,
                         flops_per_step=task.flops_per_step(),
                         tokens_per_step=task.tokens_per_step(),
-                        peak_flops=peak_flops_per_device(config.get("peak_flops", 0.0)))
+                        peak_flops=peak_flops_per_device(config.get("peak_flops", 0.0),
+                                                         config.model.get("dtype", "float32")))
     preemption = PreemptionWatcher(first_step)
     profile = profile_range(train.get("profile_steps"), "config.train.profile_steps")
     if profile and profile[0] <= first_step:
