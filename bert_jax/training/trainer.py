@@ -28,6 +28,7 @@ from jax.experimental import multihost_utils
 
 from bert_jax.auto_dtype import AUTO, resolve_model_dtype
 from bert_jax.convert.pretrained import checkpoint_path
+from bert_jax.data.concurrency import DevicePrefetch
 from bert_jax.errors import UserError
 from bert_jax.file_io import read_json, write_json
 from bert_jax.tasks import build_task
@@ -39,7 +40,6 @@ from bert_jax.training.evaluation import make_evaluator
 from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
 from bert_jax.training.preemption import PreemptionWatcher
-from bert_jax.training.prefetch import DevicePrefetch
 from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.workdir import (
     CHECKPOINT_DIR, CONFIG_FILE, DEFAULT_LOCK_TIMEOUT, WorkdirError, WorkdirLock,
