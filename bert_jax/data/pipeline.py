@@ -21,7 +21,8 @@ positions (`_Packer`); both properties hold.
 The state (`step`, per row `consumed` and `filtered`, and the seed, layout
 and dataset size, which `set_state` checks) is JSON and exact: `set_state`
 then `next` gives the batch the saved iterator would have. Batches are made
-`prefetch` steps ahead; the state is the last returned's.
+ahead in a thread, or by worker processes each making a block of the rows
+(`concurrency.py`); the state is still that of the last batch returned.
 
 Evaluation (`eval_batches`, one pass in dataset order): global batch `k` is
 examples `[k * G, (k + 1) * G)`, the rows split as in training; positions past
@@ -296,9 +297,11 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
     per feature. `batch_transform(batch, step, first_row)` runs on every local
     batch, `first_row` the global index of its row 0, so randomness derived
     from (seed, step, global row) is the same on resume and for any process
-    count (e.g. dynamic masking). `prefetch`: batches made ahead in a thread.
-    `workers`: that many spawned processes (`preprocess` and the transform
-    must pickle), each making a block of the local rows; the same batches and
+    count (e.g. dynamic masking). `prefetch`: batches made ahead in a thread
+    (`concurrency.ThreadPrefetch`), or queued per worker.
+    `workers`: that many spawned processes (`concurrency.BlockWorkers`;
+    `preprocess` and the transform must pickle), each making a block of the
+    local rows from its own `_row_block` iterator; the same batches and
     state as without. Save the returned iterator's state with grain's
     `CheckpointSave`.
     """
