@@ -245,9 +245,7 @@ class DevicePrefetch(grain.DatasetIterator):
 
     def close(self) -> None:
         self._queue.clear()
-        close = getattr(self._parent, "close", None)
-        if close is not None:
-            close()
+        super().close()  # closes the parent
 
     def __str__(self) -> str:
         return f"DevicePrefetch(size={self._size})"
