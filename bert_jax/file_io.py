@@ -44,8 +44,10 @@ def read_json(path: str, **load_kwargs: Any) -> Any:
     with open(path, encoding="utf-8") as f:
         try:
             return json.load(f, **load_kwargs)
-        except ValueError as e:  # JSON, and UTF-8 decoding
-            raise damaged_file(path, str(e)) from e
+        except json.JSONDecodeError as e:
+            raise damaged_file(path, f"{e.msg}: line {e.lineno} column {e.colno}") from e
+        except UnicodeDecodeError as e:
+            raise damaged_file(path, f"not {e.encoding} at byte {e.start}") from e
 
 
 def write_json(path: str, value: Any, **dumps_kwargs: Any) -> None:

@@ -198,6 +198,8 @@ def _compile(jitted, args, num_devices: int) -> StepReport:
     try:
         compiled = jitted.lower(*args).compile()
     except Exception as e:  # noqa: BLE001  (the TPU compiler refuses what exceeds HBM)
+        # The one message test in bert_jax: XLA raises a plain XlaRuntimeError whose text
+        # starts with its status code, the only signal there is of an out-of-memory refusal.
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
         raise DoesNotFit("the compiler ran out of device memory: " + " ".join(

@@ -19,12 +19,8 @@ last complete step.
 
 from __future__ import annotations
 
-import logging as python_logging
 import os
 import shutil
-import sys
-import traceback
-import warnings
 from typing import Any
 
 import grain
@@ -35,6 +31,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint import checkpoint_managers
 
+from bert_jax import noise
 from bert_jax.errors import DamagedFileError, UserError, chain
 from bert_jax.file_io import read_json
 from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
@@ -82,7 +79,7 @@ class Checkpointer:
                                              item_names=("state", "data", DIGEST_ITEM))
         self.unchecked = None  # the step of the last save not yet known to be complete
         self.failed = False
-        _drop_unraisable_io_errors()
+        noise.drop_unraisable_io_errors()
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -121,7 +118,7 @@ class Checkpointer:
 
     def _unsaved(self, error: Exception | None) -> SaveError:
         step, self.unchecked, self.failed = self.unchecked, None, True
-        _drop_reports_of_abandoned_io()
+        noise.drop_reports_of_abandoned_io()
         reason = next((f" ({e.strerror})" for e in chain(error)
                        if isinstance(e, OSError) and e.strerror), "")
         usage = shutil.disk_usage(self.directory)
@@ -145,7 +142,7 @@ class Checkpointer:
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # Orbax/TensorStore raise many types
-            _drop_reports_of_abandoned_io()
+            noise.drop_reports_of_abandoned_io()
             raise self._unrestorable(step, UNREADABLE) from e
         damage = checkpoint_damage(os.path.join(self.directory, str(step)), restored["state"])
         if damage:
@@ -178,12 +175,6 @@ class Checkpointer:
                     raise
 
 
-def _leaf_name(path) -> str:
-    """'params/encoder/...' for a key path of a TrainState or of a dict of its fields."""
-    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-                    for k in path)
-
-
 @jax.jit
 def _checksums(leaves: list) -> list:
     """(checksum, all finite) of each array, on device and independent of the
@@ -207,7 +198,7 @@ def digests(tree: Any) -> tuple[dict[str, int], list[str]]:
     """({array name: checksum}, names of arrays holding NaN or Inf) of `tree`."""
     named = jax.tree_util.tree_flatten_with_path(tree)[0]
     results = jax.device_get(_checksums([leaf for _, leaf in named]))
-    names = [_leaf_name(path) for path, _ in named]
+    names = [jax.tree_util.keystr(path, simple=True, separator="/") for path, _ in named]
     return ({name: int(total) for name, (total, _) in zip(names, results)},
             [name for name, (_, finite) in zip(names, results) if not finite])
 
@@ -258,43 +249,6 @@ def checkpoint_damage(step_dir: str, tree: Any) -> str | None:
 UNREADABLE = "its files cannot be read (--debug shows Orbax's error)"
 
 
-def _through_orbax(error: BaseException | None) -> bool:
-    return any(part in frame.f_code.co_filename for cause in chain(error)
-               for frame, _ in traceback.walk_tb(cause.__traceback__)
-               for part in ("/orbax/", "/asyncio/"))
-
-
-def _drop_unraisable_io_errors() -> None:
-    """Orbax reports a failed save or restore to the caller (`check`, `restore`), but the
-    reads and writes it abandons on an event loop it closes raise again, unraisable:
-    hundreds of ~70-line reports from its threads while training goes on (a failed
-    async save), or at exit. Once a Checkpointer exists, this process drops unraisable
-    errors raised through Orbax's or asyncio's code."""
-    if getattr(sys.unraisablehook, "drops_orbax_io", False):
-        return
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-        if not _through_orbax(unraisable.exc_value):
-            previous(unraisable)
-    hook.drops_orbax_io = True
-    sys.unraisablehook = hook
-
-
-def _drop_reports_of_abandoned_io() -> None:
-    """After a failure, also asyncio's logged exceptions ('never retrieved') and the
-    RuntimeWarnings of the abandoned coroutines, collected unawaited."""
-    _drop_unraisable_io_errors()
-    asyncio_logger = python_logging.getLogger("asyncio")
-    if _no_exceptions not in asyncio_logger.filters:
-        asyncio_logger.addFilter(_no_exceptions)
-    warnings.simplefilter("ignore", RuntimeWarning)
-
-
-def _no_exceptions(record: python_logging.LogRecord) -> bool:
-    return not record.exc_info
-
-
 def set_aside_steps_after(workdir: str, step: int) -> list[str]:
     """Moves (never deletes) the checkpoints after `step` to WORKDIR/checkpoints_set_aside/,
     so that a run resumed from `step` saves its own; returns where they went. Process 0
@@ -330,7 +284,17 @@ def vanished_step(directory: str, step: int, flag: str | None) -> CheckpointErro
         rerun_with={flag: now[-1]} if flag and now else None)
 
 
-def _damaged(path: str, damage: str) -> DamagedCheckpointError:
+def _damaged(path: str, damage: str, step_flag: str | None = None) -> DamagedCheckpointError:
+    """The error for the damaged checkpoint `path`; with `step_flag`, when `path` is a step
+    folder (DIR/N) after another step of DIR, naming the last earlier one and the flag."""
+    directory, name = os.path.split(os.path.abspath(path))
+    steps = checkpoint_steps(directory) if step_flag and name.isdigit() else []
+    earlier = max((s for s in steps if s < int(name)), default=None)
+    if earlier is not None:
+        return DamagedCheckpointError(
+            f"cannot restore {path}: {damage}\nNothing was deleted (available: {steps}): use "
+            f"step {earlier}, the last earlier checkpoint, with --{step_flag}={earlier}.",
+            rerun_with={step_flag: earlier})
     return DamagedCheckpointError(
         f"cannot restore {path}: {damage}\nNothing was deleted: use another of its "
         "checkpoints (--step=N in evaluate.py and translate.py; as init_from, the "
@@ -413,28 +377,29 @@ def _restore_huggingface(path: str, abstract_params: Any, strict: bool):
     return traverse_util.unflatten_dict(restored), restored_paths, missing
 
 
-def restore_params(path: str, abstract_params: Any, strict: bool = False
-                   ) -> tuple[Any, list[str], list[str]]:
+def restore_params(path: str, abstract_params: Any, strict: bool = False,
+                   step_flag: str | None = None) -> tuple[Any, list[str], list[str]]:
     """(restored subtree, restored paths, missing paths) of the parameters of
     `abstract_params` (ShapeDtypeStructs with the new model's shardings) that `path`
     holds: a bert_jax pretrained folder, a workdir, its checkpoints dir, one step,
     or a Hugging Face BERT folder. Missing ones (a head the new task adds) are left
     to the caller (`init_from`); mis-shaped ones are an error, and with `strict`
-    (inference) missing and unexpected ones too."""
+    (inference) missing and unexpected ones too. A damaged step folder's error names
+    `--step_flag`=the last earlier step (`rerun_with`), when there is one."""
     from flax import traverse_util
 
     if _is_huggingface_folder(path):
         return _restore_huggingface(path, abstract_params, strict)
     directory, prefix = _params_location(path)
     checkpointer = ocp.PyTreeCheckpointer()
-    _drop_unraisable_io_errors()
+    noise.drop_unraisable_io_errors()
     try:
         metadata = checkpointer.metadata(directory)
         saved_tree = metadata.item_metadata.tree if hasattr(
             metadata, "item_metadata") else metadata.tree
     except Exception as e:  # Orbax: None for a damaged _METADATA, or any error
         raise _damaged(path, f"the metadata of {directory} cannot be read (--debug shows "
-                       "Orbax's error)") from e
+                       "Orbax's error)", step_flag) from e
     saved = traverse_util.flatten_dict(saved_tree)
     target, restored_paths, missing = _match(
         {k: v.shape for k, v in saved.items() if hasattr(v, "shape")},
@@ -448,12 +413,12 @@ def restore_params(path: str, abstract_params: Any, strict: bool = False
         restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
             item=item, restore_args=restore_args, partial_restore=True))
     except Exception as e:  # the metadata and shapes matched: the data files are damaged
-        _drop_reports_of_abandoned_io()
-        raise _damaged(path, UNREADABLE) from e
+        noise.drop_reports_of_abandoned_io()
+        raise _damaged(path, UNREADABLE, step_flag) from e
     damage = (checkpoint_damage(os.path.dirname(directory), restored) if prefix  # a step
               else check_integrity(restored, None))  # a pretrained folder has no checksums
     if damage:
-        raise _damaged(path, damage)
+        raise _damaged(path, damage, step_flag)
     for key in prefix:
         restored = restored[key]
     logging.info("restored %d parameters from %s; %d initialised: %s",

@@ -24,8 +24,7 @@ from bert_jax.file_io import read_json
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import Task, build_task
 from bert_jax.tasks.base import check_saved_config, task_class
-from bert_jax.training.checkpoints import (
-    CheckpointError, DamagedCheckpointError, restore_params, vanished_step)
+from bert_jax.training.checkpoints import CheckpointError, restore_params, vanished_step
 from bert_jax.training.sharding import global_batch, mesh_from_config, replicated
 from bert_jax.training.train_step import abstract_train_state
 from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps
@@ -213,19 +212,12 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
     task, mesh, abstract = abstract_params(config, workdir)
     try:
         params, _, _ = restore_params(os.path.join(directory, str(step)), abstract,
-                                      strict=True)
+                                      strict=True, step_flag="step")
     except CheckpointError as e:
         vanished = vanished_step(directory, step, "step")
         if vanished:
             raise vanished from e
-        earlier = max((s for s in steps if s < step), default=None)
-        if earlier is None or not isinstance(e, DamagedCheckpointError):
-            raise
-        damage = str(e).split("\n", 1)[0]
-        raise DamagedCheckpointError(
-            f"{damage}\nNothing was deleted (available: {steps}): use step {earlier}, the "
-            f"last earlier checkpoint, with --step={earlier}.",
-            rerun_with={"step": earlier}) from e
+        raise
     return task, mesh, params, step
 
 

@@ -314,9 +314,10 @@ def _topology_devices(options: dict, platform: str, name: str) -> tuple:
     from jax.experimental import topologies
     try:
         return tuple(topologies.get_topology_desc(**options).devices)
-    except Exception as e:  # noqa: BLE001  (the plugin's own error names the cause)
+    except Exception as e:  # noqa: BLE001  (the plugin's error, --debug shows it)
         install = ('"jax[tpu]" (pip install -e ".[tpu]")' if platform == "tpu" else
                    '"jax[cuda12]" (pip install -e ".[cuda12]") and run with '
                    "JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1")
-        raise TopologyError(f"cannot describe {name} to the {platform.upper()} compiler: "
-                            f"{str(e).splitlines()[0]}\nIt needs {install}.") from e
+        raise TopologyError(f"cannot describe {name} to the {platform.upper()} compiler "
+                            f"({type(e).__name__}; --debug shows its error).\nIt needs "
+                            f"{install}.") from e
