@@ -16,15 +16,27 @@ from bert_jax.errors import DamagedFileError
 
 def write_atomically(path: str, data: str | bytes) -> None:
     """Through a temporary file and a rename: a reader sees the old file or the whole
-    new one, never a part."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    if isinstance(data, bytes):
-        with open(tmp, "wb") as f:
+    new one, never a part; a failed write leaves the old file and no temporary one.
+    A `path` that exists but is no regular file (/dev/stdout, a pipe) is written to
+    in place: a rename would replace the device or pipe itself."""
+    in_place = os.path.exists(path) and not os.path.isfile(path)
+    tmp = path if in_place else f"{path}.{os.getpid()}.tmp"
+    try:
+        with (open(tmp, "wb") if isinstance(data, bytes) else
+              open(tmp, "w", encoding="utf-8")) as f:
             f.write(data)
-    else:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(data)
-    os.replace(tmp, path)
+        if not in_place:
+            os.replace(tmp, path)
+    except BaseException:
+        if not in_place and os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def damaged_file(path: str, reason: str) -> DamagedFileError:
+    """The error for a file written earlier that cannot be read, `reason` saying why."""
+    return DamagedFileError(f"{path} is damaged ({reason}): restore it from a copy, or use "
+                            "a new workdir.")
 
 
 def read_json(path: str, **load_kwargs: Any) -> Any:
@@ -32,9 +44,10 @@ def read_json(path: str, **load_kwargs: Any) -> Any:
     with open(path, encoding="utf-8") as f:
         try:
             return json.load(f, **load_kwargs)
-        except ValueError as e:  # JSON, and UTF-8 decoding
-            raise DamagedFileError(f"{path} is damaged ({e}): restore it from a copy, "
-                                   "or use a new workdir.") from e
+        except json.JSONDecodeError as e:
+            raise damaged_file(path, f"{e.msg}: line {e.lineno} column {e.colno}") from e
+        except UnicodeDecodeError as e:
+            raise damaged_file(path, f"not {e.encoding} at byte {e.start}") from e
 
 
 def write_json(path: str, value: Any, **dumps_kwargs: Any) -> None:

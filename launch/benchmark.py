@@ -6,7 +6,14 @@ r"""Steady-state train-step throughput of bert_jax, optionally against its peers
 For every `MODEL:LENGTH` and dtype: the project's sharded AdamW train step on
 all local devices, compiled (timed), `--warmup` steps, then the median of
 `--steps` steps timed one by one: step time, sequences/s, tokens/s, MFU
-(`bert_jax.training.metrics`; on CPU relative to a float32 matmul) and memory.
+(`bert_jax.training.metrics`: on CPU relative to a measured matmul in the
+row's dtype, as the model computes it) and memory.
+
+On CPU the step-time bound of the compiled step is checked against the time
+measured (`bert_jax.training.step_bound`): compute at the measured matmul peak
+of the row's dtype, memory traffic at the fastest measured copy bandwidth
+(from cache-sized to memory-sized arrays; all printed), the bound (their
+maximum) and measured / bound, which is at least 1 when the bound is one.
 
 BERT steps are pretraining steps on a synthetic batch: 15% of the positions
 masked (20 per 128 tokens, as google-research/bert), MLM + NSP, the MLM head at
@@ -38,8 +45,10 @@ from bert_jax.modeling import BertForPreTraining, Transformer, bert_preset, tran
 from bert_jax.modeling.flops import bert_train_flops, transformer_train_flops
 from bert_jax.modeling.losses import bert_pretraining_sums, cross_entropy_sums
 from bert_jax.training import distributed
-from bert_jax.training.aot import compiled_memory
-from bert_jax.training.metrics import peak_flops_per_device
+from bert_jax.training.aot import bound_of, compiled_memory, step_report
+from bert_jax.training.metrics import (
+    memory_bandwidth_per_size, peak_flops_per_device, time_matmul_flops)
+from bert_jax.training.step_bound import Interconnect, Machine, Place
 from bert_jax.training.optimizer import make_optimizer
 from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.sharding import global_batch, make_mesh
@@ -176,8 +185,18 @@ def _median_step(step: Callable[[], Any], steps: int, warmup: int,
     return statistics.median(times)
 
 
+def cpu_machine(peak_flops: float, copy_bandwidth: float, num_devices: int) -> Machine:
+    """This CPU as `step_bound` sees it: measured peak and copy bandwidth; its
+    devices (XLA's host devices) share memory, so collectives are copies."""
+    return Machine("cpu", peak_flops, copy_bandwidth, Interconnect("memory", copy_bandwidth),
+                   (Place(0),) * num_devices)
+
+
 def time_bert_jax(work: Workload, steps: int, warmup: int,
-                  profiler: StepProfiler | None = None) -> dict[str, float]:
+                  profiler: StepProfiler | None = None,
+                  hardware: Callable[[], Machine] | None = None) -> dict[str, Any]:
+    """The step's times and memory; with `hardware` (asked after the timed
+    steps) its time bound and measured / bound."""
     mesh = make_mesh((-1, 1, 1))
     state, shardings = create_train_state(work.init_fn, work.apply_fn,
                                           make_optimizer("adamw", 1e-4), mesh,
@@ -198,6 +217,12 @@ def time_bert_jax(work: Workload, steps: int, warmup: int,
         seconds = _median_step(step, steps, warmup, profiler)
     result = {"step_seconds": seconds, "compile_seconds": compile_seconds,
               "planned_gib": compiled_memory(compiled)["total"] / 2**30}
+    if hardware is not None:
+        machine = hardware()
+        devices = len(machine.places)
+        bound = bound_of(step_report(compiled, compile_seconds, devices), machine,
+                         work.flops / devices)
+        result.update(bound.to_dict(), measured_over_bound=seconds / bound.bound_s)
     stats = jax.local_devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         result["device_peak_gib"] = stats["peak_bytes_in_use"] / 2**30
@@ -282,10 +307,22 @@ def main(argv):
     del argv
     distributed.select_platforms()  # no start-up error of an absent GPU/TPU plugin
     devices = jax.local_devices()
-    peak = peak_flops_per_device(_PEAK.value)
-    print(f"devices: {len(devices)} x {devices[0].device_kind}; peak {peak / 1e12:.2f} "
-          f"TFLOP/s per device ({'given' if _PEAK.value else 'table or measured matmul'}); "
-          f"batch {_BATCH.value}; {_STEPS.value} timed steps after {_WARMUP.value} warm-up")
+    cpu = devices[0].platform == "cpu"
+    peaks = {dtype: peak_flops_per_device(_PEAK.value, dtype) for dtype in _DTYPES.value}
+    source = ("given" if _PEAK.value else "a measured matmul of the dtype, float32 "
+              "accumulation, measured again after each row's steps" if cpu else
+              "the chip table")
+    print(f"devices: {len(devices)} x {devices[0].device_kind}; peak per device ({source}; "
+          "before): "
+          + ", ".join(f"{dtype} {peak / 1e12:.3f} TFLOP/s" for dtype, peak in peaks.items())
+          + f"; batch {_BATCH.value}; {_STEPS.value} timed steps after {_WARMUP.value} warm-up")
+    bandwidths = memory_bandwidth_per_size() if cpu else {}
+    bandwidth = max(bandwidths.values()) if cpu else None
+    if cpu:
+        print("memory bandwidth (a measured copy, bytes read + written): " + ", ".join(
+            f"{megabytes:g} MB {value / 1e9:.1f} GB/s" for megabytes, value in
+            bandwidths.items()) + "; the step-time bound of CPU rows divides the step's "
+            "traffic by the fastest (it may stay in the caches)")
     profile_steps = profile_range(_PROFILE_STEPS.value, "--profile_steps")
     if profile_steps and profile_steps[1] > _STEPS.value:
         raise app.UsageError(f"--profile_steps={profile_steps[0]},{profile_steps[1]}: "
@@ -297,12 +334,22 @@ def main(argv):
             work = workload(spec, _BATCH.value, dtype)
             trace_dir = os.path.join(_PROFILE_DIR.value, f"{spec.replace(':', '_')}_{dtype}")
             profiler = StepProfiler(profile_steps, trace_dir) if profile_steps else None
-            timing = time_bert_jax(work, _STEPS.value, _WARMUP.value, profiler)
+
+            def hardware(dtype=dtype) -> Machine:
+                # On a shared CPU the load changes: the peak is the fastest
+                # matmul seen before or after the row's steps.
+                if not _PEAK.value:
+                    peaks[dtype] = max(peaks[dtype], time_matmul_flops(dtype))
+                return cpu_machine(peaks[dtype], bandwidth, len(devices))
+
+            timing = time_bert_jax(work, _STEPS.value, _WARMUP.value, profiler,
+                                   hardware if cpu else None)
+            peak = peaks[dtype]
             timing.update(
                 sequences_per_second=_BATCH.value / timing["step_seconds"],
                 tokens_per_second=work.tokens / timing["step_seconds"],
                 mfu=work.flops / timing["step_seconds"] / (peak * len(devices)),
-                model_tflops_per_step=work.flops / 1e12)
+                model_tflops_per_step=work.flops / 1e12, peak_flops_per_device=peak)
             rows[f"bert_jax {dtype}"] = timing
         if _COMPARE.value and spec.startswith("bert-"):
             size = spec.split(":")[0].split("-")[1]
@@ -315,7 +362,9 @@ def main(argv):
     if _OUTPUT.value:
         with open(_OUTPUT.value, "w") as f:
             json.dump({"device": devices[0].device_kind, "num_devices": len(devices),
-                       "peak_flops_per_device": peak, "flags": {
+                       "peak_flops_per_device": peaks, "memory_bandwidth": bandwidth,
+                       "memory_bandwidth_per_megabytes": bandwidths,
+                       "flags": {
                            "mlm": _MLM.value, "attention_impl": _ATTENTION.value,
                            "remat": _REMAT.value, "scan_layers": _SCAN.value},
                        "results": results}, f, indent=2)
@@ -324,7 +373,7 @@ def main(argv):
 def print_table(spec: str, rows: dict[str, dict]) -> None:
     print(f"\n{spec}, batch {_BATCH.value}")
     print(f"  {'':<18} {'step ms':>9} {'seq/s':>8} {'tokens/s':>9} {'MFU':>6} "
-          f"{'compile s':>9} {'memory GiB':>10}")
+          f"{'compile s':>9} {'memory GiB':>10} {'bound ms':>9} {'measured/bound':>14}")
     for name, row in rows.items():
         if row.get("unavailable"):
             print(f"  {name:<18} not installed (transformers<5 needed for Flax BERT)"
@@ -336,7 +385,11 @@ def print_table(spec: str, rows: dict[str, dict]) -> None:
               f"{row.get('tokens_per_second', 0):>9.0f} "
               f"{row['mfu'] * 100 if 'mfu' in row else float('nan'):>5.1f}% "
               f"{row.get('compile_seconds', float('nan')):>9.1f} "
-              f"{memory if memory is not None else float('nan'):>10.2f}")
+              f"{memory if memory is not None else float('nan'):>10.2f} "
+              + (f"{row['step_time_bound']['bound_s'] * 1e3:>9.1f} "
+                 f"{row['measured_over_bound']:>14.2f} ({row['bottleneck']}-bound; peak "
+                 f"{row['peak_flops_per_device'] / 1e12:.3f} TFLOP/s)"
+                 if "step_time_bound" in row else ""))
     baselines = {name: row["step_seconds"] for name, row in rows.items()
                  if not name.startswith("bert_jax") and "step_seconds" in row}
     for name, row in rows.items():

@@ -1,7 +1,8 @@
 """`run(main)` in place of absl's `app.run(main)`: a user error (a `UserError`, absl's
 `UsageError`, a bad flag) prints `error: MESSAGE` and exits with status 2, followed by the
 user's command when the error's `rerun_with` names flags of this script. Any other exception
-is a bug and keeps its traceback; so do user errors with `--debug` or BERT_JAX_DEBUG=1."""
+is a bug and keeps its traceback; so do user errors with `--debug` or BERT_JAX_DEBUG=1.
+Ctrl-C (a `KeyboardInterrupt` that reaches here) prints one line and exits with 130."""
 
 import functools
 import os
@@ -13,6 +14,7 @@ from absl import app, flags
 from bert_jax.errors import UserError
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 DEBUG_ENV = "BERT_JAX_DEBUG"
 DEBUG = flags.DEFINE_bool("debug", False, f"Show the traceback of user errors ({DEBUG_ENV}=1).")
 
@@ -23,8 +25,14 @@ def run(main, argv: list[str] | None = None, flags_parser=flags.FLAGS) -> None:
     argv = sys.argv if argv is None else argv
     try:
         app.run(functools.partial(_main, main), argv=argv, flags_parser=flags_parser)
+    except KeyboardInterrupt:
+        if _debug(argv):
+            raise
+        sys.stdout.flush()
+        print("error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
     except (UserError, flags.Error) as e:
-        if os.environ.get(DEBUG_ENV, "") not in ("", "0") or _debug_flag(argv):
+        if _debug(argv):
             raise
         message = f"error: {e}"
         if isinstance(e, flags.Error):
@@ -44,7 +52,9 @@ def _main(main, argv: list[str]):
         raise UserError(*e.args) from e
 
 
-def _debug_flag(argv: list[str]) -> bool:
+def _debug(argv: list[str]) -> bool:
+    if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        return True
     return DEBUG.value if flags.FLAGS.is_parsed() else bool(
         {"--debug", "--debug=true", "--debug=1"} & set(argv))
 

@@ -3,7 +3,6 @@ and multi-host start-up; `run(main)` reports user errors (cli.py), naming the co
 `print_table` ends the sweeps' output."""
 
 import difflib
-import logging as python_logging
 import os
 import sys
 
@@ -11,6 +10,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 import cli
+from bert_jax import noise
 from bert_jax.errors import UserError, chain
 from bert_jax.training import distributed, evaluation
 
@@ -107,31 +107,6 @@ def workdir_experiment():
     return evaluation.evaluation_config(WORKDIR.value, CONFIG.value), WORKDIR.value
 
 
-class _QuietLibraries(python_logging.Filter):
-    """Drops INFO records from Orbax, grain, tfds, JAX and Beam internals (kept:
-    warnings, errors), Orbax's warning that a checkpoint item has no
-    `_CHECKPOINT_METADATA` (the step folder holds it; every restore of the
-    parameters alone would print it), and the tracebacks Orbax logs from its
-    threads (a failed save: hundreds of lines; the error reaches the caller too)."""
-
-    NOISY = ("/orbax/", "/grain/", "/tensorflow_datasets/", "/jax/_src/", "/apache_beam/")
-
-    def filter(self, record):
-        if "/orbax/" in record.pathname and str(record.msg).startswith(
-                "Metadata file does not exist"):
-            return False
-        if "/orbax/" in record.pathname and record.exc_info:
-            return False
-        return record.levelno >= python_logging.WARNING or not any(
-            part in record.pathname for part in self.NOISY)
-
-
-def quiet_library_logs() -> None:
-    """Keeps the progress lines readable; call once at start-up."""
-    for handler in python_logging.getLogger().handlers:
-        handler.addFilter(_QuietLibraries())
-
-
 def print_table(table: str, failed: list[str]) -> int:
     """The end of a sweep's command: its table on stdout, the failed runs on
     stderr; the exit status (1 when a run failed)."""
@@ -147,6 +122,6 @@ def start(argv) -> None:
     this machine has, multi-host."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    quiet_library_logs()
+    noise.quiet_library_logs()
     distributed.select_platforms()
     distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)

@@ -8,9 +8,15 @@ nodes that are not here, and says whether they fit.
 
 Topologies: bert_jax/training/topologies.py (TPUs need `pip install -e ".[tpu]"`,
 GPUs `".[cuda12]"`); runs on a CPU machine. Prints compile seconds, per-device
-memory against the chip's, FLOPs, collectives and attention kernels; exits non-zero
-when a step does not fit. --fit_global_batch also prints the train.py command and
-the hours at `--mfu` of the chips' peak: a projection, not a measurement.
+memory against the chip's, FLOPs, collectives and attention kernels, and the
+train step's time bound (`bert_jax/training/step_bound.py`: compute, memory and
+communication time at the chips' peak figures, the bottleneck, the MFU ceiling;
+JSON keys `step_time_bound`, `bottleneck`, `mfu_ceiling`); exits non-zero when a
+step does not fit. --fit_global_batch ranks the configurations that fit the
+global batch (micro-batch and accumulation, layers scanned or not, data-parallel
+or FSDP) by that bound, prints the best and the runner-up, the best one's
+train.py command, and the hours at `--mfu` of the chips' peak and at the bound:
+projections, not measurements.
 """
 
 import dataclasses
@@ -47,6 +53,9 @@ _MAX_BATCH_LIMIT = flags.DEFINE_integer("max_batch_limit", 4096, "With --find_ma
 _FIT = flags.DEFINE_bool("fit_global_batch", False, "Keep config.train.batch_size and "
                          "find the per-device micro-batch and grad_accum_steps that fit; "
                          "print the train.py command and the projected time.")
+_FIT_ALTERNATIVES = flags.DEFINE_bool(
+    "fit_alternatives", True, "With --fit_global_batch: also try the layers scanned the "
+    "other way and FSDP over every device (4 searches), and keep the fastest bound.")
 _MFU = flags.DEFINE_float("mfu", 0.5, "With --fit_global_batch: the model FLOPs utilization "
                           "the projected time assumes (MaxText reports about 0.5 on TPU).")
 _MEMORY_GIB = flags.DEFINE_float("memory_gib", 0.0, "Judge steps against this many GiB "
@@ -93,28 +102,60 @@ def main(argv):
 
 
 def fit(config, target) -> None:
-    """--fit_global_batch: the micro-batch, the command, the projected cost."""
-    found = aot.fit_global_batch(config, target)
-    report = found.report
+    """--fit_global_batch: the candidates that fit ranked by their step-time
+    bound, the best one's command and its projected cost."""
+    fits = aot.fit_global_batch(config, target, alternatives=_FIT_ALTERNATIVES.value)
+    best = fits[0]
+    report = best.report
     print(report.summary())
-    hours = aot.projected_hours(report, config.train.num_steps, _MFU.value, target.peak_flops)
-    print(f"fits: {found.micro_batch} rows per device a micro-batch, "
-          f"grad_accum_steps={found.grad_accum_steps}, mesh {found.mesh_shape}\n"
-          f"projected from FLOPs at {_MFU.value:.0%} MFU (not a measurement): "
-          f"{config.train.num_steps} steps of {report.model_flops:.3e} FLOPs = "
-          f"{hours:.2f} h, {hours * report.num_devices:,.0f} chip-hours")
-    changed = ("--config.train.grad_accum_steps", "--config.mesh.shape")
+    steps = config.train.num_steps
+    hours = aot.projected_hours(report, steps, _MFU.value, target.peak_flops)
+    for label, candidate in (("best", best), ("runner-up", fits[1] if len(fits) > 1 else None)):
+        print(f"{label}: " + (describe(candidate) if candidate else
+                              "none (no other configuration compiled fits)"))
+    lines = [f"projected from FLOPs at {_MFU.value:.0%} MFU (not a measurement): {steps} "
+             f"steps of {report.model_flops:.3e} FLOPs = {hours:.2f} h, "
+             f"{hours * report.num_devices:,.0f} chip-hours"]
+    bound_hours = None
+    if report.bound:
+        bound_hours = steps * report.bound.bound_s / 3600
+        lines.append(f"projected at the step-time bound (the fastest the step can run, not a "
+                     f"measurement): {bound_hours:.2f} h, "
+                     f"{bound_hours * report.num_devices:,.0f} chip-hours")
+    print("\n".join(lines))
+    changed = ("--config.train.grad_accum_steps", "--config.mesh.shape",
+               "--config.model.scan_layers")
     kept = [arg for arg in sys.argv[1:] if arg.startswith("--config")
             and not arg.startswith(changed)]
-    new = [f"--config.train.grad_accum_steps={found.grad_accum_steps}"]
-    if tuple(found.mesh_shape) != tuple(config.mesh.shape):
-        new.append("--config.mesh.shape='(%d,%d,%d)'" % tuple(found.mesh_shape))
+    new = [f"--config.train.grad_accum_steps={best.grad_accum_steps}"]
+    if tuple(best.mesh_shape) != tuple(config.mesh.shape):
+        new.append("--config.mesh.shape='(%d,%d,%d)'" % tuple(best.mesh_shape))
+    if best.scan_layers != bool(config.model.get("scan_layers", False)) or any(
+            arg.startswith("--config.model.scan_layers") for arg in sys.argv[1:]):
+        new.append(f"--config.model.scan_layers={best.scan_layers}")
     print("run: python launch/train.py " + " ".join(map(shlex.quote, kept))
           + " " + " ".join(new) + " --workdir=WORKDIR")
     if _OUTPUT.value:
         with open(_OUTPUT.value, "w") as f:
-            json.dump({**dataclasses.asdict(found), "projected_hours": hours,
-                       "mfu": _MFU.value}, f, indent=2)
+            json.dump({"best": fit_dict(best), "candidates": [fit_dict(f) for f in fits],
+                       "projected_hours": hours, "mfu": _MFU.value,
+                       "projected_hours_at_bound": bound_hours}, f, indent=2)
+
+
+def describe(found) -> str:
+    bound = found.report.bound
+    return (f"{found.micro_batch} rows per device a micro-batch, grad_accum_steps="
+            f"{found.grad_accum_steps}, mesh {found.mesh_shape}, layers "
+            f"{'scanned' if found.scan_layers else 'unscanned'}: "
+            f"{found.report.train.total_bytes / aot.GiB:.2f} GiB; "
+            + (f"bound {bound.bound_s * 1e3:.1f} ms ({bound.bottleneck}-bound, MFU at most "
+               f"{bound.mfu_ceiling:.0%})" if bound else "no bound (no figures for the chip)"))
+
+
+def fit_dict(found) -> dict:
+    return {"micro_batch": found.micro_batch, "grad_accum_steps": found.grad_accum_steps,
+            "mesh_shape": list(found.mesh_shape), "scan_layers": found.scan_layers,
+            "report": found.report.to_dict()}
 
 
 if __name__ == "__main__":

@@ -8,13 +8,17 @@ Overrides may change only what evaluation may: the evaluation split, the data
 folder of extra test sets, the number of examples scored, decoding, the batch
 size, the mesh, the evaluators (`config.evals`); an override of the model, its
 vocabulary or its task is refused, naming the key. Restores the parameters of
-step N (default: the latest checkpoint; they must match the model exactly) and
-writes `{"step": N, "eval/...": ...}` as one JSON object to FILE (and the log),
-the evaluators' files (e.g. samples/N.jsonl) under FILE without its extension
-+ `_files/`. Nothing else is written: the workdir may be read-only.
+step N (default: the latest checkpoint; they must match the model exactly),
+prints `{"step": N, "eval/...": ...}` as one JSON line on stdout as soon as it
+is computed (a failed write loses nothing), then writes the evaluators' files
+(e.g. samples/N.jsonl) under FILE without its extension + `_files/` (none
+when FILE is a device or pipe, e.g. /dev/stdout) and the same object to FILE.
+Nothing else is written: the workdir may be read-only, and a damaged or
+missing file of it is refused, never recreated.
 `--average_last=N` (or `--average_steps=A,B,...`) `--save_average=AVG`
 evaluates the mean of those checkpoints' parameters, first written to the new
-folder AVG as a workdir of its own (bert_jax/training/averaging.py).
+folder AVG, outside the workdir, as a workdir of its own
+(bert_jax/training/averaging.py).
 """
 
 import json
@@ -23,9 +27,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 import common_flags as launch_flags  # noqa: E402
+from bert_jax.errors import UserError  # noqa: E402
 from bert_jax.file_io import write_json  # noqa: E402
 from bert_jax.training import evaluation  # noqa: E402
 from bert_jax.training.averaging import average_workdir  # noqa: E402
@@ -48,23 +53,33 @@ def main(argv):
         raise app.UsageError("averaging takes --save_average=NEW_FOLDER and either "
                              "--average_last=N or --average_steps=STEP,STEP,... (no --step).")
     output = _OUTPUT.value and os.path.abspath(_OUTPUT.value)
-    folder = output and os.path.dirname(output)
-    if output and not os.access(folder, os.W_OK):  # checked before the evaluation runs
-        problem = "is not writable" if os.path.isdir(folder) else "does not exist"
-        raise app.UsageError(f"--output={_OUTPUT.value}: the folder {folder} {problem}; "
-                             "create it or choose another file.")
+    files_dir = None
+    if output:
+        in_place = os.path.exists(output) and not os.path.isfile(output)  # /dev/stdout, a pipe
+        folder = output if in_place else os.path.dirname(output)
+        if not os.access(folder, os.W_OK):  # checked before the evaluation runs
+            problem = "is not writable" if os.path.exists(folder) else "does not exist"
+            raise app.UsageError(f"--output={_OUTPUT.value}: {'' if in_place else 'the folder '}"
+                                 f"{folder} {problem}; create it or choose another file.")
+        files_dir = None if in_place else os.path.splitext(output)[0] + "_files"
     config, workdir = launch_flags.workdir_experiment()
+    extra = {}
     if averaging:
         _, steps = average_workdir(config, workdir, _SAVE_AVERAGE.value,
                                    [int(s) for s in _AVERAGE_STEPS.value], _AVERAGE_LAST.value)
-        workdir = _SAVE_AVERAGE.value
-    result = evaluation.evaluate_checkpoint(
-        config, workdir, _STEP.value, output and os.path.splitext(output)[0] + "_files")
-    if averaging:
-        result["averaged_steps"] = steps
-    logging.info("%s", json.dumps(result))
+        workdir, extra = _SAVE_AVERAGE.value, {"averaged_steps": steps}
+
+    def report(result: dict) -> None:  # before any file is written: a failed write loses
+        print(json.dumps({**result, **extra}), flush=True)  # nothing computed
+
+    result = evaluation.evaluate_checkpoint(config, workdir, _STEP.value, files_dir,
+                                            report=report)
     if output:
-        write_json(output, result)
+        try:
+            write_json(output, {**result, **extra})
+        except OSError as e:
+            raise UserError(f"--output={_OUTPUT.value}: cannot write it ({e.strerror}); "
+                            "the metrics are printed above.") from e
 
 
 if __name__ == "__main__":

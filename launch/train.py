@@ -6,7 +6,9 @@ r"""Trains an experiment: the one train loop over a config file.
 Resumes from DIR's checkpoints if it holds a run of the same config: from the
 latest, or from --restore_step=N (later checkpoints are moved, not deleted, to
 DIR/checkpoints_set_aside/). Profile steps START..END into DIR/profile/ with
---config.train.profile_steps="(START, END)".
+--config.train.profile_steps="(START, END)". Ctrl-C saves a checkpoint and stops, as
+SIGTERM does; a second Ctrl-C stops at once. One run per workdir (WORKDIR/train.lock);
+a lock of another host that is not renewed for --lock_timeout seconds is taken over.
 Multi-process: add --coordinator_address=HOST:PORT --num_processes=N
 --process_id=I (TPU VMs and SLURM need none of these).
 """
@@ -20,17 +22,23 @@ from absl import flags  # noqa: E402
 
 import common_flags as launch_flags  # noqa: E402
 from bert_jax.training import trainer  # noqa: E402
+from bert_jax.training.workdir import DEFAULT_LOCK_TIMEOUT  # noqa: E402
 
 flags.mark_flags_as_required(["config", "workdir"])
 _RESTORE_STEP = flags.DEFINE_integer(
     "restore_step", None, "Resume from this checkpoint step instead of the latest (e.g. "
     "when the latest is damaged); later checkpoints are moved aside, not deleted.")
+_LOCK_TIMEOUT = flags.DEFINE_integer(
+    "lock_timeout", DEFAULT_LOCK_TIMEOUT, "Seconds after which a lock on --workdir held "
+    "by another host and no longer renewed (its run renews it every minute) is taken "
+    "over: a run restarted on a new VM waits at most this long.", lower_bound=1)
 
 
 def main(argv):
     launch_flags.start(argv)
     trainer.train_and_evaluate(launch_flags.CONFIG.value, launch_flags.WORKDIR.value,
-                               restore_step=_RESTORE_STEP.value)
+                               restore_step=_RESTORE_STEP.value,
+                               lock_timeout=_LOCK_TIMEOUT.value)
 
 
 if __name__ == "__main__":

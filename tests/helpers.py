@@ -30,12 +30,16 @@ def flags_for(config_overrides: dict) -> list[str]:
 
 
 def launch(script: str, workdir, overrides: dict, devices: int = 1, extra=(),
-           config: str | None = "tiny_translate.py", **popen):
-    """Runs `launch/<script>`; `config=None` gives no --config (the workdir's)."""
+           config: str | None = "tiny_translate.py", python_code: str | None = None,
+           **popen):
+    """Runs `launch/<script>`; `config=None` gives no --config (the workdir's).
+    `python_code` runs in its place with the script's path and flags in `sys.argv[1:]`
+    (it patches something, then runs the script)."""
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
            "JAX_PLATFORMS": "cpu"}
     config_flag = ["--config=" + str(REPO / "experiments" / config)] if config else []
-    command = [sys.executable, str(REPO / "launch" / script), *config_flag,
+    code = ["-c", python_code] if python_code else []
+    command = [sys.executable, *code, str(REPO / "launch" / script), *config_flag,
                f"--workdir={workdir}", *flags_for(overrides), *extra]
     return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **popen)

@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+import types
 
 import jax
 import ml_collections
@@ -141,6 +142,13 @@ def test_bert_steps_compile_for_a_tpu_slice(v5e, layout, shape):
         assert FLOPS_RATIO[0] < report.train.xla_flops / report.model_flops < FLOPS_RATIO[1]
         assert "all-reduce" in kinds and "all-gather" not in kinds
         assert report.eval.memory["total"] > 0
+        # The program's matmuls are the model's: the bound's compute is theirs.
+        assert report.train.program.flops == pytest.approx(report.model_flops / 4, rel=0.02)
+        bound = report.to_dict()
+        assert bound["step_time_bound"]["bound_s"] == report.bound.bound_s > 0
+        assert bound["bottleneck"] in ("compute", "memory", "communication")
+        assert report.bound.communication_by_link.keys() == {"ICI"}
+        assert 0 < bound["mfu_ceiling"] <= 1
     elif layout == "fsdp":  # sharded parameters are gathered before use
         assert kinds["all-gather"]["count"] > 0 and kinds["all-gather"]["bytes"] > 0
     else:
@@ -213,6 +221,9 @@ def test_bert_step_compiles_to_cudnn_flash_attention(h100, shape):
                                    dtype="bfloat16"), shape)
     report = aot.compile_experiment(config, h100)
     assert report.train.xla_flops is None  # the GPU compiler counts none
+    # ... and cuDNN's attention is a custom call: the bound takes the model's FLOPs.
+    assert report.bound.flops == pytest.approx(report.model_flops / 2)
+    assert report.bound.sources["flops"].startswith("the model's matmuls")
     # One layer: its self-attention forward, and backward in the train step.
     assert report.train.attention_kernels == {"__cudnn$fmhaSoftmax": 1,
                                               "__cudnn$fmhaSoftmaxBackward": 1}
@@ -265,6 +276,44 @@ def test_the_largest_batch_that_fits_is_found_by_compiling():
     assert (capped.per_device, capped.reached_limit) == (16, True)
 
 
+def test_the_configurations_that_fit_a_global_batch_are_ranked_by_their_bound(monkeypatch):
+    """The search over micro-batches, layer forms and meshes, with each
+    compile replaced by a made-up report: per device, rows x 3 GB (scanned 2,
+    FSDP 1 less) must fit 8 GB; the bound falls with the micro-batch and
+    rises 20 ms with FSDP's gathers. Every size compiled that fits is a
+    candidate, the fastest first; without alternatives only the configured
+    layers and mesh are searched."""
+    compiled = []
+
+    def compile_experiment(config, target, eval_step=True):
+        fsdp = tuple(config.mesh.shape) == aot.FSDP_MESH
+        scan = config.model.scan_layers
+        rows = 8 // config.train.grad_accum_steps          # 16 rows a step on 2 devices
+        compiled.append((rows, scan, fsdp))
+        memory = rows * (2 if scan else 3) - fsdp
+        bound = 0.1 / rows + 0.02 * fsdp + 0.001 * scan
+        return types.SimpleNamespace(fits=memory <= 8, bound=types.SimpleNamespace(
+            bound_s=bound))
+
+    monkeypatch.setattr(aot, "compile_experiment", compile_experiment)
+    config = with_mesh(bert_config(scan_layers=False), (2, 1, 1))
+    config.train.batch_size = 16
+    cpus = topologies.Target("cpu-2", "cpu", tuple(jax.devices()[:2]), "CPU", 0, 0.0)
+    fits = aot.fit_global_batch(config, cpus)
+    found = [(fit.micro_batch, fit.scan_layers, fit.mesh_shape == aot.FSDP_MESH)
+             for fit in fits]
+    # 4 rows: 12 GB unscanned (does not fit), 8 scanned, 11 unscanned FSDP, 7 scanned FSDP.
+    assert found[0] == (4, True, False) and found[1] == (4, True, True)
+    assert sorted(fits, key=lambda fit: fit.bound_s) == fits
+    assert set(found) == {(rows, scan, fsdp) for rows, scan, fsdp in compiled
+                          if rows * (2 if scan else 3) - fsdp <= 8}
+    assert all(fit.micro_batch * fit.grad_accum_steps == 8 for fit in fits)
+    compiled.clear()
+    alone = aot.fit_global_batch(config, cpus, alternatives=False)
+    assert {(scan, fsdp) for _, scan, fsdp in compiled} == {(False, False)}
+    assert alone[0].micro_batch == 2 and not alone[0].scan_layers
+
+
 @pytest.mark.slow
 def test_a_global_batch_is_fitted_by_accumulation_and_the_printed_command_trains(
         v5e, tmp_path):
@@ -282,13 +331,14 @@ def test_a_global_batch_is_fitted_by_accumulation_and_the_printed_command_trains
     whole = aot.compile_experiment(config, v5e, eval_step=False).train.total_bytes
     command = [sys.executable, str(REPO / "launch" / "compile.py"), "--topology=v5e:2x2",
                "--config=experiments/pretrain_bert.py", *overrides, "--fit_global_batch",
-               f"--memory_gib={(whole - 1) / aot.GiB!r}"]
+               f"--memory_gib={(whole - 1) / aot.GiB!r}", "--nofit_alternatives"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    rows, accum = map(int, re.search(r"(\d+) rows per device a micro-batch, "
+    rows, accum = map(int, re.search(r"best: (\d+) rows per device a micro-batch, "
                                      r"grad_accum_steps=(\d+)", done.stdout).groups())
     assert rows * accum == 16 and accum > 1
     assert re.search(r"projected from FLOPs at 50% MFU.*chip-hours", done.stdout)
+    assert re.search(r"projected at the step-time bound .*: [\d.]+ h", done.stdout)
     run = next(line for line in done.stdout.splitlines() if line.startswith("run: "))
     train = [sys.executable if arg == "python" else arg for arg in shlex.split(run[5:])]
     assert f"--config.train.grad_accum_steps={accum}" in train

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import pathlib
+import shutil
 import sys
 
 import jax
@@ -13,6 +14,7 @@ from ml_collections import config_flags
 
 from bert_jax.analysis.sweeps.points import apply_overrides
 from bert_jax.convert import pretrained
+from bert_jax.errors import MissingFileError
 from bert_jax.evaluation import evaluators, squad
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
@@ -478,7 +480,7 @@ def test_a_second_phase_workdir_reads_the_vocabulary_of_the_phase_it_started_fro
     """Phase 2 of a pretraining (`init_from=P1`) keeps no `vocab/` of its own;
     fine-tuning from it takes phase 1's, and a `data.vocab_file` wins."""
     from bert_jax.data import wordpiece
-    from bert_jax.tasks.bert_backbone import _checkpoint_model
+    from bert_jax.tasks.bert_backbone import checkpoint_model
 
     model = {"hidden_size": 16, "num_heads": 2, "mlp_dim": 32, "num_layers": 1, "max_len": 32,
              "norm_position": "pre", "vocab_size": 1}
@@ -490,11 +492,14 @@ def test_a_second_phase_workdir_reads_the_vocabulary_of_the_phase_it_started_fro
         (folder / "config.json").write_text(json.dumps(
             {"model": model, "data": {"lowercase": True}, **extra}))
     vocab.save(str(phase1 / "vocab"))
-    config, vocab_file, lowercase = _checkpoint_model(str(phase2), "workdir")
+    config, vocab_file, lowercase = checkpoint_model(str(phase2), "workdir")
     assert (vocab_file, config.vocab_size, config.norm_position) == (
         str(phase1 / "vocab" / "vocab.txt"), vocab.size, "pre")
     given = tmp_path / "given.txt"
     given.write_text("".join(t + "\n" for t in vocab.convert_ids_to_tokens(range(vocab.size - 2))))
     (other / "config.json").write_text(json.dumps(
         {"model": model, "data": {"vocab_file": str(given)}, "init_from": str(phase1)}))
-    assert _checkpoint_model(str(other), "workdir")[0].vocab_size == vocab.size - 2
+    assert checkpoint_model(str(other), "workdir")[0].vocab_size == vocab.size - 2
+    shutil.rmtree(phase1 / "vocab")  # phase 1 names no other vocabulary: never trained again
+    with pytest.raises(MissingFileError, match=f"{phase1}/vocab/vocab.txt is missing"):
+        checkpoint_model(str(phase2), "workdir")

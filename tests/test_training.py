@@ -403,12 +403,10 @@ def test_checkpoint_of_another_model_is_refused_naming_the_arrays(trained):
 
 def _copy_with_checkpoint(workdir, folder, step, params) -> str:
     """A copy of `workdir` with one more checkpoint, `step`, of `params` alone."""
-    import orbax.checkpoint as ocp
     shutil.copytree(workdir, folder)
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(folder / "checkpoints" / str(step) / "state",
-                          {"params": jax.tree.map(jax.numpy.asarray, params)})
-        checkpointer.wait_until_finished()
+    checkpointer = Checkpointer(str(folder), keep_last=100, async_saves=False)
+    checkpointer.save(step, {"params": jax.tree.map(jax.numpy.asarray, params)}, None)
+    checkpointer.close()
     return str(folder)
 
 

@@ -188,10 +188,10 @@ def test_a_failed_restore_leaves_no_traceback_noise(tmp_path):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / f"{folder}_io.py").write_text(unraisable)
     imports = ("sys.path[:0] = ['orbax', 'other']; import atexit, orbax_io, other_io; "
-               "from bert_jax.training import checkpoints; ")
+               "from bert_jax import noise; ")
     failed = _run_script(
         tmp_path, imports + "orbax_io.report(ValueError('before')); "
-        "checkpoints._drop_reports_of_abandoned_io(); "
+        "noise.drop_reports_of_abandoned_io(); "
         "orbax_io.report(RuntimeError('closed loop')); other_io.report(KeyError('other')); "
         "atexit.register(orbax_io.report, ValueError('at exit')); raise UserError('damaged')")
     assert failed.returncode == 2 and failed.stderr.count("Exception ignored") == 2
@@ -372,7 +372,7 @@ def _tensorboard_steps(workdir, tag: str) -> list[int]:
 
 
 # The truncated file's reads that Orbax abandons in this process report at garbage
-# collection: contained here (checkpoints._drop_reports_of_abandoned_io in a launcher).
+# collection: contained here (noise.drop_reports_of_abandoned_io in a launcher).
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_damaged_checkpoint_names_the_step_to_resume_from(run, data_dir, tmp_path, caplog):
     workdir = tmp_path / "run"

@@ -29,6 +29,8 @@ import jax
 import numpy as np
 from flax import traverse_util
 
+from bert_jax.modeling.layers import SCANNED_LAYERS
+
 SOWN_NAME = "attention_weights"
 # (stack, attention module) -> group name.
 _GROUPS = {("encoder", "attention"): "encoder",
@@ -89,8 +91,8 @@ def attention_probabilities_by_group(model: nn.Module, params: Mapping[str, Any]
         path = path[:path.index(SOWN_NAME)]
         weights = np.asarray(value[0] if isinstance(value, (tuple, list)) else value,
                              np.float32)
-        if "layers" in path:  # scanned: [layers, batch, heads, q, k]
-            index, layers = path.index("layers"), dict(enumerate(weights))
+        if SCANNED_LAYERS in path:  # scanned: [layers, batch, heads, q, k]
+            index, layers = path.index(SCANNED_LAYERS), dict(enumerate(weights))
         else:
             index = next(i for i, p in enumerate(path) if _LAYER.match(str(p)))
             layers = {int(_LAYER.match(path[index]).group(1)): weights}

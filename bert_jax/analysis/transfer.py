@@ -47,7 +47,8 @@ from bert_jax.convert.pretrained import PACKAGE_PREFIX, checkpoint_path
 from bert_jax.errors import UserError
 from bert_jax.file_io import jsonable, write_json
 from bert_jax.modeling import BertConfig
-from bert_jax.tasks.bert_backbone import RUNTIME_FIELDS, _checkpoint_model, checkpoint_kind
+from bert_jax.tasks import bert_backbone
+from bert_jax.tasks.bert_backbone import RUNTIME_FIELDS
 
 STUDY_FILE = "study.json"
 CSV_FILE = "results.csv"
@@ -159,7 +160,7 @@ def checkpoint_model(init_from: str) -> tuple[BertConfig, str, bool | None]:
     """(architecture, its vocab.txt or '', its declared casing or None) of a
     backbone, read as fine-tuning reads it (`bert_backbone`); no weights."""
     folder = checkpoint_path(init_from)
-    return _checkpoint_model(folder, checkpoint_kind(folder))
+    return bert_backbone.checkpoint_model(folder, bert_backbone.checkpoint_kind(folder))
 
 
 def scratch_overrides(init_from: str, config: Any) -> dict[str, Any]:

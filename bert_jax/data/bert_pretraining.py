@@ -42,7 +42,6 @@ import hashlib
 import inspect
 import itertools
 import json
-import logging as std_logging
 import os
 import re
 import shlex
@@ -53,19 +52,14 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
+from bert_jax import noise
 from bert_jax.data import pretraining_data
 from bert_jax.data.builder_configs import LocalFilesBuilder
 from bert_jax.data.wordpiece import WordPiece
 from bert_jax.errors import MissingFileError, UserError
 
-
-def _no_apitools_warning(record) -> bool:   # Beam's GCP extras, unused here
-    return "apitools not found" not in record.getMessage()
-
-
-std_logging.getLogger().addFilter(_no_apitools_warning)
-import apache_beam as beam  # noqa: E402
-std_logging.getLogger().removeFilter(_no_apitools_warning)
+with noise.importing_beam():
+    import apache_beam as beam
 
 _EVAL_SEED_OFFSET = 1  # the validation instances use seed + 1
 SUMMARY = "summary.json"  # the build's summed statistics, beside its parts
@@ -339,7 +333,7 @@ def _reporting(fn, parts_dir: str):
         except tuple(_WORKER_ERRORS.values()) as error:
             path = epath.Path(parts_dir, ERRORS, f"{os.getpid()}-{id(error)}.json")
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps([type(error).__name__, str(error)]))
+            path.write_text(json.dumps([type(error).__name__, *error.args]))
             raise
     return call
 
@@ -407,8 +401,8 @@ class BertPretraining(LocalFilesBuilder):
                 build_parts(pipeline, cfg, os.fspath(parts))
         except Exception:  # a worker's user error is raised again as itself
             for report in sorted((parts / ERRORS).glob("*.json")):
-                name, message = json.loads(report.read_text())
-                raise _WORKER_ERRORS[name](message) from None
+                name, *args = json.loads(report.read_text())
+                raise _WORKER_ERRORS[name](*args) from None
             raise
         summary = json.loads((parts / SUMMARY).read_text())
         splits = []

@@ -2,7 +2,8 @@
 
     kept = screen_lines(lines, task.source_problems, on_error="warn", name="in.txt")
 
-`problems_of(line)` lists what is wrong with a line; bytes that are not UTF-8
+`problems_of(line)` lists what is wrong with a line (quoting it `shorten`ed);
+bytes that are not UTF-8
 (read with errors="surrogateescape") are a problem too. `on_error`: `fail`
 reports them all (up to MAX_REPORTED) as one `InputError`, processing nothing;
 `skip` warns and makes the line None (its output line empty, so output line i
@@ -24,6 +25,12 @@ MAX_REPORTED = 10
 
 class InputError(UserError, ValueError):
     """Lines of the user's input that cannot be processed faithfully."""
+
+
+def shorten(text: str, limit: int = 40) -> str:
+    """`text` cut to its first `limit` characters and "..." when longer: what an error
+    message quotes of the user's input (a line may be megabytes)."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def screen_lines(lines: Iterable[str], problems_of: Callable[[str], list[str]],

@@ -21,7 +21,8 @@ positions (`_Packer`); both properties hold.
 The state (`step`, per row `consumed` and `filtered`, and the seed, layout
 and dataset size, which `set_state` checks) is JSON and exact: `set_state`
 then `next` gives the batch the saved iterator would have. Batches are made
-`prefetch` steps ahead; the state is the last returned's.
+ahead in a thread, or by worker processes each making a block of the rows
+(`concurrency.py`); the state is still that of the last batch returned.
 
 Evaluation (`eval_batches`, one pass in dataset order): global batch `k` is
 examples `[k * G, (k + 1) * G)`, the rows split as in training; positions past
@@ -33,20 +34,17 @@ not by a scalar label, whose padding 0 is a valid class.
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
-import copy
 import dataclasses
 import functools
 import math
-import multiprocessing
-import queue
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grain
 import numpy as np
 from absl import logging
+
+from bert_jax.data.concurrency import BlockWorkers, ThreadPrefetch
 
 Example = Mapping[str, Any]
 Batch = dict[str, np.ndarray]
@@ -261,173 +259,11 @@ class TrainDatasetIterator(grain.DatasetIterator):
         return f"TrainDatasetIterator(step={self._step})"
 
 
-class _Prefetch(grain.DatasetIterator):
-    """Up to `size` batches ahead in one worker thread; the state is that of
-    the last batch returned, so checkpoints stay exact.
-
-    Not grain's `ThreadPrefetchIterDataset`: its daemon thread can still be in
-    array_record's C++ reader at interpreter exit, which aborts the process
-    (`terminate called without an active exception`, exit code 134). A
-    `ThreadPoolExecutor` worker is joined before teardown.
-    """
-
-    def __init__(self, parent: grain.DatasetIterator, size: int):
-        super().__init__(parent)
-        self._size = size
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: collections.deque[concurrent.futures.Future] = collections.deque()
-        self._state = parent.get_state()
-
-    def _produce(self):
-        element = next(self._parent)
-        return element, copy.deepcopy(self._parent.get_state())
-
-    def start_prefetch(self) -> None:
-        """Starts producing batches (grain's CheckpointRestore calls this)."""
-        self._assert_not_closed()
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="bert_jax-train-prefetch")
-        while len(self._pending) <= self._size:
-            self._pending.append(self._pool.submit(self._produce))
-
-    def __next__(self) -> Batch:
-        self.start_prefetch()
-        element, self._state = self._pending.popleft().result()
-        self.start_prefetch()
-        return element
-
-    def _drain(self) -> None:
-        """Cancels the batches produced ahead; waits for the one in progress."""
-        for future in self._pending:
-            future.cancel()
-        for future in self._pending:
-            if not future.cancelled():
-                try:
-                    future.result()
-                except Exception:  # noqa: BLE001 - discarded work
-                    pass
-        self._pending.clear()
-
-    def get_state(self) -> dict[str, Any]:
-        return copy.deepcopy(self._state)
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._drain()
-        self._parent.set_state(state)
-        self._state = self._parent.get_state()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._drain()
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-        except Exception:  # noqa: BLE001 - may run during interpreter teardown
-            pass
-
-    def __str__(self) -> str:
-        return f"_Prefetch(size={self._size})"
-
-
 def _row_block(examples: grain.MapDataset, first_row: int, kwargs: dict[str, Any],
                first: int, count: int) -> TrainDatasetIterator:
     """The iterator of local rows `[first, first + count)` (picklable as a partial)."""
     return TrainDatasetIterator(examples, local_batch_size=count,
                                 first_row=first_row + first, **kwargs)
-
-
-def _block_worker(make_rows: Callable[[], TrainDatasetIterator], state: dict[str, Any],
-                  out: Any) -> None:
-    """Worker process: the batches of one block of rows, each with its state,
-    into the bounded queue `out`, an error too; it ends when its parent is gone."""
-    try:
-        rows = make_rows()
-        rows.set_state(state)
-        while True:
-            item = (next(rows), rows.get_state())
-            while True:
-                try:
-                    out.put(item, timeout=5)
-                    break
-                except queue.Full:
-                    if not multiprocessing.parent_process().is_alive():
-                        return
-    except BaseException as e:  # noqa: BLE001 - raised again by the reader
-        out.put(e)
-
-
-class _Workers(grain.DatasetIterator):
-    """The local batches of `rows` made by `workers` spawned processes, each
-    a contiguous block of the rows (its own `TrainDatasetIterator`: rows are
-    independent streams). Batch and state are the concatenation of theirs, so
-    they and a resume are the same for any worker count. Workers start at
-    the first batch and again after `set_state`.
-    """
-
-    def __init__(self, rows: TrainDatasetIterator, make_rows: Callable[[int, int], Any],
-                 workers: int, prefetch: int):
-        super().__init__()
-        self._rows = rows               # the whole local batch: checks states
-        self._blocks = np.array_split(np.arange(rows._local_batch_size), workers)
-        self._make_rows, self._prefetch = make_rows, max(prefetch, 1)
-        self._state, self._running = rows.get_state(), []
-
-    def start_prefetch(self) -> None:
-        if self._running:
-            return
-        context = multiprocessing.get_context("spawn")
-        for block in self._blocks:
-            state = {**self._state, **{key: self._state[key][block[0]:block[-1] + 1]
-                                       for key in ("consumed", "filtered")}}
-            out = context.Queue(self._prefetch)
-            process = context.Process(target=_block_worker, daemon=True, args=(
-                functools.partial(self._make_rows, block[0], len(block)), state, out))
-            process.start()
-            self._running.append((process, out))
-
-    def _get(self, process, out):
-        while True:
-            try:
-                item = out.get(timeout=5)
-            except queue.Empty:
-                if not process.is_alive():
-                    raise RuntimeError(f"train_iterator: an input worker process exited "
-                                       f"(code {process.exitcode})") from None
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            return item
-
-    def __next__(self) -> Batch:
-        self._assert_not_closed()
-        self.start_prefetch()
-        parts = [self._get(*running) for running in self._running]
-        self._state = {**parts[0][1], **{key: [n for _, state in parts for n in state[key]]
-                                         for key in ("consumed", "filtered")}}
-        return {key: np.concatenate([batch[key] for batch, _ in parts])
-                for key in parts[0][0]}
-
-    def get_state(self) -> dict[str, Any]:
-        return copy.deepcopy(self._state)
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._rows.set_state(state)     # raises on another pipeline's state
-        self._stop()
-        self._state = self._rows.get_state()
-
-    def _stop(self) -> None:
-        for process, _ in self._running:
-            process.kill()
-            process.join()
-        self._running = []
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._stop()
 
 
 def num_filtered(it_or_state: grain.DatasetIterator | Mapping[str, Any]) -> int:
@@ -461,9 +297,11 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
     per feature. `batch_transform(batch, step, first_row)` runs on every local
     batch, `first_row` the global index of its row 0, so randomness derived
     from (seed, step, global row) is the same on resume and for any process
-    count (e.g. dynamic masking). `prefetch`: batches made ahead in a thread.
-    `workers`: that many spawned processes (`preprocess` and the transform
-    must pickle), each making a block of the local rows; the same batches and
+    count (e.g. dynamic masking). `prefetch`: batches made ahead in a thread
+    (`concurrency.ThreadPrefetch`), or queued per worker.
+    `workers`: that many spawned processes (`concurrency.BlockWorkers`;
+    `preprocess` and the transform must pickle), each making a block of the
+    local rows from its own `_row_block` iterator; the same batches and
     state as without. Save the returned iterator's state with grain's
     `CheckpointSave`.
     """
@@ -487,9 +325,9 @@ def train_iterator(source: Sequence[Example], *, global_batch_size: int, seed: i
         max_length=max_length, packer=_Packer(pack_length) if pack_length else None,
         transform=batch_transform))
     if workers > 0:
-        return _Workers(rows(0, local), rows, min(workers, local), prefetch)
+        return BlockWorkers(rows(0, local), rows, min(workers, local), prefetch)
     it = rows(0, local)
-    return _Prefetch(it, prefetch) if prefetch > 0 else it
+    return ThreadPrefetch(it, prefetch) if prefetch > 0 else it
 
 
 class EvalBatches(Iterator[Batch]):

@@ -3,7 +3,8 @@
 Ids: 0 pad, 1 BOS, 2 EOS, 3 unknown, as the Transformer's; `encode` adds no
 BOS/EOS (the input pipeline appends EOS). Trained on the training split the
 first time a workdir is used and saved there, so ids never change under a
-checkpoint.
+checkpoint: once the workdir holds checkpoints, a missing or damaged vocabulary
+file is an error naming it, never trained again.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Iterable
 
 import sentencepiece as spm
 
-from bert_jax.errors import SettingsMismatchError
-from bert_jax.file_io import read_json, write_atomically, write_json
+from bert_jax.errors import MissingFileError, SettingsMismatchError
+from bert_jax.file_io import damaged_file, read_json, write_atomically, write_json
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 MODEL_TYPES = ("unigram", "bpe")
@@ -33,16 +34,20 @@ class Vocabulary:
         self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
         if (self._processor.pad_id(), self._processor.bos_id(),
                 self._processor.eos_id()) != (PAD_ID, BOS_ID, EOS_ID):
-            raise ValueError(f"{path or 'the SentencePiece model'} does not use pad/bos/eos "
-                             f"ids {PAD_ID}/{BOS_ID}/{EOS_ID}; train it with "
-                             "bert_jax.data.vocabulary.train.")
+            raise SettingsMismatchError(
+                f"{path or 'the SentencePiece model'} does not use pad/bos/eos ids "
+                f"{PAD_ID}/{BOS_ID}/{EOS_ID}; train it with bert_jax.data.vocabulary.train.")
 
     @classmethod
     def load(cls, path: str) -> "Vocabulary":
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: no SentencePiece model there.")
+            raise MissingFileError(f"{path}: no SentencePiece model there.")
         with open(path, "rb") as f:
-            return cls(f.read(), path)
+            model_proto = f.read()
+        try:
+            return cls(model_proto, path)
+        except RuntimeError as e:  # SentencePiece's: the file is no model (cut short?)
+            raise damaged_file(path, "SentencePiece cannot read it") from e
 
     @property
     def size(self) -> int:
@@ -72,19 +77,33 @@ def train(texts: Iterable[str], vocab_size: int, *, model_type: str = "unigram",
     return Vocabulary(model.getvalue())
 
 
+def missing_under_checkpoints(path: str, workdir: str) -> MissingFileError:
+    """The error for a vocabulary file `path` missing from a workdir with checkpoints."""
+    return MissingFileError(f"{path} is missing, and the checkpoints in {workdir} were "
+                            "trained with it: restore it from a copy of the workdir (a "
+                            "vocabulary trained again could give other ids).")
+
+
 def load_or_train(workdir: str, texts: Iterable[str], vocab_size: int, *,
-                  model_type: str = "unigram", is_writer: bool = True) -> Vocabulary:
+                  model_type: str = "unigram", is_writer: bool = True,
+                  checkpointed: bool = False) -> Vocabulary:
     """The workdir's vocabulary, trained on `texts` (read lazily) if absent by
-    the writer (process 0; the others wait behind a barrier)."""
+    the writer (process 0; the others wait behind a barrier). `checkpointed`: the
+    workdir holds checkpoints trained with it, so an absent one is an error."""
     path = os.path.join(workdir, VOCAB_DIR, MODEL_FILE)
     settings_path = os.path.join(workdir, VOCAB_DIR, SETTINGS_FILE)
     settings = {"vocab_size": vocab_size, "model_type": model_type}
     if os.path.isfile(path):
+        if not os.path.isfile(settings_path):
+            raise MissingFileError(f"{settings_path} is missing (the settings {path} was "
+                                   "trained with): restore it from a copy of the workdir.")
         saved = read_json(settings_path)
         if saved != settings:
             raise SettingsMismatchError(f"{path}: trained with {saved}, config.data asks for "
                                         f"{settings}; use the workdir's config or a new one")
         return Vocabulary.load(path)
+    if checkpointed:
+        raise missing_under_checkpoints(path, workdir)
     if not is_writer:
         raise FileNotFoundError(f"{path}: missing; process 0 trains it first")
     vocab = train(texts, vocab_size, model_type=model_type)

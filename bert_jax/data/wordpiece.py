@@ -45,6 +45,7 @@ from typing import Callable, Iterable, Sequence
 
 from tokenizers import Encoding, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
+from bert_jax.data.vocabulary import missing_under_checkpoints
 from bert_jax.errors import MissingFileError, SettingsMismatchError, UserError
 from bert_jax.file_io import read_json, write_atomically, write_json
 
@@ -312,11 +313,12 @@ def _train_pass(texts: Callable[[], Iterable[str]], vocab_size: int, lowercase: 
 def load_or_train(workdir: str, texts: Iterable[str] | Callable[[], Iterable[str]],
                   vocab_size: int, *, lowercase: bool,
                   vocab_file: str = "", min_frequency: int = 2,
-                  is_writer: bool = True) -> WordPiece:
+                  is_writer: bool = True, checkpointed: bool = False) -> WordPiece:
     """The vocabulary of a run: `vocab_file` (a checkpoint's; a settings file
     beside it must not declare the other casing), else the workdir's (its
     saved options must match), else trained on `texts` and saved there by the
-    writer (process 0; the others wait behind a barrier)."""
+    writer (process 0; the others wait behind a barrier). `checkpointed`: the
+    workdir holds checkpoints trained with it, so an absent one is an error."""
     if vocab_file:
         _check_declared_casing(vocab_file, lowercase)
         return WordPiece.from_vocab_file(vocab_file, lowercase=lowercase)
@@ -332,6 +334,8 @@ def load_or_train(workdir: str, texts: Iterable[str] | Callable[[], Iterable[str
                 f"{path}: made with {saved}, config.data asks for {requested}; use the "
                 "workdir's config or a new workdir")
         return vocab
+    if checkpointed:
+        raise missing_under_checkpoints(path, workdir)
     if not is_writer:
         raise FileNotFoundError(f"{path}: missing; process 0 trains it first")
     vocab = WordPiece.train(texts, vocab_size=vocab_size, lowercase=lowercase,

@@ -18,6 +18,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from bert_jax.modeling.layers import SCANNED_LAYERS
+
 Array = jax.Array
 StepFn = Callable[[Array, Any], tuple[Array, Any]]
 NEG_INF = -1.0e9
@@ -59,7 +61,7 @@ def _gather_beams(tree: Any, indices: Array, batch_size: int, beam_size: int) ->
     flat = (jnp.arange(batch_size)[:, None] * beam_size + indices).reshape(-1)
 
     def gather(path, x):
-        axis = int(any(getattr(key, "key", None) == "layers" for key in path))
+        axis = int(any(getattr(key, "key", None) == SCANNED_LAYERS for key in path))
         if x.ndim <= axis:
             return x
         return jnp.take(x, flat, axis=axis)

@@ -11,6 +11,7 @@ et al. 2017, Table 3 (Transformer base and big).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 from typing import Any, ClassVar, Mapping
 
@@ -18,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.errors import UserError
+from bert_jax.errors import DamagedFileError, UserError
 from bert_jax.modeling.fused_attention import IMPLS as ATTENTION_IMPLS
 
 ACTIVATIONS = {
@@ -176,12 +177,37 @@ class StackConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]):
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
+        unknown = cls.unknown_fields(values)
         if unknown:
             raise ConfigError(f"{cls.__name__}: unknown field(s) {unknown}; known fields "
-                              f"are {sorted(known)}.")
+                              f"are {cls.field_names()}.")
         return cls(**values)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return sorted(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def unknown_fields(cls, values: Mapping[str, Any]) -> list[str]:
+        """The keys of `values` that are no field of this class, sorted."""
+        return sorted(set(values) - set(cls.field_names()))
+
+    @classmethod
+    def check_saved(cls, values: Mapping[str, Any], path: str, section: str = "model"
+                    ) -> None:
+        """Raises a `DamagedFileError` naming the file `path` and `section.KEY` when
+        `values` (its `section`, read from it) holds a key that is no field of this
+        class: an edited file, or one another version wrote."""
+        unknown = cls.unknown_fields(values)
+        if not unknown:
+            return
+        named = ", ".join(f"{section}.{key}" for key in unknown)
+        close = difflib.get_close_matches(unknown[0], cls.field_names(), n=1)
+        hint = f" (did you mean {section}.{close[0]}?)" if close else ""
+        raise DamagedFileError(
+            f"{path}: {named} {'is not a field' if len(unknown) == 1 else 'are not fields'} "
+            f"of {cls.__name__}{hint}; the file was edited or written by another version "
+            f"of bert_jax: correct or remove {named} in {path}.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -33,6 +33,10 @@ from bert_jax.modeling.precision import float32_accumulation
 Array = jax.Array
 
 BATCH_MESH_AXES = ("data", "fsdp")  # the mesh axes that split the batch
+# The scanned stack of layers (`scan_layers`): the module whose params, cache and
+# intermediates hold every layer's, stacked on a leading axis, and that axis's
+# logical name (sharding rules, `nn.PARTITION_NAME`).
+SCANNED_LAYERS = "layers"
 
 
 def batch_sharded(x: Array) -> Array:
@@ -179,7 +183,7 @@ def _scan(body: type[nn.Module], num_layers: int, num_broadcast: int) -> type[nn
     return nn.scan(body, variable_axes={"params": 0, "intermediates": 0, "cache": 0},
                    split_rngs={"params": True, "dropout": True},
                    in_axes=(0,) + (nn.broadcast,) * num_broadcast,
-                   length=num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+                   length=num_layers, metadata_params={nn.PARTITION_NAME: SCANNED_LAYERS})
 
 
 class _EncoderScanBody(nn.Module):
@@ -240,7 +244,7 @@ class EncoderStack(nn.Module):
         hidden_states = [x]
         if cfg.scan_layers:
             scanned = _scan(_EncoderScanBody, cfg.num_layers, 1)(
-                cfg, deterministic, output_hidden_states, name="layers")
+                cfg, deterministic, output_hidden_states, name=SCANNED_LAYERS)
             x, stacked = scanned(x, (head_mask, layer_mask), mask)
             if output_hidden_states:
                 hidden_states.extend(stacked[i] for i in range(cfg.num_layers))
@@ -272,7 +276,7 @@ class DecoderStack(nn.Module):
         x = batch_sharded(x)
         if cfg.scan_layers:
             scanned = _scan(_DecoderScanBody, self.num_layers, 3)(
-                cfg, self.decode, deterministic, name="layers")
+                cfg, self.decode, deterministic, name=SCANNED_LAYERS)
             x, _ = scanned(x, (self_head_mask, cross_head_mask, layer_mask), encoded,
                            self_mask, cross_mask)
         else:
@@ -296,17 +300,17 @@ def scan_params(params: dict) -> dict:
     count = sum(1 for k in params if k.startswith("layer_"))
     layers = [params[f"layer_{i}"] for i in range(count)]
     rest = {k: scan_params(v) for k, v in params.items() if not k.startswith("layer_")}
-    return {**rest, "layers": {"layer": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}}
+    return {**rest, SCANNED_LAYERS: {"layer": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}}
 
 
 def unscan_params(params: dict) -> dict:
     """Scanned -> unscanned layout, the inverse of `scan_params`."""
     if not isinstance(params, dict):
         return params
-    if "layers" not in params:
+    if SCANNED_LAYERS not in params:
         return {k: unscan_params(v) for k, v in params.items()}
-    stacked = params["layers"]["layer"]
+    stacked = params[SCANNED_LAYERS]["layer"]
     count = jax.tree.leaves(stacked)[0].shape[0]
-    rest = {k: unscan_params(v) for k, v in params.items() if k != "layers"}
+    rest = {k: unscan_params(v) for k, v in params.items() if k != SCANNED_LAYERS}
     return {**rest, **{f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], stacked)
                        for i in range(count)}}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import abc
 import functools
+import os
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import flax.linen as nn
@@ -16,8 +18,10 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
+from bert_jax.errors import DamagedFileError
 from bert_jax.modeling.configs import ConfigError, StackConfig
 from bert_jax.auto_dtype import resolve_model_dtype
+from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
 
 Batch = dict[str, Any]
 Sums = dict[str, jax.Array]
@@ -57,6 +61,21 @@ def build_task(config: ml_collections.ConfigDict, workdir: str | None,
     return cls(config, workdir, abstract=True)
 
 
+def check_saved_config(saved: Mapping[str, Any], path: str) -> None:
+    """Raises a `DamagedFileError` naming `path` (a workdir's config.json, read into
+    `saved`) when it is no JSON object, or naming the key when its "model" section
+    holds one its task's model config lacks (an edited file): either would fail deep
+    inside the task instead."""
+    if not isinstance(saved, Mapping):
+        raise DamagedFileError(f"{path} holds a JSON {type(saved).__name__}, not the "
+                               "object of a config: restore it from a copy, or use a new "
+                               "workdir.")
+    name, model = saved.get("task"), saved.get("model")
+    cls = task_class(name) if isinstance(name, str) else None
+    if cls is not None and cls.model_config_class is not None and isinstance(model, Mapping):
+        cls.model_config_class.check_saved(model, path)
+
+
 def cached_method(method: Callable) -> Callable:
     """Caches `method(self, arg)` per instance and argument; unlike
     `functools.cache`, the cache dies with its task."""
@@ -68,6 +87,12 @@ def cached_method(method: Callable) -> Callable:
             cache[key] = method(self, arg)
         return cache[key]
     return cached
+
+
+def holds_checkpoints(workdir: str) -> bool:
+    """Whether `workdir` holds checkpoints: what they were trained with (a vocabulary) is
+    then only read, never made again (it could differ: other ids)."""
+    return bool(checkpoint_steps(os.path.join(workdir, CHECKPOINT_DIR)))
 
 
 def written_by_process_zero(load_or_create: Callable[[bool], T], what: str) -> T:
@@ -85,6 +110,9 @@ class Task(abc.ABC):
 
     model_config: StackConfig
     model: nn.Module
+    # The class `config.model` builds: its fields are the keys a workdir's
+    # config.json may hold under "model" (`check_saved_config`); None: unchecked.
+    model_config_class: type[StackConfig] | None = None
     supports_abstract: bool = False  # can be built without data (`build_task`)
     # Config keys (or `section.` prefixes) of this task an evaluation of its
     # workdir may change, beyond `training.evaluation.EVALUATION_OVERRIDES`.

@@ -22,12 +22,12 @@ import ml_collections
 from bert_jax.convert.hf_bert import config_from_hf
 from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
 from bert_jax.convert.pretrained import checkpoint_path
-from bert_jax.data import wordpiece
+from bert_jax.data import vocabulary, wordpiece
 from bert_jax.errors import MissingFileError
 from bert_jax.file_io import read_json
 from bert_jax.modeling import BertConfig
 from bert_jax.modeling.configs import ConfigError
-from bert_jax.tasks.base import written_by_process_zero
+from bert_jax.tasks.base import check_saved_config, holds_checkpoints, written_by_process_zero
 from bert_jax.auto_dtype import resolve_model_dtype
 
 RUNTIME_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "param_dtype",
@@ -57,7 +57,7 @@ def checkpoint_kind(path: str) -> str:
                            "bert_jax pretrained folder or a bert_jax workdir.")
 
 
-def _checkpoint_model(path: str, kind: str) -> tuple[BertConfig, str, bool | None]:
+def checkpoint_model(path: str, kind: str) -> tuple[BertConfig, str, bool | None]:
     """(architecture, its vocab.txt ('' if none), its declared casing or None)."""
     if kind == "huggingface":
         config = config_from_hf(read_json(os.path.join(path, "config.json")))
@@ -71,7 +71,9 @@ def _checkpoint_model(path: str, kind: str) -> tuple[BertConfig, str, bool | Non
                               "not BERT.")
         vocab = os.path.join(path, "vocab.txt")
         return BertConfig.from_dict(meta["config"]), vocab if os.path.isfile(vocab) else "", None
-    saved = read_json(os.path.join(path, "config.json"))
+    saved_path = os.path.join(path, "config.json")
+    saved = read_json(saved_path)
+    check_saved_config(saved, saved_path)
     vocab = _workdir_vocabulary(path, saved)
     model = {**saved["model"], "vocab_size": vocab.size}
     return BertConfig.from_dict(model), vocab.path, vocab.lowercase
@@ -80,16 +82,20 @@ def _checkpoint_model(path: str, kind: str) -> tuple[BertConfig, str, bool | Non
 def _workdir_vocabulary(path: str, saved: dict) -> wordpiece.WordPiece:
     """A workdir's vocabulary: its `vocab/` (trained there), else the one its
     config was given (`data.vocab_file`), else that of the checkpoint it started
-    from (`init_from`: phase 2 of a pretraining reads phase 1's)."""
+    from (`init_from`: phase 2 of a pretraining reads phase 1's). Without any, a
+    `MissingFileError` names `vocab/vocab.txt` (its checkpoints were trained with it)."""
     vocab_dir = os.path.join(path, wordpiece.VOCAB_DIR)
     data = saved.get("data", {})
-    if os.path.isdir(vocab_dir) or not (data.get("vocab_file") or saved.get("init_from")):
+    if os.path.isdir(vocab_dir):
         return wordpiece.WordPiece.load(vocab_dir)
+    if not (data.get("vocab_file") or saved.get("init_from")):
+        raise vocabulary.missing_under_checkpoints(
+            os.path.join(vocab_dir, wordpiece.VOCAB_FILE), path)
     if data.get("vocab_file"):
         return wordpiece.WordPiece.from_vocab_file(data["vocab_file"],
                                                    lowercase=data.get("lowercase", True))
     parent = checkpoint_path(saved["init_from"])
-    _, vocab_file, lowercase = _checkpoint_model(parent, checkpoint_kind(parent))
+    _, vocab_file, lowercase = checkpoint_model(parent, checkpoint_kind(parent))
     if not vocab_file:
         raise ConfigError(f"{path} has no {wordpiece.VOCAB_DIR}/ and its init_from {parent} "
                           "no vocab.txt: set config.data.vocab_file to the one it was "
@@ -107,12 +113,13 @@ def resolve_backbone(config: ml_collections.ConfigDict, workdir: str,
         vocab = written_by_process_zero(
             lambda is_writer: wordpiece.load_or_train(
                 workdir, texts, data.get("vocab_size", 30522), lowercase=data.lowercase,
-                vocab_file=data.get("vocab_file", ""), is_writer=is_writer),
+                vocab_file=data.get("vocab_file", ""), is_writer=is_writer,
+                checkpointed=holds_checkpoints(workdir)),
             "vocabulary")
         return Backbone(BertConfig(**{**model, "vocab_size": vocab.size}), vocab, "scratch")
     init_from = checkpoint_path(init_from)
     kind = checkpoint_kind(init_from)
-    architecture, vocab_file, declared_lowercase = _checkpoint_model(init_from, kind)
+    architecture, vocab_file, declared_lowercase = checkpoint_model(init_from, kind)
     architecture = architecture.replace(
         **{k: v for k, v in model.items() if k in RUNTIME_FIELDS})
     vocab_file = data.get("vocab_file", "") or vocab_file

@@ -62,6 +62,7 @@ SYNTHETIC_CORPUS = os.path.join("corpus", "synthetic_documents.txt")
 @register("bert_pretraining")
 class BertPretrainingTask(Task):
 
+    model_config_class = BertConfig
     supports_abstract = True
     evaluation_overrides = ("data.eval_examples",)
     model_keywords = ("position_ids",)

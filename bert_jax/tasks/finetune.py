@@ -49,7 +49,7 @@ from bert_jax.data.splits import select
 from bert_jax.evaluation import classification_metrics
 from bert_jax.modeling.bert import (
     BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification)
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.modeling.configs import BertConfig, ConfigError
 from bert_jax.modeling.flops import bert_train_flops
 from bert_jax.modeling.losses import cross_entropy_sums
 from bert_jax.tasks.base import Batch, Task, cached_method, register
@@ -98,6 +98,7 @@ class FinetuneTask(Task):
     """The shared fine-tuning mechanism; subclasses give examples, rows, a
     model head, its loss sums and its scoring."""
 
+    model_config_class = BertConfig
     evaluation_overrides = ("data.path",)
 
     def __init__(self, config, workdir):

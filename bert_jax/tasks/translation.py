@@ -24,17 +24,24 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax.data import pipeline, sources, vocabulary
 from bert_jax.data.text_files import as_text
-from bert_jax.data.input_lines import InputError
+from bert_jax.data.input_lines import InputError, shorten
 from bert_jax.evaluation.decoding import transformer_search
 from bert_jax.modeling import Transformer, TransformerConfig
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.modeling.flops import transformer_train_flops
 from bert_jax.modeling.losses import cross_entropy_sums
-from bert_jax.tasks.base import Batch, Task, cached_method, register, written_by_process_zero
+from bert_jax.tasks.base import (
+    Batch, Task, cached_method, holds_checkpoints, register, written_by_process_zero)
 
 
 _PACKING_FEATURES = ("inputs_segmentation", "targets_segmentation",
                      "inputs_positions", "targets_positions")
+MAX_ID_DIGITS = 9  # an id written as text: below 10**9, an int32 (and no huge int())
+
+
+def _is_id(token: str) -> bool:
+    """Whether `token` is an id written in ASCII digits (not '²', not 10**200000)."""
+    return token.isascii() and token.isdigit() and len(token) <= MAX_ID_DIGITS
 
 
 def training_rows(config: ml_collections.ConfigDict) -> int:
@@ -53,6 +60,7 @@ def training_rows(config: ml_collections.ConfigDict) -> int:
 @register("translation")
 class TranslationTask(Task):
 
+    model_config_class = TransformerConfig
     supports_abstract = True
     evaluation_overrides = ("data.bleu_examples", "data.builder_kwargs.path", "decode.")
     model_keywords = _PACKING_FEATURES
@@ -81,7 +89,8 @@ class TranslationTask(Task):
         return written_by_process_zero(
             lambda is_writer: vocabulary.load_or_train(
                 self.workdir, self._training_texts(), data.vocab_size,
-                model_type=data.vocab_type, is_writer=is_writer),
+                model_type=data.vocab_type, is_writer=is_writer,
+                checkpointed=holds_checkpoints(self.workdir)),
             "vocabulary")
 
     @cached_method
@@ -103,9 +112,9 @@ class TranslationTask(Task):
         if self.vocab is None:  # ids, or ids written as text ("5 3 7")
             if isinstance(value, (str, bytes)):
                 tokens = as_text(value).split()
-                if not all(token.isdigit() for token in tokens):
-                    raise InputError(f"{as_text(value)!r}: this model reads ids written as "
-                                     "numbers, e.g. '5 3 7'.")
+                if not all(_is_id(token) for token in tokens):
+                    raise InputError(f"{shorten(as_text(value))!r}: this model reads ids "
+                                     "written as numbers, e.g. '5 3 7'.")
                 value = [int(token) for token in tokens]
             return np.asarray(value, np.int32)
         return np.array(self.vocab.encode(as_text(value)) + [vocabulary.EOS_ID], np.int32)
@@ -133,8 +142,8 @@ class TranslationTask(Task):
             return ["empty line"]
         if self.vocab is None:  # ids written as text
             size = self.model_config.vocab_size
-            unknown = [token for token in text.split()
-                       if not token.isdigit() or int(token) >= size]
+            unknown = [shorten(token) for token in text.split()
+                       if not _is_id(token) or int(token) >= size]
             if unknown:
                 return [f"unknown ids {' '.join(unknown[:5])} (ids are 0..{size - 1})"]
         ids = self._encode(text)

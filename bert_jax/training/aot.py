@@ -12,7 +12,14 @@ model FLOPs of `bert_jax.modeling.flops`; the collectives with count and
 result bytes, as written in the program text (an op inside a loop counted once)
 and as executed a step (times the trip counts of the loops around it:
 `bert_jax.training.hlo`), and each collective op with its replica groups; the
-fused attention kernels (cuDNN's, splash's).
+fused attention kernels (cuDNN's, splash's); the program's matmul FLOPs and
+memory traffic with every loop unrolled (`hlo_cost`).
+
+`CompileReport.bound` is the train step's time bound (`step_bound`): compute,
+memory and communication time at the target's peak figures
+(`topologies.machine`), the largest of them, their sum, the bottleneck and the
+MFU ceiling it implies. `fit_global_batch` ranks the configurations that fit
+by it.
 """
 
 from __future__ import annotations
@@ -33,8 +40,10 @@ from bert_jax.tasks import build_task
 from bert_jax.auto_dtype import Hardware, resolve_model_dtype
 from bert_jax.training import hlo
 from bert_jax.training.evaluation import jit_predict
+from bert_jax.training.hlo_cost import ProgramCost, program_cost
 from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_config
-from bert_jax.training.topologies import GPUS, Target
+from bert_jax.training.step_bound import Machine, StepBound, step_bound
+from bert_jax.training.topologies import GPUS, Target, machine
 from bert_jax.training.train_step import (
     abstract_train_state, jit_train_step, make_train_step)
 
@@ -65,6 +74,7 @@ class StepReport:
     collectives_executed: dict[str, dict[str, float]] = dataclasses.field(
         default_factory=dict)
     collective_ops: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    program: ProgramCost | None = None   # FLOPs and bytes per device, loops unrolled
 
     @property
     def total_bytes(self) -> int:
@@ -86,6 +96,7 @@ class CompileReport:
     model_flops: float
     train: StepReport
     eval: StepReport | None
+    bound: StepBound | None = None   # the train step's; None without the chip's figures
 
     @property
     def fits(self) -> bool:
@@ -93,7 +104,11 @@ class CompileReport:
         return all(step.total_bytes <= self.memory_per_device for step in steps)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "fits": self.fits}
+        """The report; the bound under `step_time_bound` (seconds: compute,
+        memory, communication, bound, sum), `bottleneck`, `mfu_ceiling`."""
+        report = dataclasses.asdict(self)
+        del report["bound"]
+        return {**report, "fits": self.fits, **(self.bound.to_dict() if self.bound else {})}
 
     def summary(self) -> str:
         slices = f", {self.num_slices} slices" if self.num_slices > 1 else ""
@@ -116,7 +131,10 @@ class CompileReport:
             if name == "train":
                 xla = ("not reported by this compiler" if step.xla_flops is None else
                        f"XLA {step.xla_flops:.3e} ({step.xla_flops / self.model_flops:.3f}x)")
-                lines.append(f"  FLOPs per step: model {self.model_flops:.3e}; {xla}")
+                program = ("" if step.program is None else
+                           f"; program's matmuls, loops unrolled "
+                           f"{step.program.flops * self.num_devices:.3e}")
+                lines.append(f"  FLOPs per step: model {self.model_flops:.3e}; {xla}{program}")
             for when, found in (("as written", step.collectives),
                                 ("as executed a step", step.collectives_executed)):
                 lines.append(f"  collectives {when}: " + (", ".join(
@@ -125,6 +143,8 @@ class CompileReport:
             lines.append("  attention kernels: " + (", ".join(
                 f"{k} x{n}" for k, n in step.attention_kernels.items()) or
                 "none (attention is XLA fusions)"))
+            if name == "train" and self.bound:
+                lines.append("  " + self.bound.summary())
         return "\n".join(lines)
 
 
@@ -178,15 +198,62 @@ def _compile(jitted, args, num_devices: int) -> StepReport:
     try:
         compiled = jitted.lower(*args).compile()
     except Exception as e:  # noqa: BLE001  (the TPU compiler refuses what exceeds HBM)
+        # The one message test in bert_jax: XLA raises a plain XlaRuntimeError whose text
+        # starts with its status code, the only signal there is of an out-of-memory refusal.
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
         raise DoesNotFit("the compiler ran out of device memory: " + " ".join(
             line.strip() for line in str(e).splitlines()[:3])) from e
-    seconds = time.perf_counter() - start
+    return step_report(compiled, time.perf_counter() - start, num_devices)
+
+
+def step_report(compiled, compile_seconds: float, num_devices: int) -> StepReport:
+    """What a compiled step needs and does, per device."""
     text = compiled.as_text()
     found = hlo.collective_ops(text)
-    return StepReport(seconds, compiled_memory(compiled), _xla_flops(compiled, num_devices),
-                      found.as_written, attention_kernels(text), found.executed, found.ops)
+    return StepReport(compile_seconds, compiled_memory(compiled),
+                      _xla_flops(compiled, num_devices), found.as_written,
+                      attention_kernels(text), found.executed, found.ops, program_cost(text))
+
+
+def bound_of(step: StepReport, hardware: Machine, model_flops_per_device: float
+             ) -> StepBound:
+    """The time bound of `step` on `hardware` (its `places` indexed by the
+    program's device ids; one slice's program on a multi-slice TPU: the first
+    slice's devices come first). FLOPs: the program's matmuls, loops unrolled,
+    or the model's if more (the program's count misses custom calls: cuDNN
+    attention, Pallas kernels)."""
+    program = step.program or ProgramCost(0.0, 0.0, {}, [])
+    flops, source = ((program.flops, "the program's dots and convolutions, loops unrolled")
+                     if program.flops >= model_flops_per_device else
+                     (model_flops_per_device, "the model's matmuls (bert_jax.modeling.flops), "
+                      f"above the program's count of {program.flops:.3e} (custom calls "
+                      "uncounted)"))
+    ops = step.collective_ops
+    if program.dcn_transfers:   # a slice's program: its share of a ring across the slices
+        slices: dict[int, int] = {}
+        for index, place in enumerate(hardware.places):
+            slices.setdefault(place.domain, index)
+        ops = ops + [{**transfer, "replica_groups": [list(slices.values())]}
+                     for transfer in program.dcn_transfers]
+    return step_bound(
+        flops=flops, bytes_accessed=program.bytes_accessed,
+        model_flops=model_flops_per_device, collective_ops=ops,
+        machine=hardware, sources={
+            "flops": source,
+            "bytes": "operands and results of the instructions run, loops unrolled (hlo_cost)",
+            "collectives": "each op's executions and replica groups"
+            + ("; between slices: the TPU host transfers" if program.dcn_transfers else "")})
+
+
+def program_order(mesh) -> tuple:
+    """The mesh's devices in the order of the program's device ids: the mesh's
+    order; with several TPU slices, each runs its own program over its devices
+    (in the mesh's order), so the first slice's come first."""
+    flat = tuple(mesh.devices.flat)
+    first = tuple(d for d in flat
+                  if getattr(d, "slice_index", 0) == getattr(flat[0], "slice_index", 0))
+    return first + tuple(d for d in flat if d not in first)
 
 
 def with_per_device_batch(config: ml_collections.ConfigDict, per_device: int,
@@ -243,13 +310,17 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
         if eval_step:
             evaluation = _compile(jit_predict(task, mesh),
                                   (state.params, batch(False), None), num_devices)
+    model_flops = task.flops_per_step()
+    bound = None
+    if target.interconnect is not None:
+        bound = bound_of(train, machine(target, program_order(mesh)), model_flops / num_devices)
     return CompileReport(
         topology=target.name, chip=target.chip, num_devices=num_devices,
         num_slices=target.num_slices, memory_per_device=target.memory_bytes,
         memory_note=target.memory_note,
         mesh=dict(mesh.shape), global_batch=global_rows,
         per_device_batch=global_rows / batch_devices(mesh),
-        model_flops=task.flops_per_step(), train=train, eval=evaluation)
+        model_flops=model_flops, train=train, eval=evaluation, bound=bound)
 
 
 @dataclasses.dataclass
@@ -302,42 +373,80 @@ class GlobalBatchFit:
     micro_batch: int              # rows per device in one micro-batch
     grad_accum_steps: int         # micro-batches a step: global = micro x devices x steps
     mesh_shape: tuple[int, int, int]
+    scan_layers: bool             # config.model.scan_layers of the step compiled
     report: CompileReport         # the step at that micro-batch, as train.py runs it
 
+    @property
+    def bound_s(self) -> float:
+        return self.report.bound.bound_s if self.report.bound else math.inf
 
-def fit_global_batch(config: ml_collections.ConfigDict, target: Target) -> GlobalBatchFit:
-    """The largest per-device micro-batch for `config.train.batch_size` rows a
-    step: bisection over the divisors of each device's share, compiling the
-    step `launch/train.py` runs (`grad_accum_steps` = share / micro-batch; the
-    accumulation scan's buffers count), assuming every smaller micro-batch fits.
-    If nothing fits with `config.mesh`, it tries FSDP over the whole target."""
-    meshes = [tuple(config.mesh.shape), (1, -1, 1)]
-    for shape in dict.fromkeys(meshes):
-        config = ml_collections.ConfigDict(config.to_dict())
-        config.mesh.shape = shape
-        devices = batch_devices(mesh_from_config(config.mesh, target.devices))
-        share, rest = divmod(config.train.batch_size, devices)
-        if rest or not share:
-            raise ConfigError(f"config.train.batch_size={config.train.batch_size}: use a "
-                              f"multiple of {target.name}'s {devices} devices (mesh {shape}).")
-        sizes = [size for size in range(1, share + 1) if share % size == 0]
-        low, high, best = -1, len(sizes), None   # sizes[low] fits, sizes[high] does not
-        while high - low > 1:
-            middle = (low + high) // 2
-            config.train.grad_accum_steps = share // sizes[middle]
+
+FSDP_MESH = (1, -1, 1)
+
+
+def fit_global_batch(config: ml_collections.ConfigDict, target: Target,
+                     alternatives: bool = True) -> list[GlobalBatchFit]:
+    """The ways to run `config.train.batch_size` rows a step that fit, the
+    fastest step-time bound first (ties, or no bound: the larger micro-batch).
+
+    Per candidate mesh and layer form, a bisection over the divisors of each
+    device's share of the batch finds the largest micro-batch that fits,
+    compiling the step `launch/train.py` runs (`grad_accum_steps` = share /
+    micro-batch; the accumulation scan's buffers count) and assuming every
+    smaller micro-batch fits; every size compiled that fits is a candidate.
+    Candidates: `config.mesh` and FSDP over the whole target, the layers
+    scanned as configured and the other way (`alternatives`; 4 searches).
+    Without `alternatives`: the configured layers, and FSDP only if nothing
+    fits `config.mesh`."""
+    scans = [bool(config.model.get("scan_layers", False))]
+    if alternatives and "scan_layers" in config.model:
+        scans.append(not scans[0])
+    meshes = list(dict.fromkeys([tuple(config.mesh.shape), FSDP_MESH]))
+    found: list[GlobalBatchFit] = []
+    for shape in meshes:
+        for scan in scans:
             try:
-                report = compile_experiment(config, target, eval_step=False)
-            except DoesNotFit:
-                report = None
-            if report is not None and report.fits:
-                low, best = middle, GlobalBatchFit(sizes[middle], share // sizes[middle],
-                                                   shape, report)
-            else:
-                high = middle
-        if best:
-            return best
-    raise DoesNotFit(f"one row per device does not fit {target.name}, even with FSDP: set "
-                     "config.model.remat, or use config.mesh.shape's tensor axis.")
+                found += _fits_at(config, target, shape, scan)
+            except ConfigError:
+                if shape == meshes[0]:
+                    raise       # the configured mesh; FSDP may not split this batch
+        if found and not alternatives:
+            break
+    if not found:
+        raise DoesNotFit(f"one row per device does not fit {target.name}, even with FSDP: "
+                         "set config.model.remat, or use config.mesh.shape's tensor axis.")
+    return sorted(found, key=lambda fit: (fit.bound_s, -fit.micro_batch))
+
+
+def _fits_at(config: ml_collections.ConfigDict, target: Target, shape: tuple,
+             scan: bool) -> list[GlobalBatchFit]:
+    """The micro-batches that fit with mesh `shape` and the layers `scan`ned,
+    compiled while bisecting for the largest."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.mesh.shape = shape
+    if "scan_layers" in config.model:
+        config.model.scan_layers = scan
+    devices = batch_devices(mesh_from_config(config.mesh, target.devices))
+    share, rest = divmod(config.train.batch_size, devices)
+    if rest or not share:
+        raise ConfigError(f"config.train.batch_size={config.train.batch_size}: use a "
+                          f"multiple of {target.name}'s {devices} devices (mesh {shape}).")
+    sizes = [size for size in range(1, share + 1) if share % size == 0]
+    low, high, fits = -1, len(sizes), []   # sizes[low] fits, sizes[high] does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        config.train.grad_accum_steps = share // sizes[middle]
+        try:
+            report = compile_experiment(config, target, eval_step=False)
+        except DoesNotFit:
+            report = None
+        if report is not None and report.fits:
+            low = middle
+            fits.append(GlobalBatchFit(sizes[middle], share // sizes[middle], shape, scan,
+                                       report))
+        else:
+            high = middle
+    return fits
 
 
 def projected_hours(report: CompileReport, steps: int, mfu: float, peak_flops: float

@@ -2,12 +2,14 @@
 et al. 2017, section 6.1: the last 5 checkpoints, written every 10 minutes, for
 the base model, the last 20 for big; fairseq scripts/average_checkpoints.py,
 tensor2tensor/utils/avg_checkpoints.py). The average is written to a new
-folder, a workdir of its own that evaluate.py, translate.py and `init_from`
-read; the training run's workdir is not written to:
+folder outside the workdir (symbolic links followed), a workdir of its own that
+evaluate.py, translate.py and `init_from` read; the training run's workdir is
+not written to:
 
-    OUTPUT/config.json, OUTPUT/vocab/     copied from the workdir
-    OUTPUT/checkpoints/<last step>/state  {"params": the average}
-    OUTPUT/average.json                   {"workdir": ..., "steps": [averaged]}
+    OUTPUT/config.json, OUTPUT/vocab/      copied from the workdir
+    OUTPUT/checkpoints/<last step>/state   {"params": the average}
+    OUTPUT/checkpoints/<last step>/digest  its checksums (checkpoints.Checkpointer)
+    OUTPUT/average.json                    {"workdir": ..., "steps": [averaged]}
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import ml_collections
-import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from bert_jax.data.vocabulary import VOCAB_DIR
 from bert_jax.file_io import write_json
-from bert_jax.training.checkpoints import CheckpointError, restore_params
+from bert_jax.training.checkpoints import (
+    CheckpointError, Checkpointer, restore_params, vanished_step)
 from bert_jax.training.evaluation import abstract_params
 from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps
 
@@ -53,18 +55,25 @@ def average_workdir(config: ml_collections.ConfigDict, workdir: str, output: str
             f"cannot average {f'the last {last} checkpoints' if last else f'steps {steps}'}"
             f" of {directory}: it holds steps {available}. Name steps it holds (keep more "
             "with config.train.keep_last).")
-    output = os.path.abspath(output)
+    resolved, inside = os.path.realpath(output), os.path.realpath(workdir)
     if (os.path.exists(output) and (os.path.isfile(output) or os.listdir(output))
-            or output.startswith(directory + os.sep)):
-        raise CheckpointError(f"--save_average={output} is not a new folder outside "
-                              f"{directory}: the average is never written over or among "
-                              "training's files. Choose a new folder.")
+            or os.path.commonpath([resolved, inside]) == inside):
+        where = f" (it is {resolved})" if resolved != os.path.abspath(output) else ""
+        raise CheckpointError(f"--save_average={output}{where} is not a new folder outside "
+                              f"the workdir {inside}: the average is never written over or "
+                              "among a training run's files. Choose a new folder.")
+    output = os.path.abspath(output)
     _, _, abstract = abstract_params(config, workdir)
-    params = average_params([os.path.join(directory, str(s)) for s in steps], abstract)
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(os.path.join(output, CHECKPOINT_DIR, str(steps[-1]), "state"),
-                          {"params": params})
-        checkpointer.wait_until_finished()
+    try:
+        params = average_params([os.path.join(directory, str(s)) for s in steps], abstract)
+    except CheckpointError as e:
+        vanished = next(filter(None, (vanished_step(directory, s, None) for s in steps)), None)
+        if vanished:
+            raise vanished from e
+        raise
+    checkpointer = Checkpointer(output, async_saves=False)
+    checkpointer.save(steps[-1], {"params": params}, None)
+    checkpointer.close()
     if jax.process_index() == 0:
         shutil.copy(os.path.join(workdir, CONFIG_FILE), output)
         if os.path.isdir(os.path.join(workdir, VOCAB_DIR)):

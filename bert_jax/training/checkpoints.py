@@ -6,6 +6,11 @@ Layout of a workdir's checkpoints (one folder per step):
     WORKDIR/checkpoints/<step>/data/    the input iterator's state, per process
     WORKDIR/checkpoints/<step>/digest/  a checksum of each array of the state
 
+Integrity is checked whole or the checkpoint is refused: a missing or damaged
+checksum record is damage, as a checksum that differs is. Only a step whose
+Orbax record of its items (`_CHECKPOINT_METADATA`) lists no digest (saved
+before checksums were, 2026-11-25) is restored unchecked, with a warning.
+
 Kept: the last `keep_last` checkpoints plus the `keep_best` best by an
 evaluation metric. A save interrupted by `kill -9` leaves a
 `<step>.orbax-checkpoint-tmp*` folder that is never read: resuming takes the
@@ -14,12 +19,8 @@ last complete step.
 
 from __future__ import annotations
 
-import logging as python_logging
 import os
 import shutil
-import sys
-import traceback
-import warnings
 from typing import Any
 
 import grain
@@ -30,11 +31,14 @@ import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint import checkpoint_managers
 
-from bert_jax.errors import UserError, chain
+from bert_jax import noise
+from bert_jax.errors import DamagedFileError, UserError, chain
+from bert_jax.file_io import read_json
 from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
 
 SET_ASIDE_DIR = "checkpoints_set_aside"
 DIGEST_ITEM = "digest"
+STEP_RECORD = "_CHECKPOINT_METADATA"  # Orbax's: {"item_handlers": {item: handler}, ...}
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -75,7 +79,7 @@ class Checkpointer:
                                              item_names=("state", "data", DIGEST_ITEM))
         self.unchecked = None  # the step of the last save not yet known to be complete
         self.failed = False
-        _drop_unraisable_io_errors()
+        noise.drop_unraisable_io_errors()
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -114,7 +118,7 @@ class Checkpointer:
 
     def _unsaved(self, error: Exception | None) -> SaveError:
         step, self.unchecked, self.failed = self.unchecked, None, True
-        _drop_reports_of_abandoned_io()
+        noise.drop_reports_of_abandoned_io()
         reason = next((f" ({e.strerror})" for e in chain(error)
                        if isinstance(e, OSError) and e.strerror), "")
         usage = shutil.disk_usage(self.directory)
@@ -135,15 +139,12 @@ class Checkpointer:
         items = {"state": ocp.args.StandardRestore(abstract_state)}
         if data_iterator is not None:
             items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
-        checked = os.path.isdir(os.path.join(self.directory, str(step), DIGEST_ITEM))
-        if checked:  # not in checkpoints written before it was added
-            items[DIGEST_ITEM] = ocp.args.JsonRestore()
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # Orbax/TensorStore raise many types
-            _drop_reports_of_abandoned_io()
+            noise.drop_reports_of_abandoned_io()
             raise self._unrestorable(step, UNREADABLE) from e
-        damage = check_integrity(restored["state"], restored[DIGEST_ITEM] if checked else None)
+        damage = checkpoint_damage(os.path.join(self.directory, str(step)), restored["state"])
         if damage:
             raise self._unrestorable(step, damage)
         return restored["state"]
@@ -174,12 +175,6 @@ class Checkpointer:
                     raise
 
 
-def _leaf_name(path) -> str:
-    """'params/encoder/...' for a key path of a TrainState or of a dict of its fields."""
-    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-                    for k in path)
-
-
 @jax.jit
 def _checksums(leaves: list) -> list:
     """(checksum, all finite) of each array, on device and independent of the
@@ -203,7 +198,7 @@ def digests(tree: Any) -> tuple[dict[str, int], list[str]]:
     """({array name: checksum}, names of arrays holding NaN or Inf) of `tree`."""
     named = jax.tree_util.tree_flatten_with_path(tree)[0]
     results = jax.device_get(_checksums([leaf for _, leaf in named]))
-    names = [_leaf_name(path) for path, _ in named]
+    names = [jax.tree_util.keystr(path, simple=True, separator="/") for path, _ in named]
     return ({name: int(total) for name, (total, _) in zip(names, results)},
             [name for name, (_, finite) in zip(names, results) if not finite])
 
@@ -211,11 +206,14 @@ def digests(tree: Any) -> tuple[dict[str, int], list[str]]:
 def check_integrity(tree: Any, saved: dict[str, int] | None) -> str | None:
     """What is wrong with restored `tree`: an array whose checksum differs from
     the one `saved` with it (same-size damage that TensorStore reads without
-    error), or that holds NaN/Inf (training never saves one); None if nothing."""
+    error) or that `saved` lacks, or that holds NaN/Inf (training never saves
+    one); None if nothing. `saved=None`: no checksums (NaN/Inf only)."""
     computed, nonfinite = digests(tree)
+    unrecorded = [name for name in computed if saved is not None and name not in saved]
     changed = [name for name, total in computed.items()
                if saved is not None and name in saved and saved[name] != total]
-    for names, what in ((changed, "does not match the checksum saved with it"),
+    for names, what in ((unrecorded, "has no checksum in the record saved with it"),
+                        (changed, "does not match the checksum saved with it"),
                         (nonfinite, "holds NaN or Inf")):
         if names:
             more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
@@ -223,44 +221,32 @@ def check_integrity(tree: Any, saved: dict[str, int] | None) -> str | None:
     return None
 
 
+def checkpoint_damage(step_dir: str, tree: Any) -> str | None:
+    """What is wrong with `tree`, restored from the checkpoint `step_dir`
+    (WORKDIR/checkpoints/N), checked against the checksums saved with it; None if
+    nothing. Unchecked only when the step's Orbax record of its items says its
+    writer saved no checksums; a missing or damaged record is damage."""
+    try:
+        items = read_json(os.path.join(step_dir, STEP_RECORD))["item_handlers"]
+        checked = DIGEST_ITEM in items
+    except (OSError, DamagedFileError, LookupError, TypeError):
+        return (f"{STEP_RECORD}, its record of what it holds, is missing or damaged: its "
+                "checksums cannot be found")
+    if not checked:
+        logging.warning("%s was saved without checksums (before bert_jax recorded them): "
+                        "its arrays are restored unchecked.", step_dir)
+        return check_integrity(tree, None)
+    try:
+        saved = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(
+            os.path.join(step_dir, DIGEST_ITEM))
+    except Exception:  # Orbax raises FileNotFoundError, JSONDecodeError, ...
+        saved = None
+    if not isinstance(saved, dict):
+        return f"its checksums ({DIGEST_ITEM}/) are missing or damaged"
+    return check_integrity(tree, saved)
+
+
 UNREADABLE = "its files cannot be read (--debug shows Orbax's error)"
-
-
-def _through_orbax(error: BaseException | None) -> bool:
-    return any(part in frame.f_code.co_filename for cause in chain(error)
-               for frame, _ in traceback.walk_tb(cause.__traceback__)
-               for part in ("/orbax/", "/asyncio/"))
-
-
-def _drop_unraisable_io_errors() -> None:
-    """Orbax reports a failed save or restore to the caller (`check`, `restore`), but the
-    reads and writes it abandons on an event loop it closes raise again, unraisable:
-    hundreds of ~70-line reports from its threads while training goes on (a failed
-    async save), or at exit. Once a Checkpointer exists, this process drops unraisable
-    errors raised through Orbax's or asyncio's code."""
-    if getattr(sys.unraisablehook, "drops_orbax_io", False):
-        return
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-        if not _through_orbax(unraisable.exc_value):
-            previous(unraisable)
-    hook.drops_orbax_io = True
-    sys.unraisablehook = hook
-
-
-def _drop_reports_of_abandoned_io() -> None:
-    """After a failure, also asyncio's logged exceptions ('never retrieved') and the
-    RuntimeWarnings of the abandoned coroutines, collected unawaited."""
-    _drop_unraisable_io_errors()
-    asyncio_logger = python_logging.getLogger("asyncio")
-    if _no_exceptions not in asyncio_logger.filters:
-        asyncio_logger.addFilter(_no_exceptions)
-    warnings.simplefilter("ignore", RuntimeWarning)
-
-
-def _no_exceptions(record: python_logging.LogRecord) -> bool:
-    return not record.exc_info
 
 
 def set_aside_steps_after(workdir: str, step: int) -> list[str]:
@@ -283,7 +269,32 @@ def set_aside_steps_after(workdir: str, step: int) -> list[str]:
     return moved
 
 
-def _damaged(path: str, damage: str) -> DamagedCheckpointError:
+def vanished_step(directory: str, step: int, flag: str | None) -> CheckpointError | None:
+    """The error for checkpoint `step` of the checkpoints folder `directory` deleted while
+    it was read (a training run writing there keeps its last `train.keep_last`), naming
+    the steps there now and `--FLAG` for the latest; None while the step is there."""
+    if os.path.isdir(os.path.join(directory, str(step))):
+        return None
+    now = checkpoint_steps(directory)
+    return CheckpointError(
+        f"checkpoint {step} vanished from {directory} while it was being read: a training "
+        "run writing there deletes all but its last config.train.keep_last checkpoints. "
+        f"It holds {now} now: rerun to read the latest"
+        + (f" (--{flag}=N for another)." if flag else "."),
+        rerun_with={flag: now[-1]} if flag and now else None)
+
+
+def _damaged(path: str, damage: str, step_flag: str | None = None) -> DamagedCheckpointError:
+    """The error for the damaged checkpoint `path`; with `step_flag`, when `path` is a step
+    folder (DIR/N) after another step of DIR, naming the last earlier one and the flag."""
+    directory, name = os.path.split(os.path.abspath(path))
+    steps = checkpoint_steps(directory) if step_flag and name.isdigit() else []
+    earlier = max((s for s in steps if s < int(name)), default=None)
+    if earlier is not None:
+        return DamagedCheckpointError(
+            f"cannot restore {path}: {damage}\nNothing was deleted (available: {steps}): use "
+            f"step {earlier}, the last earlier checkpoint, with --{step_flag}={earlier}.",
+            rerun_with={step_flag: earlier})
     return DamagedCheckpointError(
         f"cannot restore {path}: {damage}\nNothing was deleted: use another of its "
         "checkpoints (--step=N in evaluate.py and translate.py; as init_from, the "
@@ -366,27 +377,29 @@ def _restore_huggingface(path: str, abstract_params: Any, strict: bool):
     return traverse_util.unflatten_dict(restored), restored_paths, missing
 
 
-def restore_params(path: str, abstract_params: Any, strict: bool = False
-                   ) -> tuple[Any, list[str], list[str]]:
+def restore_params(path: str, abstract_params: Any, strict: bool = False,
+                   step_flag: str | None = None) -> tuple[Any, list[str], list[str]]:
     """(restored subtree, restored paths, missing paths) of the parameters of
     `abstract_params` (ShapeDtypeStructs with the new model's shardings) that `path`
     holds: a bert_jax pretrained folder, a workdir, its checkpoints dir, one step,
     or a Hugging Face BERT folder. Missing ones (a head the new task adds) are left
     to the caller (`init_from`); mis-shaped ones are an error, and with `strict`
-    (inference) missing and unexpected ones too."""
+    (inference) missing and unexpected ones too. A damaged step folder's error names
+    `--step_flag`=the last earlier step (`rerun_with`), when there is one."""
     from flax import traverse_util
 
     if _is_huggingface_folder(path):
         return _restore_huggingface(path, abstract_params, strict)
     directory, prefix = _params_location(path)
     checkpointer = ocp.PyTreeCheckpointer()
-    _drop_unraisable_io_errors()
+    noise.drop_unraisable_io_errors()
     try:
         metadata = checkpointer.metadata(directory)
         saved_tree = metadata.item_metadata.tree if hasattr(
             metadata, "item_metadata") else metadata.tree
-    except Exception as e:
-        raise CheckpointError(f"cannot read checkpoint metadata in {directory}: {e}") from e
+    except Exception as e:  # Orbax: None for a damaged _METADATA, or any error
+        raise _damaged(path, f"the metadata of {directory} cannot be read (--debug shows "
+                       "Orbax's error)", step_flag) from e
     saved = traverse_util.flatten_dict(saved_tree)
     target, restored_paths, missing = _match(
         {k: v.shape for k, v in saved.items() if hasattr(v, "shape")},
@@ -400,13 +413,12 @@ def restore_params(path: str, abstract_params: Any, strict: bool = False
         restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
             item=item, restore_args=restore_args, partial_restore=True))
     except Exception as e:  # the metadata and shapes matched: the data files are damaged
-        _drop_reports_of_abandoned_io()
-        raise _damaged(path, UNREADABLE) from e
-    digest = os.path.join(os.path.dirname(directory), DIGEST_ITEM)  # a workdir's step
-    damage = check_integrity(restored, ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(
-        digest) if prefix and os.path.isdir(digest) else None)
+        noise.drop_reports_of_abandoned_io()
+        raise _damaged(path, UNREADABLE, step_flag) from e
+    damage = (checkpoint_damage(os.path.dirname(directory), restored) if prefix  # a step
+              else check_integrity(restored, None))  # a pretrained folder has no checksums
     if damage:
-        raise _damaged(path, damage)
+        raise _damaged(path, damage, step_flag)
     for key in prefix:
         restored = restored[key]
     logging.info("restored %d parameters from %s; %d initialised: %s",

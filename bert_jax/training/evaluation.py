@@ -18,13 +18,13 @@ import numpy as np
 import optax
 from flax import traverse_util
 
+from bert_jax.errors import UserError
 from bert_jax.evaluation import evaluators as evaluators_lib
 from bert_jax.file_io import read_json
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import Task, build_task
-from bert_jax.tasks.base import task_class
-from bert_jax.training.checkpoints import (
-    CheckpointError, DamagedCheckpointError, restore_params)
+from bert_jax.tasks.base import check_saved_config, task_class
+from bert_jax.training.checkpoints import CheckpointError, restore_params, vanished_step
 from bert_jax.training.sharding import global_batch, mesh_from_config, replicated
 from bert_jax.training.train_step import abstract_train_state
 from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps
@@ -61,23 +61,29 @@ def evaluator_specs(task: Task) -> dict[str, dict[str, Any]]:
 
 
 def _write(directory: str, files: dict[str, Any]) -> None:
+    """A full disk or a permission is a `UserError` naming the file."""
     for relative, content in files.items():
         path = os.path.join(directory, relative)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            if path.endswith(".jsonl"):
-                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in content)
-            else:
-                json.dump(content, f, ensure_ascii=False)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                if path.endswith(".jsonl"):
+                    f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in content)
+                else:
+                    json.dump(content, f, ensure_ascii=False)
+        except OSError as e:
+            raise UserError(f"cannot write {path} ({e.strerror}).") from e
 
 
-def make_evaluator(task: Task, mesh, files_dir: str | None = None
+def make_evaluator(task: Task, mesh, files_dir: str | None = None,
+                   report: Callable[[dict[str, float]], None] | None = None
                    ) -> Callable[..., dict[str, float]]:
     """`evaluate(params, step, model_kwargs=None) -> {'eval/<name>': ...}`.
 
     One pass over the split sums the evaluation sums and gathers every real
     row's outputs, which the task decodes once for all evaluators. Files go to
-    `files_dir` (None: none, so evaluating a workdir never writes into it).
+    `files_dir` (None: none, so evaluating a workdir never writes into it),
+    after `report(metrics)` has seen the metrics (a failed write loses nothing).
     With `model_kwargs` (e.g. head masks) generation is skipped (incremental
     decoding takes none) and no file is written.
     """
@@ -109,9 +115,12 @@ def make_evaluator(task: Task, mesh, files_dir: str | None = None
             result = evaluators_lib.get(name)(context, **options)
             metrics.update(result.metrics)
             files.update(result.files)
+        metrics = {f"eval/{k}": v for k, v in metrics.items()}
+        if report is not None:
+            report(metrics)
         if files and model_kwargs is None and jax.process_index() == 0 and files_dir:
             _write(files_dir, files)
-        return {f"eval/{k}": v for k, v in metrics.items()}
+        return metrics
 
     return evaluate
 
@@ -129,7 +138,9 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
     if not os.path.isfile(path):
         raise CheckpointError(f"--workdir={workdir} holds no {CONFIG_FILE}: it is not the "
                               "workdir of a training run (launch/train.py writes it).")
-    return ml_collections.ConfigDict(read_json(path, object_hook=_tuples))
+    saved = read_json(path, object_hook=_tuples)
+    check_saved_config(saved, path)
+    return ml_collections.ConfigDict(saved)
 
 
 def _tuples(values: dict) -> dict:
@@ -201,23 +212,23 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
     task, mesh, abstract = abstract_params(config, workdir)
     try:
         params, _, _ = restore_params(os.path.join(directory, str(step)), abstract,
-                                      strict=True)
-    except DamagedCheckpointError as e:
-        earlier = max((s for s in steps if s < step), default=None)
-        if earlier is None:
-            raise
-        damage = str(e).split("\n", 1)[0]
-        raise DamagedCheckpointError(
-            f"{damage}\nNothing was deleted (available: {steps}): use step {earlier}, the "
-            f"last earlier checkpoint, with --step={earlier}.",
-            rerun_with={"step": earlier}) from e
+                                      strict=True, step_flag="step")
+    except CheckpointError as e:
+        vanished = vanished_step(directory, step, "step")
+        if vanished:
+            raise vanished from e
+        raise
     return task, mesh, params, step
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
-                        step: int | None = None, files_dir: str | None = None
+                        step: int | None = None, files_dir: str | None = None,
+                        report: Callable[[dict[str, float]], None] | None = None
                         ) -> dict[str, float]:
+    """{"step": N, "eval/...": ...} of a workdir's checkpoint (default: the latest);
+    `report` sees it before the evaluators' files are written to `files_dir`."""
     task, mesh, params, step = restore_for_inference(config, workdir, step)
     with jax.set_mesh(mesh):
-        metrics = make_evaluator(task, mesh, files_dir)(params, step)
+        metrics = make_evaluator(task, mesh, files_dir, report and (
+            lambda metrics: report({"step": step, **metrics})))(params, step)
     return {"step": step, **metrics}

@@ -1,5 +1,6 @@
-"""The collectives of a compiled XLA program (`compiled.as_text()`), as written
-and as executed.
+"""The reader of a compiled XLA program's text (`compiled.as_text()`): its
+computations and instructions, how often each runs, and its collectives as
+written and as executed (`bert_jax.training.hlo_cost` costs the same parse).
 
 HLO text is a list of computations, `%name (params) -> shape {` ... `}`, one
 of them `ENTRY`. An instruction is `%name = shape opcode(operands), attr=...`;
@@ -17,7 +18,8 @@ Trip counts: XLA's `"known_trip_count":{"n":"N"}` in the `while`'s
 backend_config when present (the CPU and GPU compilers write it); libtpu's
 text has none, so the count comes from the loop condition: its `compare` of
 the induction variable (a tuple element of the loop state) with an integer
-`constant(N)`, starting from the initial tuple's value when that is a
+`constant(N)` (the compare may be wrapped in a fusion, as XLA:CPU writes it),
+starting from the initial tuple's value when that is a
 constant (through copies), else 0, stepping by 1 (how `lax.scan` and
 `fori_loop` lower). A loop whose count cannot be read counts once and is
 listed in `Collectives.unknown_loops`.
@@ -49,7 +51,8 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
 _BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2,
           "bf16": 2, "f8e4m3fn": 1, "f8e5m2": 1, "s32": 4, "u32": 4, "f32": 4, "s64": 8,
           "u64": 8, "f64": 8, "c64": 8, "c128": 16}
-_ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\]")
+_ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
+_ON_CHIP = re.compile(r"S\([1-9]\d*\)")    # a layout's memory space other than 0 (TPU VMEM)
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(")
 _DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?([^\s=]+)\s*=\s*")
 _OPCODE = re.compile(r"\s*([a-z][\w\-]*)\(")
@@ -95,6 +98,11 @@ class Computation:
     @functools.cached_property
     def by_name(self) -> dict[str, Instruction]:
         return {instruction.name: instruction for instruction in self.instructions}
+
+    @functools.cached_property
+    def root(self) -> Instruction | None:
+        return next((i for i in self.instructions if i.text.lstrip().startswith("ROOT")),
+                    self.instructions[-1] if self.instructions else None)
 
 
 def _balanced(text: str, start: int) -> int:
@@ -185,19 +193,24 @@ def trip_count(loop: Instruction, caller: Computation,
     if known:
         return int(known.group(1))
     condition = computations.get(dict(loop.callees()).get("condition", ""))
-    if condition is None or not condition.instructions:
+    compare = root = condition.root if condition is not None else None
+    if root is not None and root.opcode == "fusion":   # a fused compare: its parameters
+        fused = computations.get(dict(root.callees()).get("calls", ""))   # are the operands
+        compare = fused.root if fused is not None else None
+    if compare is None or compare.opcode != "compare" or len(compare.operands) != 2:
         return None
-    instructions = condition.by_name
-    root = next((i for i in condition.instructions if i.text.lstrip().startswith("ROOT")),
-                condition.instructions[-1])
-    if root.opcode != "compare" or len(root.operands) != 2:
-        return None
-    values = [_constant_value(condition, name) for name in root.operands]
+    operands = [(condition, name) for name in compare.operands]
+    if compare is not root:
+        number = {i.name: int(i.operands[0]) for i in fused.instructions
+                  if i.opcode == "parameter"}
+        operands = [(condition, root.operands[number[name]]) if name in number else (fused, name)
+                    for name in compare.operands]
+    values = [_constant_value(scope, name) for scope, name in operands]
     if (values[0] is None) == (values[1] is None):
         return None
     bound = values[0] if values[0] is not None else values[1]
-    variable = instructions.get(root.operands[1 if values[0] is not None else 0])
-    direction = _DIRECTION.search(root.text)
+    variable = condition.by_name.get(operands[1 if values[0] is not None else 0][1])
+    direction = _DIRECTION.search(compare.text)
     direction = direction.group(1) if direction else "LT"
     if values[0] is not None:   # `N > i` is `i < N`
         direction = {"GT": "LT", "GE": "LE", "LT": "GT", "LE": "GE"}.get(direction, direction)
@@ -217,18 +230,18 @@ def trip_count(loop: Instruction, caller: Computation,
     return None
 
 
-def executions(computations: dict[str, Computation]) -> tuple[dict[str, int], list[str]]:
-    """({computation: times it runs per execution of the entry}, the `while`
-    instructions whose trip count could not be read)."""
+def executions(computations: dict[str, Computation]
+               ) -> tuple[dict[str, int], dict[str, int | None]]:
+    """({computation: times it runs per execution of the entry}, {`while`
+    instruction: its trip count, None where it could not be read})."""
     callers: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
-    unknown = []
+    loops: dict[str, int | None] = {}
     for computation in computations.values():
         for instruction in computation.instructions:
             trips = None
             if instruction.opcode == "while":
-                trips = trip_count(instruction, computation, computations)
-                if trips is None:
-                    unknown.append(instruction.name)
+                trips = loops[instruction.name] = trip_count(instruction, computation,
+                                                             computations)
             if instruction.opcode.endswith(("-done", "-update")):
                 continue   # an async op's computation runs once, counted at its -start
             for attribute, callee in instruction.callees():
@@ -253,13 +266,22 @@ def executions(computations: dict[str, Computation]) -> tuple[dict[str, int], li
 
     for name in computations:
         count(name)
-    return counts, unknown
+    return counts, loops
 
 
-def array_bytes(shape_text: str) -> int:
-    """Bytes of every `dtype[d0,d1,...]` in an HLO shape (a tuple sums them)."""
+def array_bytes(shape_text: str, hbm_only: bool = False) -> int:
+    """Bytes of every `dtype[d0,d1,...]{layout}` in an HLO shape (a tuple sums
+    them); with `hbm_only`, not of the arrays a TPU keeps on the chip (VMEM,
+    layout memory space `S(1)`)."""
     return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-               for dtype, dims in _ARRAY.findall(shape_text))
+               for dtype, dims, layout in _ARRAY.findall(shape_text)
+               if not (hbm_only and _ON_CHIP.search(layout)))
+
+
+def dimensions(shape_text: str) -> list[int]:
+    """The dimensions of the first array in an HLO shape."""
+    found = _ARRAY.search(shape_text)
+    return [int(d) for d in found.group(2).split(",") if d] if found else []
 
 
 def _tuple_parts(shape_text: str) -> list[str]:
@@ -359,7 +381,7 @@ def collective_ops(hlo_text: str) -> Collectives:
     An asynchronous pair (`-start`/`-done`) is one op: the `-done`'s result, the
     `-start`'s groups and operands."""
     computations = parse(hlo_text)
-    counts, unknown = executions(computations)
+    counts, loops = executions(computations)
     ops = []
     for computation in computations.values():
         instructions = computation.by_name
@@ -374,7 +396,7 @@ def collective_ops(hlo_text: str) -> Collectives:
                 continue
             groups = replica_groups(source.text)
             if groups == [[]]:
-                devices = _device_count(hlo_text)
+                devices = device_count(hlo_text)
                 groups = [list(range(devices))] if devices else groups
             operand_bytes = sum(array_bytes(instructions[name].shape) for name in
                                 source.operands if name in instructions)
@@ -387,10 +409,10 @@ def collective_ops(hlo_text: str) -> Collectives:
                         "group_size": len(groups[0]) if groups else 1,
                         "replica_groups": groups or []})
     return Collectives(_totals(ops, lambda op: 1), _totals(ops, lambda op: op["executions"]),
-                       ops, unknown)
+                       ops, [name for name, trips in loops.items() if trips is None])
 
 
-def _device_count(hlo_text: str) -> int:
+def device_count(hlo_text: str) -> int:
     """num_partitions x replica_count of the module header, 0 when absent."""
     header = hlo_text.split("\n", 1)[0]
     counts = [int(n) for n in re.findall(r"(?:num_partitions|replica_count)=(\d+)", header)]

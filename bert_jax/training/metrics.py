@@ -6,13 +6,22 @@ line) and TensorBoard events to `WORKDIR/tensorboard/` (tensorboardX).
 MFU = model FLOPs per second / (devices x peak FLOP/s per device). Model FLOPs
 count the model's matmuls only (3x the forward pass for a training step),
 without recomputation (`bert_jax.modeling.flops`). Peak: the config's, else the
-chip table of `topologies`, else (CPU) a timed matmul.
+chip table of `topologies` (dense bfloat16), else (CPU) a timed matmul in the
+dtype the model computes in, as the model computes it (`precision.contract`:
+bfloat16 operands, float32 accumulation). A CPU with `amx_bf16` multiplies
+bfloat16 several times faster than float32, so a float32 peak put a bfloat16
+model above 100% there; on a CPU without native bfloat16 the bfloat16 peak is
+the lower one. The CPU's memory bandwidth is a timed streaming op (read +
+write) at sizes from a core's cache to main memory, for the step-time bound of
+`bert_jax.training.step_bound`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 import time
 from typing import Any
 
@@ -21,28 +30,61 @@ import jax.numpy as jnp
 from absl import logging
 
 from bert_jax.file_io import write_atomically
+from bert_jax.modeling.precision import contract
 from bert_jax.training.topologies import peak_flops
-from bert_jax.training.workdir import METRICS_FILE, read_metrics
+from bert_jax.training.workdir import METRICS_FILE, parse_metrics, report_metrics_damage
 
-def measured_matmul_flops(size: int = 2048, repeats: int = 10) -> float:
-    """FLOP/s of a float32 `size x size` matmul: the fastest of `repeats` (a peak,
-    and steadier than the median on a shared CPU)."""
-    x = jnp.ones((size, size), jnp.float32)
-    matmul = jax.jit(lambda a: a @ a)
-    matmul(x).block_until_ready()
+
+def time_matmul_flops(dtype: str = "float32", size: int = 2048, repeats: int = 10) -> float:
+    """FLOP/s of a `size x size` matmul of `dtype` operands with float32
+    accumulation (the model's `precision.contract`): the fastest of `repeats`
+    (a peak, and steadier than the median on a shared CPU)."""
+    x = jnp.ones((size, size), dtype)
+    return 2 * size ** 3 / _fastest(jax.jit(lambda a: contract(a, a, 1)), x, repeats)
+
+
+# Measured once per process and arguments.
+measured_matmul_flops = functools.cache(time_matmul_flops)
+
+
+@functools.cache
+def measured_copy_bandwidth(megabytes: float = 256, repeats: int = 10) -> float:
+    """Bytes/s of `x + 1` over a float32 array of `megabytes`, repeated in one
+    program to move 512 MB a call: the bytes read plus the bytes written, over
+    the fastest of `repeats` calls. Measured once per process and arguments."""
+    x = jnp.zeros((int(megabytes * (1 << 18)),), jnp.float32)
+    passes = max(1, round(256 / megabytes))
+    add = jax.jit(lambda a: jax.lax.fori_loop(0, passes, lambda _, b: b + 1, a))
+    return 2 * x.nbytes * passes / _fastest(add, x, repeats)
+
+
+CACHE_AND_MEMORY_MB = (0.25, 4, 256)   # in a core's L2, in L3, far beyond the caches
+
+
+def memory_bandwidth_per_size() -> dict[float, float]:
+    """The copy bandwidth of this CPU at arrays of `CACHE_AND_MEMORY_MB`: a
+    step's traffic between XLA's fusions may stay in the caches, so a lower
+    bound on its time divides by the fastest of these."""
+    return {megabytes: measured_copy_bandwidth(megabytes) for megabytes in CACHE_AND_MEMORY_MB}
+
+
+def _fastest(fn, x: jax.Array, repeats: int) -> float:
+    fn(x).block_until_ready()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        matmul(x).block_until_ready()
+        fn(x).block_until_ready()
         times.append(time.perf_counter() - start)
-    return 2 * size ** 3 / min(times)
+    return min(times)
 
 
-def peak_flops_per_device(configured: float = 0.0) -> float:
-    """`configured` if positive, else `topologies.peak_flops` of the device, else measured."""
+def peak_flops_per_device(configured: float = 0.0, dtype: str = "float32") -> float:
+    """`configured` if positive, else `topologies.peak_flops` of the device
+    (accelerators: dense bfloat16), else a measured matmul in `dtype`, the
+    dtype the model computes in (`config.model.dtype` once resolved)."""
     if configured > 0:
         return configured
-    return peak_flops(jax.devices()[0].device_kind) or measured_matmul_flops()
+    return peak_flops(jax.devices()[0].device_kind) or measured_matmul_flops(str(dtype))
 
 
 class MetricWriter:
@@ -61,11 +103,19 @@ class MetricWriter:
                                           purge_step=resume_step + 1 if resume_step else None)
 
     def _drop_lines_after(self, step: int) -> None:
-        """On resume: the steps after `step` are logged again; a torn line goes too."""
-        if os.path.exists(self.path):
-            write_atomically(self.path, "".join(
-                json.dumps(m) + "\n" for m in read_metrics(os.path.dirname(self.path))
-                if m["step"] <= step))
+        """On resume: the steps after `step` are logged again; a torn last line goes
+        too. A file with damage (`parse_metrics`) is copied aside first, named in the
+        warning: the rewrite keeps only the records."""
+        if not os.path.exists(self.path):
+            return
+        records, problems = parse_metrics(self.path)
+        kept = None
+        if problems:
+            kept = f"{self.path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+            shutil.copyfile(self.path, kept)
+        report_metrics_damage(self.path, problems, kept)
+        write_atomically(self.path, "".join(json.dumps(m) + "\n" for m in records
+                                            if m["step"] <= step))
 
     def write(self, step: int, scalars: dict[str, Any]) -> None:
         if not self.enabled:

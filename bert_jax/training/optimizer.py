@@ -5,10 +5,16 @@ LayerNorm parameters (google-research/bert `AdamWeightDecayOptimizer`).
 
 Schedules (peak `learning_rate` reached after `warmup_steps` of linear warmup):
   constant  lr
-  linear    lr * (1 - (step - warmup) / (total - warmup))      (BERT)
+  linear    lr * (1 - (step - warmup) / (total - warmup))      (Hugging Face's)
   cosine    lr * 0.5 * (1 + cos(pi * (step - warmup) / (total - warmup)))
   rsqrt     lr * sqrt(warmup / step)                           (Vaswani et al.)
-  poly      lr * (1 - step / total) ** decay_power             (NVIDIA's LAMB recipes)
+  poly      lr * (1 - step / total) ** decay_power             (BERT, NVIDIA's LAMB)
+
+`linear` decays from the peak, as Hugging Face's `get_linear_schedule_with_warmup`.
+google-research/bert's decay is `poly` with `decay_power=1.0`: optimization.py
+`create_optimizer` decays over all `num_train_steps` (`tf.train.polynomial_decay(init_lr,
+global_step, num_train_steps, end_learning_rate=0.0, power=1.0)`), and its warmup
+replaces the first `num_warmup_steps` of that decay.
 
 `poly` is NVIDIA DeepLearningExamples@729963d's `PolyWarmUpScheduler`
 (PyTorch/LanguageModeling/BERT/schedulers.py:133-136, degree 0.5 by default at
@@ -28,6 +34,7 @@ import jax
 import optax
 
 from bert_jax.modeling.configs import ConfigError
+from bert_jax.modeling.layers import SCANNED_LAYERS
 
 SCHEDULES = ("constant", "linear", "cosine", "rsqrt", "poly")
 OPTIMIZERS = ("adamw", "lamb")
@@ -67,7 +74,7 @@ def decay_mask(params: Any, scanned: bool | None = None) -> Any:
     an `nn.scan` stack ('layers')."""
     def decays(path, _):
         names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
-        return names[-1] not in NO_DECAY and scanned in (None, "layers" in names)
+        return names[-1] not in NO_DECAY and scanned in (None, SCANNED_LAYERS in names)
     return jax.tree_util.tree_map_with_path(decays, params)
 
 

@@ -1,5 +1,5 @@
-"""Preemption notices (SIGTERM) turned into one checkpoint step that every
-process agrees on, without a cross-host collective at every training step."""
+"""Preemption notices (SIGTERM) and Ctrl-C (SIGINT) turned into one checkpoint step
+that every process agrees on, without a cross-host collective at every training step."""
 
 from __future__ import annotations
 
@@ -68,33 +68,52 @@ class PreemptionWatcher:
     same on every process: the sync manager fires only at exactly the agreed step.
     `first_step` (where training resumes) is reported at once, so a notice before
     the first `requested` is agreed on for the first step run.
+
+    Ctrl-C (SIGINT) is a notice too: the first saves and stops as SIGTERM does (under
+    the sync manager this process sends itself SIGTERM, which JAX's handler reports);
+    a second stops at once: `KeyboardInterrupt`, which `launch/cli.py` reports in one
+    line, and a third kills (the default action), should the clean-up hang.
     """
 
     def __init__(self, first_step: int = 0, check_every: int | None = None):
         self.mechanism = choose_mechanism()
         self.check_every = check_every_steps(check_every)
         self._event = threading.Event()
-        self._previous = None
+        self._previous: dict[int, object] = {}
+        self._interrupted = False  # a first Ctrl-C was received
         if self.mechanism == SYNC_MANAGER:
             multihost_utils.reached_preemption_sync_point(first_step)
-        else:
-            self._install_handler()
+        self._install_handlers()
         logging.info("preemption notices: %s%s", self.mechanism,
                      f" (N={self.check_every})" if self.mechanism == PERIODIC_ALLGATHER
                      else "")
 
-    def _install_handler(self) -> None:
-        """Catches SIGTERM in Python (signals can only be set in the main thread)."""
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+    def _install_handlers(self) -> None:
+        """Catches SIGINT, and SIGTERM unless the sync manager's C++ handler has it,
+        in Python (signals can only be set in the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self.mechanism != SYNC_MANAGER:
+            self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
+        self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
 
-    def _handle(self, signum, frame):
-        if self.mechanism == LOCAL_FLAG:
-            logging.warning("SIGTERM received: saving a checkpoint at the next step.")
-        else:
-            logging.warning("SIGTERM received: saving a checkpoint at the next preemption "
-                            "check (every %d steps).", self.check_every)
+    def _handle(self, signum, frame, advice: str = "") -> None:
+        where = ("at the next step" if self.mechanism == LOCAL_FLAG else
+                 "at the step every process agrees on" if self.mechanism == SYNC_MANAGER else
+                 f"at the next preemption check (every {self.check_every} steps)")
+        logging.warning("%s received: saving a checkpoint %s, then stopping.%s",
+                        signal.Signals(signum).name, where, advice)
         self._event.set()
+
+    def _interrupt(self, signum, frame) -> None:
+        if self._interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            logging.warning("SIGINT received again: stopping now, without that checkpoint.")
+            raise KeyboardInterrupt
+        self._interrupted = True
+        self._handle(signum, frame, " Ctrl-C again stops at once, without it.")
+        if self.mechanism == SYNC_MANAGER:
+            os.kill(os.getpid(), signal.SIGTERM)  # to JAX's handler: a preemption notice
 
     def requested(self, step: int) -> bool:
         """True when a checkpoint must be saved at `step` (then stop training)."""
@@ -117,6 +136,7 @@ class PreemptionWatcher:
         return bool(np.any(flags))
 
     def close(self):
-        """Restores the SIGTERM handler that was there before, if this set one."""
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        """Restores the handlers that were there before, where this set one."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}

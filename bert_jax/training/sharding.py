@@ -26,7 +26,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from bert_jax.modeling.configs import ConfigError
-from bert_jax.modeling.layers import BATCH_MESH_AXES
+from bert_jax.modeling.layers import BATCH_MESH_AXES, SCANNED_LAYERS
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = BATCH_MESH_AXES  # activations follow it too (modeling.layers.batch_sharded)
@@ -41,7 +41,7 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("position", None),
     ("type_vocab", None),
     ("classes", None),
-    ("layers", None),   # the stacked axis of scanned layers
+    (SCANNED_LAYERS, None),   # the stacked axis of scanned layers
 )
 
 

@@ -14,6 +14,11 @@ memory and peak bfloat16 FLOP/s (`TPUS`, `GPUS`: the one chip table):
 
 A GPU is described to XLA by a `GpuTargetConfig` text proto rendered from the
 vendors' figures; memory sizes are what the device reports (nvidia-smi's total).
+
+Bandwidths (bytes/s, one way) for the step-time bound of
+`bert_jax.training.step_bound` (`machine(target, devices)`): HBM, the links
+within a slice or node (ICI, NVLink) and the network between them (DCN,
+InfiniBand), cited where they are set.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ import dataclasses
 import math
 import os
 import re
+from typing import Sequence
 
 from bert_jax.errors import UserError
+from bert_jax.training.step_bound import Interconnect, Machine, Place
 
 GiB = 1 << 30
 
@@ -56,6 +63,8 @@ class Target:
     peak_flops: float          # per chip, dense bfloat16
     num_slices: int = 1
     memory_note: str = ""      # how memory_bytes follows from the chip, for reports
+    memory_bandwidth: float = 0.0            # HBM bytes/s per chip
+    interconnect: Interconnect | None = None  # its links (step_bound)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,14 +74,33 @@ class TpuChip:
     cores_per_chip: int        # the "-N" of a name counts cores
     memory_bytes: int
     peak_flops: float
+    hbm_bandwidth: float       # bytes/s per chip
+    ici_bandwidth: float       # bytes/s per link, one way
+    dcn_bandwidth: float       # bytes/s per chip: its share of its host's network
+    full_cube: bool            # wraparound links close an axis only in slices of
+                               # whole 4x4x4 cubes (True), else on an axis of 16
 
 
-TPUS = {   # Cloud TPU system-architecture pages: HBM per chip, peak bf16 FLOP/s per chip
-    "v4": TpuChip("v4", 3, 2, 32 * GiB, 275e12),
-    "v5p": TpuChip("v5", 3, 2, 95 * GiB, 459e12),
-    "v5e": TpuChip("v5e", 2, 1, 16 * GiB, 197e12),
-    "v6e": TpuChip("v6e", 2, 1, 32 * GiB, 918e12),
+# Cloud TPU system-architecture pages: HBM per chip, peak bf16 FLOP/s per chip.
+# Bandwidths: "How to Scale Your Model" (jax-ml/scaling-book), tpus.md. HBM and
+# ICI: the tables of "Key Takeaways" (commit 0819a7d) and "TPU Specs" (54e2c43),
+# the same in both: HBM v4 1.2e12, v5p 2.8e12, v5e 8.1e11, v6e 1.6e12; ICI
+# one-way per link v4 4.5e10, v5p 9e10, v5e 4.5e10, v6e 9e10 (the book's
+# footnote: Cloud's pages list slightly higher per-link figures, e.g. 100 GB/s
+# on v5p). DCN: "DCN bandwidth is typically around 6.25e9 bytes / second per
+# TPU (12.5e9 for TPU v6e and 3.125e9 for TPU v5e)" (54e2c43, "TPU Specs"),
+# which is the 2.5e10 bytes/s per host of 0819a7d over v4/v5p's 4 and v5e's 8
+# chips a host. Wraparound: tpus.md, "TPU Networking" (54e2c43): v4/v5p only in
+# multiples of a full 4x4x4 cube ("a 2x2x4 won't have any wraparounds"),
+# v5e/v6e on an axis of 16.
+TPUS = {
+    "v4": TpuChip("v4", 3, 2, 32 * GiB, 275e12, 1.2e12, 4.5e10, 6.25e9, True),
+    "v5p": TpuChip("v5", 3, 2, 95 * GiB, 459e12, 2.8e12, 9e10, 6.25e9, True),
+    "v5e": TpuChip("v5e", 2, 1, 16 * GiB, 197e12, 8.1e11, 4.5e10, 3.125e9, False),
+    "v6e": TpuChip("v6e", 2, 1, 32 * GiB, 918e12, 1.6e12, 9e10, 12.5e9, False),
 }
+TORUS_AXIS = 16     # v5e/v6e: an axis this long has a wraparound link
+CUBE_SIDE = 4       # v4/v5p: slices of whole cubes of this side have them on every axis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,17 +117,32 @@ class GpuSpec:
     shared_memory_per_block_optin: int
     fp32_cores_per_sm: int
     peak_flops: float              # dense bfloat16 tensor-core FLOP/s
+    nvlink_bandwidth: float        # bytes/s per GPU, one way (half the datasheet's total)
+    network_bandwidth: float       # bytes/s per GPU, one way: its InfiniBand NIC
 
 
-GPUS = {   # NVIDIA data sheets and CUDA occupancy tables (SXM parts)
+# NVIDIA data sheets and CUDA occupancy tables (SXM parts). The A100 (the
+# NVIDIA A100 Tensor Core GPU datasheet and architecture whitepaper): 108 SMs,
+# compute capability 8.0, 80 GB, 40 MB L2, 1.41 GHz boost, 164 KB shared memory
+# per SM (163 KB a block), 64 FP32 cores per SM, 312 TFLOP/s dense bfloat16;
+# its GpuTargetConfig is `gpu_target_config(GPUS["a100"])`. Memory bandwidth:
+# H100 SXM "3.35TB/s" (HBM3), H200 "4.8TB/s", A100 80GB SXM "2,039GB/s", B200
+# "8TB/s". NVLink, the datasheets' totals over both directions: NVLink 4
+# (H100, H200) 900 GB/s, NVLink 3 (A100) 600 GB/s, NVLink 5 (B200) 1.8 TB/s; the
+# scaling book's gpus.md ("GPU egress bandwidth": H100 450e9, B200 900e9) uses
+# one direction, as here. InfiniBand per GPU: the DGX systems' one NIC a GPU,
+# NDR 400 Gb/s ConnectX-7 (DGX H100, H200, B200): 5e10 bytes/s, and HDR 200
+# Gb/s ConnectX-6 (DGX A100): 2.5e10 (gpus.md: "8x400Gbps IB links egressing
+# each node").
+GPUS = {
     "h100": GpuSpec("NVIDIA H100 80GB HBM3", (9, 0), 132, 84_929_347_584, 3.35232e12,
-                    50 * 2**20, 1.98, 233_472, 232_448, 128, 989e12),
+                    50 * 2**20, 1.98, 233_472, 232_448, 128, 989e12, 450e9, 50e9),
     "h200": GpuSpec("NVIDIA H200", (9, 0), 132, 150_754_820_096, 4.8e12,
-                    50 * 2**20, 1.98, 233_472, 232_448, 128, 989e12),
+                    50 * 2**20, 1.98, 233_472, 232_448, 128, 989e12, 450e9, 50e9),
     "a100": GpuSpec("NVIDIA A100-SXM4-80GB", (8, 0), 108, 85_899_345_920, 2.039e12,
-                    40 * 2**20, 1.41, 167_936, 166_912, 64, 312e12),
+                    40 * 2**20, 1.41, 167_936, 166_912, 64, 312e12, 300e9, 25e9),
     "b200": GpuSpec("NVIDIA B200", (10, 0), 148, 192_265_846_784, 8.0e12,
-                    126 * 2**20, 1.965, 233_472, 232_448, 128, 2.25e15),
+                    126 * 2**20, 1.965, 233_472, 232_448, 128, 2.25e15, 900e9, 50e9),
 }
 GPUS_PER_NODE = 8
 # `jax.Device.device_kind` prefix -> the chip of TPUS or GPUS (for the peak FLOP/s of MFU).
@@ -216,8 +259,21 @@ def _tpu(name: str, num_slices: int) -> Target:
     options = {"chip_config_name": "megacore"} if chip.cores_per_chip == 2 else {}
     devices = _topology_devices(dict(topology_name=topology, platform="tpu",
                                      num_slices=num_slices, **options), "tpu", name)
+    torus = tuple(grid) + (1,) * (3 - len(grid))   # devices' coords are (x, y, z)
+    links = Interconnect("ICI", chip.ici_bandwidth, "DCN", chip.dcn_bandwidth, torus,
+                         wraparound(chip, torus))
     return Target(name, "tpu", devices, f"TPU {kind}", chip.memory_bytes,
-                  chip.peak_flops, num_slices)
+                  chip.peak_flops, num_slices, memory_bandwidth=chip.hbm_bandwidth,
+                  interconnect=links)
+
+
+def wraparound(chip: TpuChip, torus: tuple[int, ...]) -> tuple[bool, ...]:
+    """Per axis of a slice's chip grid: whether a wraparound link closes it
+    into a ring (v4/v5p: every axis of a slice of whole 4x4x4 cubes; v5e/v6e:
+    an axis of 16)."""
+    if chip.full_cube:
+        return (all(side % CUBE_SIDE == 0 for side in torus),) * len(torus)
+    return tuple(side == TORUS_AXIS for side in torus)
 
 
 def _gpu(kind: str, count: int) -> Target:
@@ -235,16 +291,33 @@ def _gpu(kind: str, count: int) -> Target:
     note = (f"{fraction:.0%} of the GPU's {spec.memory_bytes / GiB:.1f} GiB: the share JAX's "
             f"allocator takes; {MEMORY_FRACTION_VARIABLES[0]} changes it, here as on the node")
     return Target(f"{kind}-{count}", "gpu", devices, spec.description,
-                  int(spec.memory_bytes * fraction), spec.peak_flops, memory_note=note)
+                  int(spec.memory_bytes * fraction), spec.peak_flops, memory_note=note,
+                  memory_bandwidth=spec.memory_bandwidth,
+                  interconnect=Interconnect("NVLink", spec.nvlink_bandwidth, "InfiniBand",
+                                            spec.network_bandwidth))
+
+
+def machine(target: Target, devices: Sequence) -> Machine:
+    """`target`'s figures, with `devices` (the program's, in its device-id
+    order: a mesh's `devices.flat`) placed in their slice (TPU: `slice_index`,
+    `coords`) or node (GPU: `process_index`, one process a node)."""
+    if target.interconnect is None:
+        raise TopologyError(f"{target.name}: no bandwidths are known for its chips.")
+    places = tuple(Place(getattr(d, "slice_index", 0) or 0, tuple(d.coords))
+                   if target.platform == "tpu" else Place(d.process_index)
+                   for d in devices)
+    return Machine(target.name, target.peak_flops, target.memory_bandwidth,
+                   target.interconnect, places)
 
 
 def _topology_devices(options: dict, platform: str, name: str) -> tuple:
     from jax.experimental import topologies
     try:
         return tuple(topologies.get_topology_desc(**options).devices)
-    except Exception as e:  # noqa: BLE001  (the plugin's own error names the cause)
+    except Exception as e:  # noqa: BLE001  (the plugin's error, --debug shows it)
         install = ('"jax[tpu]" (pip install -e ".[tpu]")' if platform == "tpu" else
                    '"jax[cuda12]" (pip install -e ".[cuda12]") and run with '
                    "JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1")
-        raise TopologyError(f"cannot describe {name} to the {platform.upper()} compiler: "
-                            f"{str(e).splitlines()[0]}\nIt needs {install}.") from e
+        raise TopologyError(f"cannot describe {name} to the {platform.upper()} compiler "
+                            f"({type(e).__name__}; --debug shows its error).\nIt needs "
+                            f"{install}.") from e

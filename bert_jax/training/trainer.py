@@ -2,7 +2,8 @@
 
 Order of work for each step k (1-based, after the update):
   train step -> [log every `train.log_every`] -> [evaluate every `train.eval_every`]
-  -> [checkpoint every `train.checkpoint_every`, at the end, or after SIGTERM].
+  -> [checkpoint every `train.checkpoint_every`, at the end, or after SIGTERM or
+  a first Ctrl-C (`preemption.PreemptionWatcher`)].
 
 Exactness: randomness comes from (seed, step) only and the data iterator's
 position is saved with the state, so a resumed run computes the same numbers
@@ -27,9 +28,11 @@ from jax.experimental import multihost_utils
 
 from bert_jax.auto_dtype import AUTO, resolve_model_dtype
 from bert_jax.convert.pretrained import checkpoint_path
+from bert_jax.data.concurrency import DevicePrefetch
 from bert_jax.errors import UserError
 from bert_jax.file_io import read_json, write_json
 from bert_jax.tasks import build_task
+from bert_jax.tasks.base import check_saved_config
 from bert_jax.training import optimizer as optimizer_lib
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, set_aside_steps_after)
@@ -37,10 +40,10 @@ from bert_jax.training.evaluation import make_evaluator
 from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
 from bert_jax.training.preemption import PreemptionWatcher
-from bert_jax.training.prefetch import DevicePrefetch
 from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.workdir import (
-    CHECKPOINT_DIR, CONFIG_FILE, WorkdirError, WorkdirLock, checkpoint_steps)
+    CHECKPOINT_DIR, CONFIG_FILE, DEFAULT_LOCK_TIMEOUT, WorkdirError, WorkdirLock,
+    checkpoint_steps)
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
     TrainState, abstract_like, create_train_state, jit_train_step, make_train_step)
@@ -81,6 +84,7 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
     resolved = config_to_json(config)
     if os.path.exists(path):
         saved = read_json(path)
+        check_saved_config(saved, path)
         changed = _differences({k: saved.get(k) for k in IDENTITY_SECTIONS},
                                {k: resolved.get(k) for k in IDENTITY_SECTIONS})
         if changed:
@@ -148,23 +152,26 @@ def _restore_point(workdir: str, step: int) -> None:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       restore_step: int | None = None) -> dict[str, float]:
+                       restore_step: int | None = None,
+                       lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> dict[str, float]:
     """Trains `config` in `workdir`, resuming from its latest checkpoint or
     `restore_step` (later ones are moved to WORKDIR/checkpoints_set_aside/, their
-    metrics dropped). Returns the last metrics logged."""
+    metrics dropped). Returns the last metrics logged. `lock_timeout`: seconds after
+    which another host's lock on the workdir, not renewed, is taken over
+    (`WorkdirLock`)."""
     check_training_config(config)
     if config.model.get("dtype") == AUTO:
         config = resolve_model_dtype(config, saved_dtype=_saved_model_dtype(workdir))
     workdir = prepare_workdir(workdir, config)
-    with _lock(workdir):
+    with _lock(workdir, lock_timeout):
         return _train(config, workdir, restore_step)
 
 
-def _lock(workdir: str) -> contextlib.AbstractContextManager:
+def _lock(workdir: str, timeout: float) -> contextlib.AbstractContextManager:
     lock, refused = contextlib.nullcontext(), None
     if jax.process_index() == 0:
         try:
-            lock = WorkdirLock(workdir)
+            lock = WorkdirLock(workdir, timeout)
         except WorkdirError as e:
             refused = e
     if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(refused is not None):
@@ -210,7 +217,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
     progress = Progress(total_steps=train.num_steps, first_step=first_step,
                         flops_per_step=task.flops_per_step(),
                         tokens_per_step=task.tokens_per_step(),
-                        peak_flops=peak_flops_per_device(config.get("peak_flops", 0.0)))
+                        peak_flops=peak_flops_per_device(config.get("peak_flops", 0.0),
+                                                         config.model.get("dtype", "float32")))
     preemption = PreemptionWatcher(first_step)
     profile = profile_range(train.get("profile_steps"), "config.train.profile_steps")
     if profile and profile[0] <= first_step:

@@ -62,7 +62,7 @@ def _step_problems(train: ml_collections.ConfigDict,
     try:
         profile = profile_range(train.get("profile_steps"), "config.train.profile_steps")
     except ConfigError as e:
-        problems.append(str(e))
+        problems.extend(e.args)  # its message
     else:
         if profile and profile[1] > train.num_steps:
             problems.append(
@@ -108,7 +108,7 @@ def _model_problems(config: ml_collections.ConfigDict) -> list[str]:
     try:
         build_task(config, None, abstract=True)
     except ConfigError as e:
-        return [str(e)]
+        return list(e.args)
     return []
 
 
@@ -118,7 +118,7 @@ def _batch_problems(config: ml_collections.ConfigDict, batch_shards: int) -> lis
     try:
         rows = training_rows(config)
     except ConfigError as e:
-        return [str(e)]
+        return list(e.args)
     field = ("config.data.batch_tokens // row length" if config.data.get("batch_tokens")
              else "config.train.batch_size")
     if rows < 1:
@@ -160,7 +160,7 @@ def _missing_files(config: ml_collections.ConfigDict) -> list[str]:
     try:  # `package:MODULE` names the folder a Python package ships
         named.append(("config.init_from", checkpoint_path(config.get("init_from", ""))))
     except ConfigError as e:  # the package is not installed: says how to install it
-        problems.append(str(e))
+        problems.extend(e.args)  # its message
     return problems + [f"{field}={value!r}: no such file or folder; fix the path."
                        for field, value in named
                        if value and "://" not in value and not _exists(value)]

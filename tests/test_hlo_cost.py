@@ -1,0 +1,148 @@
+"""FLOPs and bytes of compiled programs read from their text (`hlo_cost`):
+every loop counted as often as it runs, where XLA's own cost analysis counts a
+loop body once; sliced and in-place operands; on-chip buffers; TPU
+convolutions written with padding."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from bert_jax.training import hlo_cost
+
+L, N, D = 6, 8, 256      # layers, rows, width: the weights dominate the traffic
+
+
+def _layers(x, w):
+    return jax.lax.scan(lambda x, wl: (jnp.tanh(x @ wl), None), x, w)[0]
+
+
+def _written_out(x, w):
+    for layer in range(L):
+        x = jnp.tanh(x @ w[layer])
+    return x
+
+
+def _compiled(fn, *args):
+    return jax.jit(fn).lower(*args).compile()
+
+
+def _xla_cost(compiled) -> dict:
+    cost = compiled.cost_analysis()
+    return cost[0] if isinstance(cost, (list, tuple)) else cost
+
+
+@pytest.fixture(scope="module")
+def programs():
+    x, w = jnp.ones((N, D)), jnp.ones((L, D, D))
+    return {fn.__name__: _compiled(fn, x, w) for fn in (_layers, _written_out)}
+
+
+def test_a_scanned_program_costs_what_the_written_out_one_does(programs):
+    expected = 2.0 * L * N * D * D
+    scanned = hlo_cost.program_cost(programs["_layers"].as_text())
+    written = hlo_cost.program_cost(programs["_written_out"].as_text())
+    assert scanned.flops == written.flops == expected
+    assert list(scanned.loops.values()) == [L] and not scanned.unknown_loops
+    # XLA's cost analysis counts the loop body once (why this module exists),
+    # and agrees with this count where there is no loop.
+    assert _xla_cost(programs["_layers"])["flops"] == pytest.approx(expected / L, rel=1e-3)
+    assert written.bytes_accessed == pytest.approx(
+        _xla_cost(programs["_written_out"])["bytes accessed"], rel=0.01)
+    # Each layer reads its own slice of the stacked weights (which XLA:CPU
+    # copies out before the matmul reads it), not all of them each time.
+    stack = L * D * D * 4
+    assert stack < written.bytes_accessed < scanned.bytes_accessed < L * stack
+
+
+def test_a_loop_without_a_known_trip_count_counts_to_its_condition(programs):
+    """libtpu writes no `known_trip_count`: the count is the constant the
+    condition compares the counter against."""
+    text = programs["_layers"].as_text()
+    stripped = re.sub(r',?"known_trip_count":\{"n":"\d+"\}', "", text)
+    assert "known_trip_count" not in stripped
+    cost = hlo_cost.program_cost(stripped)
+    assert list(cost.loops.values()) == [L] and cost.flops == 2.0 * L * N * D * D
+
+
+def test_nested_loops_multiply():
+    x, w = jnp.ones((3, N, D)), jnp.ones((L, D, D))
+
+    def accumulated(xs, w):   # 3 micro-batches, each through L scanned layers
+        return jax.lax.scan(lambda c, x: (c + _layers(x, w).sum(), None), 0.0, xs)[0]
+
+    cost = hlo_cost.program_cost(_compiled(accumulated, x, w).as_text())
+    assert sorted(cost.loops.values()) == [3, L]
+    assert cost.flops == 3 * 2.0 * L * N * D * D
+
+
+# Hand-written programs (a backslash continues an HLO line on the next source line).
+ON_CHIP = """\
+HloModule m, is_scheduled=true
+
+%fused (p0: f32[1024,256], p1: f32[256,128]) -> f32[1024,128] {
+  %p0 = f32[1024,256]{1,0:T(8,128)} parameter(0)
+  %p1 = f32[256,128]{1,0:T(8,128)S(1)} parameter(1)
+  ROOT %dot.1 = f32[1024,128]{1,0:T(8,128)} dot(%p0, %p1), lhs_contracting_dims={1}, \
+    rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: f32[1024,256], b: f32[256,128]) -> f32[1024,128] {
+  %a = f32[1024,256]{1,0:T(8,128)} parameter(0)
+  %b = f32[256,128]{1,0:T(8,128)S(1)} parameter(1)
+  ROOT %fusion = f32[1024,128]{1,0:T(8,128)} fusion(%a, %b), kind=kOutput, calls=%fused
+}
+"""
+
+
+def test_buffers_placed_on_chip_move_no_device_memory():
+    """A layout's `S(1)` (a TPU's VMEM) is on the chip: its bytes do not
+    cross the HBM bandwidth the bound divides by."""
+    cost = hlo_cost.program_cost(ON_CHIP)
+    assert cost.flops == 2.0 * 1024 * 256 * 128
+    assert cost.bytes_accessed == 4 * (1024 * 256 + 1024 * 128)
+
+
+# As libtpu writes BERT's key projection [4, 64, 128] x [128, 2, 64]: the heads
+# as a spatial dimension of window 2 over an input of 1, padded by 1 each side.
+TPU_CONVOLUTION = """\
+ENTRY %main (x: bf16[4,64,128,1], k: bf16[128,2,64,1]) -> f32[4,64,2,64] {
+  %x = bf16[4,64,128,1]{2,1,3,0:T(8,128)(2,1)} parameter(0)
+  %k = bf16[128,2,64,1]{0,2,1,3:T(8,128)(2,1)} parameter(1)
+  ROOT %convolution.86 = f32[4,64,2,64]{3,1,2,0:T(8,128)} convolution(%x, %k), \
+    window={size=1x2 pad=0_0x1_1 rhs_reversal=0x1}, dim_labels=0bf1_i1o0->0b1f
+}
+"""
+
+
+def test_a_tpu_convolution_counts_the_taps_that_meet_the_input():
+    assert hlo_cost.program_cost(TPU_CONVOLUTION).flops == 2.0 * 4 * 64 * 128 * 2 * 64
+
+
+# One slice's program of a two-slice step (libtpu): the cross-slice all-reduce
+# is a host transfer, not a collective.
+MEGASCALE = """\
+HloModule jit_sum, is_scheduled=true, num_partitions=4
+
+ENTRY %main (p: f32[1,2,128]) -> f32[1,2,128] {
+  %p = f32[1,2,128]{2,1,0:T(2,128)} parameter(0)
+  %after-all = token[] after-all()
+  %send = (f32[1,2,128]{2,1,0:T(2,128)}, u32[], token[]) send(%p, %after-all), channel_id=2, \
+    is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}
+  %recv = (f32[1,2,128]{2,1,0:T(2,128)}, u32[], token[]) recv(%after-all), channel_id=1, \
+    is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}
+  %send-done = token[] send-done(%send), channel_id=2, is_host_transfer=true
+  %recv-done = (f32[1,2,128]{2,1,0:T(2,128)}, token[]) recv-done(%recv), channel_id=1, \
+    is_host_transfer=true
+  ROOT %sum = f32[1,2,128]{2,1,0:T(2,128)} get-tuple-element(%recv-done), index=0
+}
+"""
+
+
+def test_transfers_between_tpu_slices_are_listed():
+    cost = hlo_cost.program_cost(MEGASCALE)
+    assert cost.devices == 4   # one slice's program
+    assert cost.dcn_transfers == [{"kind": "all-reduce", "bytes": 1024, "executions": 1.0}]
