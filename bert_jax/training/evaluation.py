@@ -18,14 +18,12 @@ import numpy as np
 import optax
 from flax import traverse_util
 
-from bert_jax.errors import UserError
+from bert_jax.errors import CheckpointError, ConfigError, UserError
 from bert_jax.evaluation import evaluators as evaluators_lib
 from bert_jax.file_io import read_json
-from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import Task, build_task
 from bert_jax.tasks.base import check_saved_config, task_class
-from bert_jax.training.checkpoints import (
-    CheckpointError, DamagedCheckpointError, restore_params, vanished_step)
+from bert_jax.training.checkpoints import restore_params, vanished_step
 from bert_jax.training.sharding import global_batch, mesh_from_config, replicated
 from bert_jax.training.train_step import abstract_train_state
 from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps
@@ -219,12 +217,12 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
         if vanished:
             raise vanished from e
         earlier = max((s for s in steps if s < step), default=None)
-        if earlier is None or not isinstance(e, DamagedCheckpointError):
+        if earlier is None or not e.damaged:
             raise
         damage = str(e).split("\n", 1)[0]
-        raise DamagedCheckpointError(
+        raise CheckpointError(
             f"{damage}\nNothing was deleted (available: {steps}): use step {earlier}, the "
-            f"last earlier checkpoint, with --step={earlier}.",
+            f"last earlier checkpoint, with --step={earlier}.", damaged=True,
             rerun_with={"step": earlier}) from e
     return task, mesh, params, step
 
