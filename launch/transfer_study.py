@@ -31,6 +31,7 @@ from ml_collections import config_flags  # noqa: E402
 
 import common_flags as launch_flags  # noqa: E402
 from bert_jax.analysis import transfer  # noqa: E402
+from bert_jax.errors import ConfigError  # noqa: E402
 
 FINETUNE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "experiments", "finetune.py")
@@ -60,10 +61,10 @@ def main(argv):
     config_flag = flags.FLAGS["config"]
     config_file, _, argument = config_flags.get_config_filename(config_flag).partition(":")
     if argument:
-        raise transfer.StudyError(f"--config={config_file}:{argument}: give the tasks with "
-                                  "--task (or --study), not in --config")
+        raise ConfigError(f"--config={config_file}:{argument}: give the tasks with "
+                          "--task (or --study), not in --config")
     if DRY_RUN.value and REPORT_ONLY.value:
-        raise transfer.StudyError("--dry_run or --report_only, not both")
+        raise ConfigError("--dry_run or --report_only, not both")
     metrics = transfer.parse_metrics(METRIC.value)
     failed = []
     if not REPORT_ONLY.value:
@@ -71,7 +72,7 @@ def main(argv):
             given = [f"--{n}" for n in ("task", "seeds", "train_examples")
                      if flags.FLAGS[n].present]
             if given:
-                raise transfer.StudyError(f"--study gives the groups: drop {', '.join(given)}")
+                raise ConfigError(f"--study gives the groups: drop {', '.join(given)}")
             groups = transfer.load_study(STUDY.value)
         else:
             groups = [transfer.Group(tasks=TASK.value, seeds=SEEDS.value,

@@ -15,7 +15,8 @@ import pytest
 
 from bert_jax.analysis.encoders import load_encoder
 from bert_jax.data import bert_pretraining, pretraining_data
-from bert_jax.data.bert_pretraining import BertPretraining, BertPretrainingError
+from bert_jax.data.bert_pretraining import BertPretraining
+from bert_jax.errors import ConfigError, DataError
 from bert_jax.data.sources import load_source
 from bert_jax.data.wordpiece import WordPiece
 from bert_jax.modeling.bert import BertForPreTraining
@@ -431,15 +432,15 @@ def test_builder_rejects_bad_parameters(tmp_path):
     vocab_file = WordPiece.train(["a b c d e f"], vocab_size=40).save(str(tmp_path / "v"))
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         BertPretraining(files=[str(tmp_path / "missing.txt")], vocab_file=vocab_file)
-    with pytest.raises(BertPretrainingError, match="format 'markdown'"):
+    with pytest.raises(ConfigError, match="format 'markdown'"):
         BertPretraining(files=[f"{corpus}:markdown"], vocab_file=vocab_file)
-    with pytest.raises(BertPretrainingError, match="max_seq_length=4"):
+    with pytest.raises(ConfigError, match="max_seq_length=4"):
         BertPretraining(files=[str(corpus)], vocab_file=vocab_file, max_seq_length=4)
-    with pytest.raises(BertPretrainingError, match="eval_documents=1"):
+    with pytest.raises(ConfigError, match="eval_documents=1"):
         BertPretraining(files=[str(corpus)], vocab_file=vocab_file, eval_documents=1)
     builder = BertPretraining(files=[str(corpus)], vocab_file=vocab_file, eval_documents=2,
                               beam_options=IN_PROCESS, data_dir=str(tmp_path / "tfds"))
-    with pytest.raises(BertPretrainingError, match="eval_documents=2"):
+    with pytest.raises(ConfigError, match="eval_documents=2"):
         load_source(builder, "train")
 
 
@@ -451,6 +452,7 @@ def test_invalid_utf8_is_reported_before_anything_is_written(tmp_path, beam_opti
         str(tmp_path / "v"))
     builder = BertPretraining(files=[str(corpus)], vocab_file=vocab_file,
                               beam_options=beam_options, data_dir=str(tmp_path / "tfds"))
-    with pytest.raises(pretraining_data.CorpusError, match=r"bad.txt:4:5"):
+    with pytest.raises(DataError, match=r"bad.txt:4:5") as error:
         load_source(builder, "train")
+    assert (error.value.path, error.value.line, error.value.column) == (str(corpus), 4, 5)
     assert not list((tmp_path / "tfds").rglob("dataset_info.json"))

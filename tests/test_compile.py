@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax.modeling.fused_attention import AttentionKernelError
+from bert_jax.errors import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax.training import aot, topologies
 
@@ -101,7 +101,7 @@ def test_targets_have_their_devices_and_slices():
     assert len(nodes.devices) == 16 and {d.process_index for d in nodes.devices} == {0, 1}
     assert nodes.devices[0].device_kind == "NVIDIA H100 80GB HBM3"
     for bad in ("v5e-3", "tpu-8", "h100-12", "v4:2x2"):
-        with pytest.raises(topologies.TopologyError, match=bad.split("-")[0]):
+        with pytest.raises(topologies.ConfigError, match=bad.split("-")[0]):
             topologies.target(bad)
 
 
@@ -245,7 +245,7 @@ def test_translation_uses_cudnn_and_refuses_packed_rows(h100):
                                               "__cudnn$fmhaSoftmaxBackward": 6}
     packed = translation_config(pack_length=16)
     packed.model.update(flash)
-    with pytest.raises(AttentionKernelError, match="packed segments"):
+    with pytest.raises(ConfigError, match="packed segments"):
         aot.compile_experiment(packed, h100, eval_step=False)
 
 
@@ -362,7 +362,7 @@ def test_a_gpu_step_may_use_the_share_of_memory_jax_takes(monkeypatch):
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
     assert accelerator("h100-2").memory_bytes == int(0.9 * card)
     monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "1.5")
-    with pytest.raises(topologies.TopologyError, match="XLA_CLIENT_MEM_FRACTION='1.5'"):
+    with pytest.raises(topologies.ConfigError, match="XLA_CLIENT_MEM_FRACTION='1.5'"):
         accelerator("h100-2")
 
 

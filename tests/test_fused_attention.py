@@ -14,8 +14,8 @@ from jax.sharding import AbstractMesh, AxisType
 
 from bert_jax.modeling import BertModel, Transformer
 from bert_jax.modeling.attention import dot_product_attention
-from bert_jax.modeling.fused_attention import (
-    AttentionKernelError, length_masked_attention, resolve)
+from bert_jax.errors import ConfigError
+from bert_jax.modeling.fused_attention import length_masked_attention, resolve
 from bert_jax.modeling.masks import (
     AttentionMask, causal_mask, combine_masks, padding_mask, segment_mask)
 from bert_jax.training.sharding import make_mesh
@@ -75,13 +75,13 @@ def test_cudnn_length_form_equals_einsum(name, lq, lk, mask, valid_queries):
 def test_cudnn_refuses_what_it_cannot_run():
     q, k, v = qkv()
     packed = AttentionMask(query_segments=SEGMENTS, key_segments=SEGMENTS)
-    with pytest.raises(AttentionKernelError, match=r"config\.data\.pack_length=0"):
+    with pytest.raises(ConfigError, match=r"config\.data\.pack_length=0"):
         length_masked_attention(q, k, v, packed, scale=1.0, implementation="xla")
-    with pytest.raises(AttentionKernelError, match=r"config\.model\.dtype"):
+    with pytest.raises(ConfigError, match=r"config\.model\.dtype"):
         dot_product_attention(q, k, v, AttentionMask(), impl="cudnn")
-    with pytest.raises(AttentionKernelError, match="AttentionMask"):
+    with pytest.raises(ConfigError, match="AttentionMask"):
         dot_product_attention(*qkv(dtype=jnp.bfloat16), causal_mask(6), impl="cudnn")
-    with pytest.raises(AttentionKernelError, match=r"attention_dropout_rate=0\.1"):
+    with pytest.raises(ConfigError, match=r"attention_dropout_rate=0\.1"):
         dot_product_attention(q, k, v, impl="flash", dropout_rate=0.1,
                               deterministic=False, dropout_rng=jax.random.PRNGKey(0))
 

@@ -13,11 +13,12 @@ import pytest
 import tensorflow_datasets as tfds
 
 from bert_jax.data.conllu import (
-    UPOS_TAGS, ConlluFormatError, read_conllu, read_splits, split_files, tag_vocabulary)
+    UPOS_TAGS, read_conllu, read_splits, split_files, tag_vocabulary)
 from bert_jax.data.glue import (
-    GLUE_TASKS, GlueFormatError, GlueTaskSpec, from_catalog, read_split, read_tsv)
+    GLUE_TASKS, GlueTaskSpec, from_catalog, read_split, read_tsv)
 from bert_jax.data.sources import load_source
-from bert_jax.data.splits import DatasetError, select
+from bert_jax.data.splits import select
+from bert_jax.errors import ConfigError, DataError
 from bert_jax.evaluation import classification_metrics
 
 
@@ -54,7 +55,8 @@ def test_task_specs():
     assert GLUE_TASKS["mrpc"].metrics == ("accuracy", "f1")
     assert GLUE_TASKS["cola"].metrics == ("matthews_corrcoef",)
     assert not GLUE_TASKS["cola"].has_header and GLUE_TASKS["sst2"].has_header
-    with pytest.raises(ValueError, match="GlueTaskSpec x: .*columns"):
+    with pytest.raises(ValueError, match=r"GlueTaskSpec x: text_a, text_b, label_column="
+                                         r"\[0, 'b', 1\]; "):
         GlueTaskSpec(name="x", text_a=0, text_b="b", label_column=1, labels=("0",),
                      metrics=(), splits={"train": "t.tsv"}, catalog="",
                      catalog_text_a="", catalog_text_b=None)
@@ -85,7 +87,7 @@ def test_read_tsv_regression_headerless_and_unlabelled(tmp_path):
     test = _write(tmp_path / "test.tsv", f"{head}\n0\tg\tf\t2012\t0\tn\tn\tA .\tB .\n")
     [row] = read_tsv(test, "stsb", labels_required=False)
     assert math.isnan(row["label"]) and row["text_b"] == "B ."
-    msg = _error(GlueFormatError, read_tsv, test, "stsb")
+    msg = _error(DataError, read_tsv, test, "stsb")
     assert "test.tsv:1:" in msg and "'score'" in msg
 
     cola = _write(tmp_path / "cola.tsv", "gj04\t1\t\tThe sailors rode the breeze .\n"
@@ -120,7 +122,7 @@ def test_read_tsv_regression_headerless_and_unlabelled(tmp_path):
 ])
 def test_read_tsv_errors_name_file_and_line(tmp_path, name, content, task, where, words):
     path = _write(tmp_path / name, content)
-    msg = _error(GlueFormatError, read_tsv, path, task)
+    msg = _error(DataError, read_tsv, path, task)
     assert f"{path}{where}" in msg, msg
     for word in words:
         assert word in msg, msg
@@ -165,14 +167,14 @@ def test_glue_regression_split_is_read_as_the_file_is_now(tmp_path):
 def test_glue_split_errors(tmp_path):
     root = tmp_path / "bad"
     _write(root / "train.tsv", "sentence\tlabel\nok\t1\nnot ok\t7\n")
-    msg = _error(GlueFormatError, read_split, root, "sst2", "train")
+    msg = _error(DataError, read_split, root, "sst2", "train")
     assert f"{root / 'train.tsv'}:3:8:" in msg and "'7'" in msg
     msg = _error(FileNotFoundError, read_split, tmp_path, "mrpc", "train")
     assert "train.tsv" in msg and "MRPC" in msg
     _write(root / "dev.tsv", "sentence\tlabel\n")
-    msg = _error(GlueFormatError, read_split, root, "sst2", "validation")
+    msg = _error(DataError, read_split, root, "sst2", "validation")
     assert f"{root / 'dev.tsv'}:" in msg
-    assert "no split 'dev'" in _error(GlueFormatError, read_split, root, "sst2", "dev")
+    assert "no split 'dev'" in _error(DataError, read_split, root, "sst2", "dev")
 
 
 def test_from_catalog_maps_labels():
@@ -241,7 +243,7 @@ def test_read_conllu(tmp_path):
     # A BOM and CRLF line ends are fine.
     crlf = _write(tmp_path / "crlf.conllu", "\ufeff" + CONLLU.replace("\n", "\r\n"))
     assert read_conllu(crlf) == s
-    with pytest.raises(ConlluFormatError, match="column='ner'"):
+    with pytest.raises(ConfigError, match="column='ner'"):
         read_conllu(path, "ner")
 
 
@@ -260,13 +262,13 @@ def test_read_conll2003(tmp_path):
     by_index = read_conllu(path, "-2", format="conll2003", word_column=1)[0]
     assert (by_index["words"], by_index["tags"]) == (["NNP", "VBZ", "JJ"],
                                                      ["B-NP", "B-VP", "B-NP"])
-    with pytest.raises(ConlluFormatError, match="column=1 .*word_column"):
+    with pytest.raises(ConfigError, match="column=1 .*word_column"):
         read_conllu(path, 1, format="conll2003", word_column=1)
-    msg = _error(ConlluFormatError, read_conllu, path, format="conll2003", word_column=4)
+    msg = _error(DataError, read_conllu, path, format="conll2003", word_column=4)
     assert f"{path}:3:" in msg and "column 4" in msg and "word_column" in msg
     assert tag_vocabulary(s) == ["B-MISC", "B-ORG", "B-PER", "I-PER", "O"]
     bad = _write(tmp_path / "bad.txt", "EU NNP B-NP B-ORG\nrejects O\n")
-    msg = _error(ConlluFormatError, read_conllu, bad, format="conll2003")
+    msg = _error(DataError, read_conllu, bad, format="conll2003")
     assert f"{bad}:2:" in msg and "line 1" in msg
 
 
@@ -288,7 +290,7 @@ def test_read_conll2003(tmp_path):
 ])
 def test_read_conllu_errors_name_file_and_line(tmp_path, content, where, words):
     path = _write(tmp_path / "bad.conllu", content)
-    msg = _error(ConlluFormatError, read_conllu, path)
+    msg = _error(DataError, read_conllu, path)
     assert f"{path}{where}" in msg, msg
     for word in words:
         assert word in msg, msg
@@ -316,7 +318,7 @@ def test_conllu_splits_of_a_directory(tmp_path):
     assert splits["validation"][0]["tags"] == ["UH"]
     assert tag_vocabulary(s for split in splits.values() for s in split) == [
         "NFP", "RB", "UH", "VB", "VBP"]
-    with pytest.raises(DatasetError, match="no split 'test'"):
+    with pytest.raises(DataError, match="no split 'test'"):
         select("conllu", splits, "test")
     # CoNLL-2003 with explicit files.
     _write(root / "eng.testa", "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\n")
@@ -324,12 +326,12 @@ def test_conllu_splits_of_a_directory(tmp_path):
     assert ner["validation"][0]["tags"] == ["B-ORG"]
     # Errors name the file and the line; an empty split names its file.
     _write(tmp_path / "B" / "b-ud-train.conllu", "1\tA\ta\tDET\n")
-    msg = _error(ConlluFormatError, read_splits, split_files(tmp_path / "B"))
+    msg = _error(DataError, read_splits, split_files(tmp_path / "B"))
     assert "b-ud-train.conllu:1:" in msg
     _write(root / "empty.conllu", "# only a comment\n\n")
-    msg = _error(ConlluFormatError, read_splits, split_files(root, {"test": "empty.conllu"}))
+    msg = _error(DataError, read_splits, split_files(root, {"test": "empty.conllu"}))
     assert "['test']" in msg and "empty.conllu:" in msg
-    msg = _error(ConlluFormatError, split_files, tmp_path / "B" / "..")
+    msg = _error(DataError, split_files, tmp_path / "B" / "..")
     assert "-ud-{train,dev,test}.conllu" in msg
     assert f"{root / 'no'}:" in _error(FileNotFoundError, split_files, root, {"train": "no"})
     assert "/none:" in _error(FileNotFoundError, split_files, tmp_path / "none")

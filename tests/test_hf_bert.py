@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.convert import (
-    WeightConversionError, load_hf_bert, load_pretrained, save_hf_bert, save_pretrained)
+from bert_jax.convert import load_hf_bert, load_pretrained, save_hf_bert, save_pretrained
 from bert_jax.convert.hf_bert import params_from_hf, params_to_hf
+from bert_jax.errors import ConfigError, DataError
 from bert_jax.modeling.bert import mean_pool
 from bert_jax.modeling.losses import bert_pretraining_sums
 from bert_jax.modeling import (
@@ -296,8 +296,9 @@ def test_missing_unknown_and_misshaped_tensors_are_named(tiny_tensors):
     del tensors["encoder.layer.1.attention.self.key.bias"]
     tensors["encoder.layer.0.output.dense.weight"] = np.zeros((3, 3), np.float32)
     tensors["encoder.layer.7.mystery.weight"] = np.zeros((2,), np.float32)
-    with pytest.raises(WeightConversionError) as error:
+    with pytest.raises(DataError) as error:
         params_from_hf(tensors, TINY)
+    assert error.value.path == "model.safetensors"
     message = str(error.value)
     assert "missing tensor 'encoder.layer.1.attention.self.key.bias'" in message
     assert "'encoder.layer.0.output.dense.weight' has shape (3, 3)" in message
@@ -306,7 +307,7 @@ def test_missing_unknown_and_misshaped_tensors_are_named(tiny_tensors):
 
 @pytest.mark.slow
 def test_checkpoint_of_another_size_is_rejected(tiny_tensors):
-    with pytest.raises(WeightConversionError, match="hidden 256"):
+    with pytest.raises(DataError, match="hidden 256"):
         params_from_hf(tiny_tensors, bert_preset("mini", vocab_size=97, max_len=32))
 
 
@@ -314,7 +315,7 @@ def test_checkpoint_of_another_size_is_rejected(tiny_tensors):
 def test_untied_mlm_decoder_is_rejected(tiny_tensors):
     tensors = dict(tiny_tensors)
     tensors["cls.predictions.decoder.weight"] = np.ones((97, 128), np.float32)
-    with pytest.raises(WeightConversionError, match="cls.predictions.decoder.weight"):
+    with pytest.raises(DataError, match="cls.predictions.decoder.weight"):
         params_from_hf(tensors, TINY)
 
 
@@ -326,19 +327,21 @@ def test_bad_folders_give_clear_errors(tmp_path, model_path):
     with pytest.raises(FileNotFoundError, match="pytorch_model.bin"):
         load_hf_bert(str(tmp_path))
     (tmp_path / "model.safetensors").write_bytes(b"\x00garbage")
-    with pytest.raises(WeightConversionError, match="model.safetensors"):
+    with pytest.raises(DataError, match="model.safetensors") as error:
         load_hf_bert(str(tmp_path))
+    assert error.value.path == str(tmp_path / "model.safetensors")
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_act": "swish"}))
-    with pytest.raises(WeightConversionError, match="hidden_act='swish'"):
+    with pytest.raises(DataError, match="hidden_act='swish'") as error:
         load_hf_bert(str(tmp_path))
+    assert error.value.path == str(tmp_path / "config.json")
 
 
 @pytest.mark.slow
 def test_pre_norm_cannot_be_exported(tmp_path):
     config = TINY.replace(norm_position="pre")
     params = BertModel(config).init(jax.random.PRNGKey(0), _tiny_inputs()[0])["params"]
-    with pytest.raises(WeightConversionError, match=r"config\.model\.norm_position='pre'"):
+    with pytest.raises(ConfigError, match=r"config\.model\.norm_position='pre'"):
         save_hf_bert(str(tmp_path), config, {"bert": params})
 
 

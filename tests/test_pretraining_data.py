@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from bert_jax.data.pretraining_data import (
-    CorpusError,
     Instance,
     Masker,
     MaskingConfig,
@@ -28,6 +27,7 @@ from bert_jax.data.pretraining_data import (
     truncate_seq_pair,
 )
 from bert_jax.data.wordpiece import WordPiece
+from bert_jax.errors import DataError
 
 # Ids of the hand-made vocabulary of the masking tests.
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
@@ -86,7 +86,7 @@ def test_iter_documents_resumes_at_a_documents_start(tmp_path):
         for k, document in enumerate(whole):
             resumed = itertools.islice(iter_documents(str(path), fmt, document.start), 3 - k)
             assert list(resumed) == whole[k:]
-        with pytest.raises(CorpusError, match=rf"{fmt}.txt:{text.count(chr(10))}:1"):
+        with pytest.raises(DataError, match=rf"{fmt}.txt:{text.count(chr(10))}:1"):
             list(iter_documents(str(path), fmt, whole[-1].start))
 
 
@@ -102,10 +102,10 @@ def test_read_documents_bom_and_empty(tmp_path):
 
 def test_invalid_utf8_names_file_and_line(tmp_path):
     path = _write(tmp_path, "bad.txt", b"good line\n\nstill good\nbad \xff byte\nlast\n")
-    with pytest.raises(CorpusError) as info:
+    with pytest.raises(DataError) as info:
         read_documents(path)
-    message = str(info.value)
-    assert f"{path}:4:" in message
+    assert (info.value.path, info.value.line) == (str(path), 4)
+    assert f"{path}:4:" in str(info.value)
 
 
 def test_read_documents_errors(tmp_path):

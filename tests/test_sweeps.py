@@ -22,7 +22,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from bert_jax.analysis import sweeps
-from bert_jax.analysis.sweeps import SweepError, parse_sweep, run_name
+from bert_jax.analysis.sweeps import parse_sweep, run_name
+from bert_jax.errors import ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = "experiments/tiny_translate.py"
@@ -99,7 +100,7 @@ def test_python_helpers_give_the_same_points_as_the_spec():
     ("x a=1", "'x a=1'"),
 ])
 def test_errors_name_the_axis(spec, name):
-    with pytest.raises(SweepError) as info:
+    with pytest.raises(ConfigError) as info:
         parse_sweep(spec)
     assert name in str(info.value)
 
@@ -111,10 +112,10 @@ def test_unknown_keys_are_rejected_with_the_nearest_ones():
             (points, "model.num_head", "model.num_heads"),
             (parse_sweep("modle.num_heads=1"), "modle.num_heads", "model.num_heads"),
             ([{"train.batch_size.x": 1}], "train.batch_size.x", "train.batch_size")):
-        with pytest.raises(SweepError) as info:
+        with pytest.raises(ConfigError) as info:
             sweeps.validate(points, config)
         assert repr(key) in str(info.value) and nearest in str(info.value).split(";")[1]
-    with pytest.raises(SweepError, match="num_heads"):
+    with pytest.raises(ConfigError, match="num_heads"):
         sweeps.validate(parse_sweep("model.num_heads=two"), config)
     # Good keys pass, sections' children included; ints widen to float fields.
     sweeps.validate(parse_sweep("data.builder_kwargs.num_train=8 x "
@@ -162,7 +163,7 @@ def test_get_sweep_in_a_config_file(tmp_path):
         {"model.num_heads": 2, "model.num_layers": 1}]
     assert sweeps.load_sweep(f"{path}:list") == [{"model.num_heads": 1},
                                                  {"model.num_heads": 2}]
-    with pytest.raises(SweepError, match="get_sweep"):
+    with pytest.raises(ConfigError, match="get_sweep"):
         sweeps.load_sweep(str(REPO / TINY))
 
 

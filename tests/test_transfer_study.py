@@ -142,7 +142,7 @@ def test_a_finished_run_is_not_rerun_and_an_interrupted_one_resumes(sst2, backbo
     # A metric override, by the task's name.
     _, rows = transfer.report(str(tmp_path), transfer.parse_metrics(["sst2=eval/loss"]))
     assert rows[0]["metric"] == "eval/loss" and rows[0]["mean"] == 0.5
-    with pytest.raises(transfer.StudyError, match="'mrpc'"):
+    with pytest.raises(transfer.ConfigError, match="'mrpc'"):
         transfer.report(str(tmp_path), {"mrpc": "eval/f1"})
 
 
@@ -167,12 +167,12 @@ def test_the_scratch_backbone_copies_the_architecture_and_vocabulary(sst2, backb
 
     # A field the fine-tuning config cannot set is named, not dropped.
     del config.model["norm_position"]
-    with pytest.raises(transfer.StudyError, match="norm_position='pre'"):
+    with pytest.raises(transfer.ConfigError, match="norm_position='pre'"):
         transfer.scratch_overrides(backbone, config)
     # Scratch needs a pretrained backbone to copy; groups name given backbones.
-    with pytest.raises(transfer.StudyError, match="first pretrained"):
+    with pytest.raises(transfer.ConfigError, match="first pretrained"):
         study(tmp_path / "x", {"scratch": ""}, data=sst2)
-    with pytest.raises(transfer.StudyError, match=r"\['minilm'\]"):
+    with pytest.raises(transfer.ConfigError, match=r"\['minilm'\]"):
         transfer.Study(str(tmp_path), {"pre": backbone},
                        [{"tasks": [TASK], "backbones": ["minilm"]}], config_file=FINETUNE)
 
@@ -247,14 +247,14 @@ def test_the_study_file_and_flags_give_groups(tmp_path):
     for bad, match in ((dict(tasks=()), "tasks"), (dict(tasks=["a b"]), "tasks"),
                        (dict(tasks=["mrpc"], seeds=["x"]), "seeds"),
                        (dict(tasks=["mrpc"], train_examples=[-1]), "at least 0")):
-        with pytest.raises(transfer.StudyError, match=match):
+        with pytest.raises(transfer.ConfigError, match=match):
             transfer.Group(**bad)
-    with pytest.raises(transfer.StudyError, match="'size'"):
+    with pytest.raises(transfer.ConfigError, match="'size'"):
         transfer.as_groups([{"tasks": ["mrpc"], "size": [1]}])
     assert transfer.parse_backbones(["a=rel/dir", "b=", "c=''", "d=package:x"]) == {
         "a": os.path.abspath("rel/dir"), "b": "", "c": "", "d": "package:x"}
     for bad in (["a"], ["a=x", "a=y"], ["a b=x"], []):
-        with pytest.raises(transfer.StudyError):
+        with pytest.raises(transfer.ConfigError):
             transfer.parse_backbones(bad)
 
 

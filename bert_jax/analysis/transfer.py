@@ -39,12 +39,12 @@ import tempfile
 from typing import Any, Callable, Iterable, Sequence
 
 from bert_jax.analysis.sweeps.points import (
-    SweepError, apply_overrides, load_config, load_module)
+    apply_overrides, load_config, load_module)
 from bert_jax.analysis.sweeps.results import (
     collect as collect_runs, human_seconds, markdown_table, number, write_csv)
 from bert_jax.analysis.sweeps.runner import SWEEP_FILE, Sweep, read_record
 from bert_jax.convert.pretrained import PACKAGE_PREFIX, checkpoint_path
-from bert_jax.errors import UserError
+from bert_jax.errors import ConfigError, UserError
 from bert_jax.file_io import jsonable, write_json
 from bert_jax.modeling import BertConfig
 from bert_jax.tasks import bert_backbone
@@ -64,10 +64,6 @@ _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _TASK = re.compile(r"[A-Za-z0-9._=,+-]+")
 
 
-class StudyError(SweepError):
-    """A bad transfer study: backbones, groups, tasks or metrics."""
-
-
 # -- what a study is -------------------------------------------------------------------
 
 
@@ -75,10 +71,10 @@ def _ints(name: str, values: Iterable[Any], minimum: int | None = None) -> tuple
     try:
         out = tuple(int(v) for v in ([values] if isinstance(values, (int, str)) else values))
     except (TypeError, ValueError):
-        raise StudyError(f"{name}={values!r}: give whole numbers") from None
+        raise ConfigError(f"{name}={values!r}: give whole numbers") from None
     if not out or (minimum is not None and min(out) < minimum):
-        raise StudyError(f"{name}={values!r}: give at least one number"
-                         + (f", each at least {minimum}" if minimum is not None else ""))
+        raise ConfigError(f"{name}={values!r}: give at least one number"
+                          + (f", each at least {minimum}" if minimum is not None else ""))
     return tuple(dict.fromkeys(out))
 
 
@@ -97,8 +93,8 @@ class Group:
     def __post_init__(self):
         tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks or ())
         if not tasks or not all(isinstance(t, str) and _TASK.fullmatch(t) for t in tasks):
-            raise StudyError(f"tasks={self.tasks!r}: give task variants such as "
-                             "'sst2,steps=800' or 'mrpc'")
+            raise ConfigError(f"tasks={self.tasks!r}: give task variants such as "
+                              "'sst2,steps=800' or 'mrpc'")
         object.__setattr__(self, "tasks", tuple(dict.fromkeys(tasks)))
         object.__setattr__(self, "seeds", _ints("seeds", self.seeds))
         object.__setattr__(self, "train_examples",
@@ -116,14 +112,14 @@ def as_groups(groups: Iterable[Group | dict]) -> list[Group]:
         if isinstance(group, dict):
             unknown = sorted(set(group) - set(fields))
             if unknown:
-                raise StudyError(f"study group {group}: unknown keys {unknown}; a group has "
-                                 f"{', '.join(fields)}")
+                raise ConfigError(f"study group {group}: unknown keys {unknown}; a group has "
+                                  f"{', '.join(fields)}")
             group = Group(**group)
         if not isinstance(group, Group):
-            raise StudyError(f"a study is a list of groups (dicts), not {group!r}")
+            raise ConfigError(f"a study is a list of groups (dicts), not {group!r}")
         out.append(group)
     if not out:
-        raise StudyError("the study has no groups: give --task (or a study file)")
+        raise ConfigError("the study has no groups: give --task (or a study file)")
     return out
 
 
@@ -131,7 +127,7 @@ def load_study(path: str) -> list[Group]:
     """The groups of a study file's `get_study()` (experiments/transfer_study.py)."""
     module = load_module(path, "_bert_jax_study")
     if not hasattr(module, "get_study"):
-        raise StudyError(f"{path} defines no get_study()")
+        raise ConfigError(f"{path} defines no get_study()")
     return as_groups(module.get_study())
 
 
@@ -142,17 +138,17 @@ def parse_backbones(specs: Iterable[str]) -> dict[str, str]:
     for spec in specs or ():
         name, equals, path = spec.partition("=")
         if not equals or not _NAME.fullmatch(name):
-            raise StudyError(f"--backbone={spec}: write NAME=PATH (NAME of letters, digits, "
-                             "'.', '_', '-'; PATH '' for random weights)")
+            raise ConfigError(f"--backbone={spec}: write NAME=PATH (NAME of letters, digits, "
+                              "'.', '_', '-'; PATH '' for random weights)")
         if name in backbones:
-            raise StudyError(f"--backbone: the name {name!r} is given twice")
+            raise ConfigError(f"--backbone: the name {name!r} is given twice")
         path = "" if path in ("''", '""') else path
         if path and not path.startswith(PACKAGE_PREFIX):
             path = os.path.abspath(os.path.expanduser(path))
         backbones[name] = path
     if not backbones:
-        raise StudyError("give the backbones: --backbone=NAME=PATH (PATH '' for random "
-                         "weights of the first pretrained backbone's architecture)")
+        raise ConfigError("give the backbones: --backbone=NAME=PATH (PATH '' for random "
+                          "weights of the first pretrained backbone's architecture)")
     return backbones
 
 
@@ -179,12 +175,12 @@ def scratch_overrides(init_from: str, config: Any) -> dict[str, Any]:
         elif value != BertConfig.__dataclass_fields__[field].default:
             lacking.append(f"{field}={value!r}")
     if lacking:
-        raise StudyError(f"a scratch backbone copies {init_from}, whose {', '.join(lacking)} "
-                         "the fine-tuning config's `model` section cannot set; add the field")
+        raise ConfigError(f"a scratch backbone copies {init_from}, whose {', '.join(lacking)} "
+                          "the fine-tuning config's `model` section cannot set; add the field")
     vocab_file = config.data.get("vocab_file", "") or vocab_file
     if not vocab_file:
-        raise StudyError(f"a scratch backbone copies {init_from}, which has no vocab.txt: "
-                         "give --config.data.vocab_file")
+        raise ConfigError(f"a scratch backbone copies {init_from}, which has no vocab.txt: "
+                          "give --config.data.vocab_file")
     overrides["data.vocab_file"] = os.path.abspath(vocab_file)
     if lowercase is not None:
         overrides["data.lowercase"] = bool(lowercase)
@@ -236,20 +232,20 @@ class Study:
         for group in self.groups:
             unknown = [b for b in group.backbones or () if b not in self.backbones]
             if unknown:
-                raise StudyError(f"study group of {', '.join(group.tasks)} names backbones "
-                                 f"{unknown} that --backbone does not give (given: "
-                                 f"{', '.join(self.backbones)})")
+                raise ConfigError(f"study group of {', '.join(group.tasks)} names backbones "
+                                  f"{unknown} that --backbone does not give (given: "
+                                  f"{', '.join(self.backbones)})")
         pretrained = [path for path in self.backbones.values() if path]
         if not pretrained:
-            raise StudyError("a scratch backbone takes the architecture and vocabulary of the "
-                             "first pretrained backbone: give one")
+            raise ConfigError("a scratch backbone takes the architecture and vocabulary of the "
+                              "first pretrained backbone: give one")
         first = pretrained[0]
         self.architectures = {}
         for name, path in self.backbones.items():
             try:
                 self.architectures[name] = architecture_key(path or first)
             except UserError as e:
-                raise StudyError(f"--backbone={name}={path or first}: {e}") from e
+                raise ConfigError(f"--backbone={name}={path or first}: {e}") from e
         self.tasks = list(dict.fromkeys(t for g in self.groups for t in g.tasks))
         names = list(self.backbones)
         self.sweeps: dict[str, Sweep] = {}
@@ -407,7 +403,7 @@ def parse_metrics(specs: Iterable[str]) -> dict[str, str]:
     for spec in specs or ():
         task, _, key = spec.rpartition("=")
         if not key:
-            raise StudyError(f"--metric={spec}: write KEY or TASK=KEY (e.g. mrpc=eval/f1)")
+            raise ConfigError(f"--metric={spec}: write KEY or TASK=KEY (e.g. mrpc=eval/f1)")
         out[task] = key
     return out
 
@@ -565,8 +561,8 @@ def report(directory: str, metrics: dict[str, str] | None = None) -> tuple[str, 
     unknown = [t for t in metrics if t and t not in tasks
                and t not in {task.split(",")[0] for task in tasks}]
     if unknown:
-        raise StudyError(f"--metric names tasks {unknown} that {directory} does not hold "
-                         f"(it holds {', '.join(tasks) or 'none'})")
+        raise ConfigError(f"--metric names tasks {unknown} that {directory} does not hold "
+                          f"(it holds {', '.join(tasks) or 'none'})")
     full = dict(study.get("train_split_examples", {}))
     computed = False
     values = []
@@ -590,7 +586,7 @@ def report(directory: str, metrics: dict[str, str] | None = None) -> tuple[str, 
                    jsonable({**study, "train_split_examples": full}))
     rows = aggregate(values)
     if not rows:
-        raise StudyError(f"{directory} holds no finished run of a study (with its metric)")
+        raise ConfigError(f"{directory} holds no finished run of a study (with its metric)")
     text = write_results(rows, directory, full)
     plot_learning_curves(rows, os.path.join(directory, FIGURE_FILE))
     return text, rows

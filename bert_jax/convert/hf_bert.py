@@ -25,7 +25,7 @@ import flax.linen as nn
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.errors import MissingFileError, UserError
+from bert_jax.errors import ConfigError, DataError, MissingFileError
 from bert_jax.modeling.configs import BertConfig
 
 CONFIG_FILE = "config.json"
@@ -37,10 +37,6 @@ IGNORED_TENSORS = ("embeddings.position_ids",)
 _HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh",
                    "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 _TO_HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
-
-
-class WeightConversionError(UserError, ValueError):
-    """Tensors are unknown, missing or mis-shaped; the message names each one."""
 
 
 def _same(x):
@@ -137,7 +133,8 @@ def config_from_hf(hf: Mapping[str, Any], source: str = CONFIG_FILE) -> BertConf
     """A BertConfig from a Hugging Face BERT `config.json` dictionary."""
     def need(key):
         if key not in hf:
-            raise WeightConversionError(f"{source}: missing field {key!r}.")
+            raise DataError(source, f"missing field {key!r}", "is it a Hugging Face BERT "
+                            "config.json?")
         return hf[key]
 
     # bert_jax's BERT is an encoder with absolute (learned) positions.
@@ -148,8 +145,8 @@ def config_from_hf(hf: Mapping[str, Any], source: str = CONFIG_FILE) -> BertConf
                                     ("hidden_act", None, tuple(_HF_ACTIVATIONS))):
         value = need(key) if default is None else hf.get(key, default)
         if value not in supported:
-            raise WeightConversionError(f"{source}: {key}={value!r} is not supported; "
-                                        f"bert_jax's BERT takes {list(supported)}.")
+            raise DataError(source, f"{key}={value!r} is not supported",
+                            f"bert_jax's BERT takes {list(supported)}")
     return BertConfig(
         vocab_size=need("vocab_size"),
         hidden_size=need("hidden_size"),
@@ -171,8 +168,8 @@ def config_from_hf(hf: Mapping[str, Any], source: str = CONFIG_FILE) -> BertConf
 def config_to_hf(config: BertConfig, architecture: str = "BertModel") -> dict[str, Any]:
     """A Hugging Face `config.json` dictionary for `config`."""
     if config.norm_position != "post":
-        raise WeightConversionError("config.model.norm_position='pre': Hugging Face "
-                                    "BERT has no pre-norm; export needs 'post'.")
+        raise ConfigError(f"config.model.norm_position={config.norm_position!r}: Hugging "
+                          "Face BERT has no pre-norm; export needs 'post'.")
     return {
         "architectures": [architecture],
         "model_type": "bert",
@@ -205,8 +202,8 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: BertConfig,
                    source: str = WEIGHTS_FILE) -> dict[str, Any]:
     """bert_jax parameters `{'bert': ..., [heads]}` from Hugging Face tensors.
 
-    Raises WeightConversionError listing every unknown, missing or mis-shaped
-    tensor by name.
+    Raises a DataError (its `path`: `source`) listing every unknown, missing or
+    mis-shaped tensor by name.
     """
     named = {_canonical_name(k): np.asarray(v) for k, v in tensors.items()}
     classifier = named.get("classifier.weight")
@@ -216,7 +213,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: BertConfig,
         if any(t.hf_name in named for t in group):
             expected.update({t.hf_name: t for t in group})
 
-    unknown = set(named) - set(expected) - set(IGNORED_TENSORS) - _tied_decoder(named)
+    unknown = set(named) - set(expected) - set(IGNORED_TENSORS) - _tied_decoder(named, source)
     problems = [f"unknown tensor {n!r} {named[n].shape}" for n in sorted(unknown)]
     problems += [f"missing tensor {n!r} (expected shape {expected[n].hf_shape})"
                  for n in sorted(set(expected) - set(named))]
@@ -224,17 +221,16 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: BertConfig,
                  "config" for n, t in expected.items() if n in named
                  and named[n].shape != t.hf_shape]
     if problems:
-        raise WeightConversionError(
-            f"{source} does not match the BERT config ({config.num_layers} layers, "
-            f"hidden {config.hidden_size}, vocab {config.vocab_size}):\n  "
-            + "\n  ".join(problems))
+        raise DataError(source, f"does not match the BERT config ({config.num_layers} layers, "
+                        f"hidden {config.hidden_size}, vocab {config.vocab_size}):\n  "
+                        + "\n  ".join(problems))
 
     flat = {spec.path: spec.to_jax(named[name].astype(np.float32))
             for name, spec in expected.items()}
     return traverse_util.unflatten_dict(flat)
 
 
-def _tied_decoder(named: Mapping[str, np.ndarray]) -> set[str]:
+def _tied_decoder(named: Mapping[str, np.ndarray], path: str) -> set[str]:
     """The MLM decoder must be tied to the word embeddings (and its bias to
     `cls.predictions.bias`); returns those tensor names, which need no import."""
     tied = set()
@@ -246,15 +242,15 @@ def _tied_decoder(named: Mapping[str, np.ndarray]) -> set[str]:
         tied.add(name)
         if source in named and (named[name].shape != named[source].shape
                                 or not np.array_equal(named[name], named[source])):
-            raise WeightConversionError(f"tensor {name!r} differs from {source!r}: bert_jax "
-                                        "ties the MLM decoder and cannot import an untied one.")
+            raise DataError(path, f"tensor {name!r} differs from {source!r}", "bert_jax ties "
+                            "the MLM decoder and cannot import an untied one")
     return tied
 
 
 def params_to_hf(params: Mapping[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
     """Hugging Face tensors from bert_jax parameters (boxed or not).
 
-    Raises WeightConversionError listing every missing, mis-shaped or unmapped
+    Raises a ConfigError listing every missing, mis-shaped or unmapped
     parameter by path.
     """
     flat = traverse_util.flatten_dict(nn.meta.unbox(dict(params)))
@@ -278,8 +274,7 @@ def params_to_hf(params: Mapping[str, Any], config: BertConfig) -> dict[str, np.
     problems += [f"parameter {'/'.join(p)} has no Hugging Face BERT name"
                  for p in sorted(set(flat) - mapped)]
     if problems:
-        raise WeightConversionError(
-            "cannot export to Hugging Face BERT:\n  " + "\n  ".join(problems))
+        raise ConfigError("cannot export to Hugging Face BERT:\n  " + "\n  ".join(problems))
     return {name: spec.to_hf(np.asarray(flat[spec.path], np.float32))
             for name, spec in specs}
 
@@ -300,13 +295,14 @@ def load_hf_bert(folder: str) -> tuple[BertConfig, dict[str, Any]]:
         with open(config_path) as f:
             hf_config = json.load(f)
     except json.JSONDecodeError as e:
-        raise WeightConversionError(f"{config_path} is not valid JSON: {e}") from e
+        raise DataError(config_path, f"not valid JSON ({e.msg})", "fix or replace the file",
+                        line=e.lineno, column=e.colno) from e
     config = config_from_hf(hf_config, config_path)
     try:
         tensors = load_file(weights_path)
     except Exception as e:  # safetensors raises its own error types
-        raise WeightConversionError(
-            f"{weights_path} is not a readable safetensors file: {e}") from e
+        raise DataError(weights_path, f"not a readable safetensors file ({e})",
+                        "convert the weights again") from e
     return config, params_from_hf(tensors, config, weights_path)
 
 

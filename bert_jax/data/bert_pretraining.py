@@ -56,17 +56,13 @@ from bert_jax import noise
 from bert_jax.data import pretraining_data
 from bert_jax.data.builder_configs import LocalFilesBuilder
 from bert_jax.data.wordpiece import WordPiece
-from bert_jax.errors import MissingFileError, UserError
+from bert_jax.errors import ConfigError, DataError, MissingFileError
 
 with noise.importing_beam():
     import apache_beam as beam
 
 _EVAL_SEED_OFFSET = 1  # the validation instances use seed + 1
 SUMMARY = "summary.json"  # the build's summed statistics, beside its parts
-
-
-class BertPretrainingError(UserError, ValueError):
-    """Parameters or a corpus that cannot be built (the message says why)."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -89,8 +85,8 @@ def parse_file_spec(spec: str) -> tuple[str, str]:
     path, _, fmt = spec.rpartition(":") if re.search(r":[a-z_]+$", spec) else (spec, "", "")
     fmt = fmt or "blank_lines"
     if fmt not in pretraining_data.DOCUMENT_FORMATS:
-        raise BertPretrainingError(f"bert_pretraining: file {spec!r} has format {fmt!r}; "
-                                   f"use one of {pretraining_data.DOCUMENT_FORMATS}")
+        raise ConfigError(f"bert_pretraining: file {spec!r} has format {fmt!r}; "
+                          f"use one of {pretraining_data.DOCUMENT_FORMATS}")
     path = os.path.realpath(os.path.expanduser(path))
     if not os.path.isfile(path):
         raise MissingFileError(f"{path}: no such corpus file (from {spec!r}); check the path")
@@ -104,8 +100,8 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
                        ) -> BertPretrainingConfig:
     """The validated, fingerprinted, interned config (see module docstring)."""
     if isinstance(files, str) or not files:
-        raise BertPretrainingError("bert_pretraining: files; give a non-empty list of "
-                                   "'path' or 'path:format'")
+        raise ConfigError(f"bert_pretraining: files={files!r}; give a non-empty list of "
+                          "'path' or 'path:format'")
     parsed = tuple(parse_file_spec(spec) for spec in files)
     if not os.path.isfile(vocab_file):
         raise MissingFileError(f"{vocab_file}: no such vocab_file; check the path")
@@ -118,7 +114,7 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
             ("documents_per_shard", documents_per_shard, documents_per_shard >= 2,
              "at least 2")):
         if not ok:
-            raise BertPretrainingError(f"bert_pretraining: {name}={value}; use {todo}")
+            raise ConfigError(f"bert_pretraining: {name}={value}; use {todo}")
     fingerprint = {
         "files": [(os.path.basename(p), fmt, os.stat(p).st_size, os.stat(p).st_mtime_ns)
                   for p, fmt in parsed],
@@ -190,7 +186,7 @@ def held_out_documents(smallest: list[tuple[int, int, int]], documents: int,
     """(file_index, position) of the `eval_documents` documents of smallest
     hash; raises when too few documents are left for training."""
     if documents - len(smallest) < 2:
-        raise BertPretrainingError(
+        raise ConfigError(
             f"bert_pretraining: eval_documents={cfg.eval_documents} leaves "
             f"{documents - len(smallest)} of {documents} documents for training; "
             "lower it (next-sentence pairs need 2)")
@@ -318,9 +314,7 @@ def beam_pipeline_options(flags: str = "") -> "beam.options.pipeline_options.Pip
 # The user errors a Beam worker may raise: written as JSON into `parts/errors/`
 # by `_reporting`, raised again by the builder (Beam gives it only text).
 ERRORS = "errors"
-_WORKER_ERRORS = {"CorpusError": pretraining_data.CorpusError,
-                  "BertPretrainingError": BertPretrainingError,
-                  "MissingFileError": MissingFileError}
+_WORKER_ERRORS = {error.__name__: error for error in (ConfigError, DataError, MissingFileError)}
 
 
 def _reporting(fn, parts_dir: str):
@@ -333,7 +327,9 @@ def _reporting(fn, parts_dir: str):
         except tuple(_WORKER_ERRORS.values()) as error:
             path = epath.Path(parts_dir, ERRORS, f"{os.getpid()}-{id(error)}.json")
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps([type(error).__name__, *error.args]))
+            fields = {k: v for k, v in vars(error).items() if not k.startswith("_")}
+            path.write_text(json.dumps([type(error).__name__, list(error.args),
+                                        fields if isinstance(error, DataError) else {}]))
             raise
     return call
 
@@ -401,8 +397,9 @@ class BertPretraining(LocalFilesBuilder):
                 build_parts(pipeline, cfg, os.fspath(parts))
         except Exception:  # a worker's user error is raised again as itself
             for report in sorted((parts / ERRORS).glob("*.json")):
-                name, *args = json.loads(report.read_text())
-                raise _WORKER_ERRORS[name](*args) from None
+                name, args, fields = json.loads(report.read_text())
+                raise (_WORKER_ERRORS[name](**fields) if fields
+                       else _WORKER_ERRORS[name](*args)) from None
             raise
         summary = json.loads((parts / SUMMARY).read_text())
         splits = []
@@ -412,8 +409,8 @@ class BertPretraining(LocalFilesBuilder):
                              key=lambda part: _part_file(split, part[0]))
             if not written:
                 knob = "documents_per_shard" if split == "train" else "eval_documents"
-                raise BertPretrainingError(f"bert_pretraining: no {split} instances (too few "
-                                           f"documents with text); raise {knob}")
+                raise DataError("bert_pretraining", f"no {split} instances (too few "
+                                "documents with text)", f"raise {knob}")
             template = self._get_filename_template(split_name=split)
             for index, (name, _, _) in enumerate(written):
                 (parts / _part_file(split, name)).rename(

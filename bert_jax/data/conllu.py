@@ -12,6 +12,9 @@ syntactic words, IDs 1, 2, 3, ...; a FORM of `_` is an underscore. CoNLL-2003:
 whitespace-separated columns (`word POS chunk NER`), as many on every line;
 `-DOCSTART-` lines are skipped; `#` is a word. `line` is the 1-based line
 where a sentence starts (its first comment line, if any).
+
+A file that cannot be read so raises a `DataError` naming file:line[:column]; a
+bad `format`, `column` or `splits` argument a `ConfigError` naming the value.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bert_jax.data.splits import check_split_files
-from bert_jax.data.text_files import bad_line, char_column, utf8_lines
-from bert_jax.errors import MissingFileError, UserError
+from bert_jax.data.text_files import char_column, utf8_lines
+from bert_jax.errors import ConfigError, DataError, MissingFileError
 
 # The 17 Universal POS tags (https://universaldependencies.org/u/pos/), in the
 # order of that page's alphabetical index (and of tfds's UPOS ClassLabel).
@@ -46,17 +49,13 @@ _EMPTY_NODE_ID = re.compile(r"[0-9]+\.[0-9]+")
 _SENT_ID = re.compile(r"#\s*sent_id\s*=(.*)")
 
 
-class ConlluFormatError(UserError, ValueError):
-    """A tagging file that cannot be read."""
-
-
 def _column_index(column: str | int | None, format: str, word_column: int = 0) -> int:
     """The 0-based (CoNLL-2003: possibly negative) index of the tag column;
     text holding an integer (`"-1"`, from a string config field) is an index."""
     if isinstance(column, str) and re.fullmatch(r"-?[0-9]+", column.strip()):
         column = int(column)
     if format not in FORMATS:
-        raise ConlluFormatError(f"conllu: format={format!r}; use one of {FORMATS}")
+        raise ConfigError(f"conllu: format={format!r}; use one of {FORMATS}")
     names = CONLLU_COLUMNS if format == "conllu" else CONLL2003_COLUMNS
     if column is None:
         return 3 if format == "conllu" else -1
@@ -64,11 +63,11 @@ def _column_index(column: str | int | None, format: str, word_column: int = 0) -
         return names.index(column.lower())
     if not isinstance(column, int) or isinstance(column, bool) or (
             format == "conllu" and not 0 <= column < len(CONLLU_COLUMNS)):
-        raise ConlluFormatError(f"conllu: column={column!r}; use one of {names} or a "
-                                f"0-based index")
+        raise ConfigError(f"conllu: column={column!r}; use one of {names} or a 0-based "
+                          "index")
     if format == "conll2003" and column == word_column:
-        raise ConlluFormatError(f"conllu: column={column} is the word_column; pick a tag "
-                                "column (e.g. -1, the last)")
+        raise ConfigError(f"conllu: column={column} is the word_column; pick a tag column "
+                          "(e.g. -1, the last)")
     return column
 
 
@@ -97,10 +96,10 @@ def read_conllu(path: str | os.PathLike, column: str | int | None = None,
                               "sent_id": sent_id})
         words, tags, start, sent_id = [], [], None, ""
 
-    def error(what: str, todo: str, column: int | None = None) -> ConlluFormatError:
-        return bad_line(ConlluFormatError, path, lineno, what, todo, column)
+    def error(what: str, fix: str, column: int | None = None) -> DataError:
+        return DataError(path, what, fix, line=lineno, column=column)
 
-    for _, lineno, line in utf8_lines(path, ConlluFormatError):
+    for _, lineno, line in utf8_lines(path):
         line = line.rstrip("\r\n")
         if not line.strip():
             finish()
@@ -168,14 +167,13 @@ def discover_splits(directory: str) -> tuple[tuple[str, str], ...]:
         names = sorted(os.path.basename(p) for p in glob.glob(
             os.path.join(glob.escape(directory), f"*-ud-{part}.conllu")))
         if len(names) > 1:
-            raise ConlluFormatError(f"{directory}: several {part} files {names}; "
-                                    f"{_NAME_THE_FILES}")
+            raise DataError(directory, f"several {part} files {names}", _NAME_THE_FILES)
         if names:
             found.append((split, names[0]))
     if not found:
         present = sorted(n for n in os.listdir(directory) if not n.startswith("."))
-        raise ConlluFormatError(f"{directory}: no `*-ud-{{train,dev,test}}.conllu` file "
-                                f"(it has {present[:20]}); {_NAME_THE_FILES}")
+        raise DataError(directory, f"no `*-ud-{{train,dev,test}}.conllu` file (it has "
+                        f"{present[:20]})", _NAME_THE_FILES)
     return tuple(sorted(found))
 
 
@@ -191,7 +189,7 @@ def split_files(path: str | os.PathLike, splits: Mapping[str, str] | None = None
     if splits is None:
         splits = dict(discover_splits(directory))
     return {split: os.path.join(directory, name) for split, name in
-            check_split_files("conllu", directory, splits, [""], ConlluFormatError)}
+            check_split_files("conllu", directory, splits, [""])}
 
 
 def read_splits(files: Mapping[str, str], column: str | int | None = None,
@@ -203,6 +201,6 @@ def read_splits(files: Mapping[str, str], column: str | int | None = None,
                  for split, file in files.items()}
     empty = [split for split, s in sentences.items() if not s]
     if empty:
-        raise ConlluFormatError(f"{', '.join(files[split] for split in empty)}: no "
-                                f"sentences (split(s) {empty}); add some or drop the split")
+        raise DataError(", ".join(files[split] for split in empty), f"no sentences "
+                        f"(split(s) {empty})", "add some or drop the split")
     return sentences

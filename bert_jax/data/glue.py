@@ -11,8 +11,8 @@ kept as text); text fields and labels are stripped. Files with a header row
 name their columns there; header-less files (CoLA's train/dev) use 0-based
 indices. Rows may have more fields than the header, not fewer than the columns
 used. With `labels_required=False` (GLUE's `test.tsv`), an absent label gives
--1 (classification) or NaN (regression). Errors are `GlueFormatError`s naming
-file:line[:column].
+-1 (classification) or NaN (regression). A file that cannot be read so raises a
+`DataError` naming file:line[:column] and the bad field.
 """
 
 from __future__ import annotations
@@ -25,14 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.data.text_files import as_text, bad_line, char_column, utf8_lines
-from bert_jax.errors import MissingFileError, UserError
+from bert_jax.data.text_files import as_text, char_column, utf8_lines
+from bert_jax.errors import DataError, MissingFileError
 
 Column = str | int
-
-
-class GlueFormatError(UserError, ValueError):
-    """A TSV file that cannot be read as its task says."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,20 +58,26 @@ class GlueTaskSpec:
 
     def __post_init__(self):
         columns = [c for c in (self.text_a, self.text_b, self.label_column) if c is not None]
-        problems = {
-            "columns: all header names, or all 0-based indices": len(
-                {type(c) for c in columns} & {str, int}) != 1 or any(
-                not isinstance(c, (str, int)) or isinstance(c, int) and c < 0 for c in columns),
-            "labels: no duplicates": len(set(self.labels)) != len(self.labels),
-            "label_names, catalog_labels: the same labels": any(
-                names and (len(names) != len(self.labels)
-                           or set(names) != set(self.label_names or self.labels))
-                for names in (self.label_names, self.catalog_labels)),
-            "splits: split name -> file name": not self.splits or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in self.splits.items())}
-        for need, wrong in problems.items():
+        # (fields, their values, what they must be, whether they are not)
+        problems = [
+            ("text_a, text_b, label_column", columns,
+             "all header names, or all 0-based indices",
+             len({type(c) for c in columns} & {str, int}) != 1 or any(
+                 not isinstance(c, (str, int)) or isinstance(c, int) and c < 0
+                 for c in columns)),
+            ("labels", self.labels, "without duplicates",
+             len(set(self.labels)) != len(self.labels)),
+            ("label_names, catalog_labels", (self.label_names, self.catalog_labels),
+             f"each empty or a reordering of {self.label_names or self.labels}", any(
+                 names and (len(names) != len(self.labels)
+                            or set(names) != set(self.label_names or self.labels))
+                 for names in (self.label_names, self.catalog_labels))),
+            ("splits", self.splits, "a non-empty map of split name -> file name",
+             not self.splits or not all(
+                 isinstance(k, str) and isinstance(v, str) for k, v in self.splits.items()))]
+        for fields, value, need, wrong in problems:
             if wrong:
-                raise ValueError(f"GlueTaskSpec {self.name}: give {need}")
+                raise ValueError(f"GlueTaskSpec {self.name}: {fields}={value!r}; give {need}")
 
     @property
     def is_regression(self) -> bool:
@@ -175,15 +177,15 @@ def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
     if spec.has_header:
         header = next(rows, (1, None))[1]
         if header is None:
-            raise bad_line(GlueFormatError, path, 1, "empty file",
-                           f"a {spec.name} file starts with a header row")
+            raise DataError(path, "empty file", f"a {spec.name} file starts with a header row",
+                            line=1)
         names = [h.strip() for h in header]
         for key, column in wanted.items():
             if column in names:
                 index[key] = names.index(column)
             elif column is not None and (key != "label" or labels_required):
-                raise bad_line(GlueFormatError, path, 1, f"no column {column!r} in the "
-                               f"header", f"is it a file of task {spec.name}?")
+                raise DataError(path, f"no column {column!r} in the header {names}",
+                                f"is it a file of task {spec.name}?", line=1)
             else:
                 index[key] = None
     width = 1 + max(i for key, i in index.items()
@@ -192,16 +194,16 @@ def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
     examples = []
     for lineno, row in rows:
         if len(row) < width:
-            raise bad_line(GlueFormatError, path, lineno, f"{len(row)} tab-separated "
-                           f"field(s), {width} needed", "add the missing tab or field, "
-                           "or join a sentence broken over lines")
+            raise DataError(path, f"{len(row)} tab-separated field(s), {width} needed",
+                            "add the missing tab or field, or join a sentence broken over "
+                            "lines", line=lineno)
         example: dict[str, Any] = {"line": lineno}
         for key in ("text_a", "text_b"):
             i = index[key]
             example[key] = "" if i is None else row[i].strip()
             if i is not None and not example[key]:
-                raise bad_line(GlueFormatError, path, lineno, f"empty {key}",
-                               "fix or remove the line", char_column(row, i))
+                raise DataError(path, f"empty {key}", "fix or remove the line", line=lineno,
+                                column=char_column(row, i))
         i = index["label"]
         value = row[i].strip() if i is not None and i < len(row) else ""
         if not value and not labels_required:
@@ -212,9 +214,9 @@ def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
             label = label_ids.get(value)
         if label is None:
             allowed = "a number" if spec.is_regression else f"one of {list(spec.labels)}"
-            raise bad_line(GlueFormatError, path, lineno, f"label {value!r} is not {allowed}",
-                           "fix it" + ("" if value else ", or pass labels_required=False "
-                                       "for an unlabelled file"), char_column(row, i))
+            raise DataError(path, f"label {value!r} is not {allowed}", "fix it" + (
+                "" if value else ", or pass labels_required=False for an unlabelled file"),
+                line=lineno, column=char_column(row, i))
         example["label"] = label
         examples.append(example)
     return examples
@@ -230,11 +232,11 @@ def _is_number(text: str) -> bool:
 def _rows(path: str) -> Iterator[tuple[int, list[str]]]:
     """(1-based line number, tab-separated fields) of each line; a '\\r'
     inside a line is an error (csv would read it as a line break)."""
-    for _, lineno, text in utf8_lines(path, GlueFormatError):
+    for _, lineno, text in utf8_lines(path):
         text = text.removesuffix("\n").removesuffix("\r")
         if "\r" in text:
-            raise bad_line(GlueFormatError, path, lineno, "a carriage return (\\r) inside "
-                           "the line", "remove it")
+            raise DataError(path, "a carriage return (\\r) inside the line", "remove it",
+                            line=lineno, column=text.index("\r") + 1)
         yield lineno, text.split("\t") if text else []
 
 
@@ -288,10 +290,10 @@ def read_split(path: str | os.PathLike, spec: str | GlueTaskSpec, split: str
     root) `path`; a split without examples is an error."""
     spec = get_task(spec)
     if split not in spec.splits:
-        raise GlueFormatError(f"glue {spec.name}: no split {split!r}; the task has "
-                              f"{sorted(spec.splits)}")
+        raise DataError(f"glue {spec.name}", f"no split {split!r}",
+                        f"the task has {sorted(spec.splits)}")
     file = os.path.join(task_directory(path, spec), spec.splits[split])
     examples = read_tsv(file, spec, labels_required=split not in spec.unlabeled_splits)
     if not examples:
-        raise GlueFormatError(f"{file}: no examples; add some or evaluate another split")
+        raise DataError(file, "no examples", "add some or evaluate another split")
     return examples

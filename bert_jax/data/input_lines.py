@@ -3,9 +3,9 @@
     kept = screen_lines(lines, task.source_problems, on_error="warn", name="in.txt")
 
 `problems_of(line)` lists what is wrong with a line (quoting it `shorten`ed);
-bytes that are not UTF-8
-(read with errors="surrogateescape") are a problem too. `on_error`: `fail`
-reports them all (up to MAX_REPORTED) as one `InputError`, processing nothing;
+bytes that are not UTF-8 (read with errors="surrogateescape") are a problem too.
+`on_error`: `fail` reports them all (up to MAX_REPORTED, each as `name:line: what`)
+as one `DataError` whose `path` is `name`, processing nothing;
 `skip` warns and makes the line None (its output line empty, so output line i
 still answers input line i); `warn` warns and processes the line as it is.
 """
@@ -16,15 +16,11 @@ import re
 import sys
 from typing import Callable, Iterable
 
-from bert_jax.errors import UserError
+from bert_jax.errors import ConfigError, DataError
 
 ON_ERROR = ("fail", "skip", "warn")
 NOT_UTF8 = re.compile("[\udc80-\udcff]")  # a byte read with errors="surrogateescape"
 MAX_REPORTED = 10
-
-
-class InputError(UserError, ValueError):
-    """Lines of the user's input that cannot be processed faithfully."""
 
 
 def shorten(text: str, limit: int = 40) -> str:
@@ -37,7 +33,7 @@ def screen_lines(lines: Iterable[str], problems_of: Callable[[str], list[str]],
                  on_error: str, name: str) -> list[str | None]:
     """The lines (without newlines), bad ones handled per `on_error` (see module doc)."""
     if on_error not in ON_ERROR:
-        raise InputError(f"on_error={on_error!r}: use one of {', '.join(ON_ERROR)}.")
+        raise ConfigError(f"on_error={on_error!r}: use one of {', '.join(ON_ERROR)}.")
     kept, reports = [], []
     for number, line in enumerate(lines, 1):
         line, byte = line.rstrip("\n"), NOT_UTF8.search(line)
@@ -53,9 +49,8 @@ def screen_lines(lines: Iterable[str], problems_of: Callable[[str], list[str]],
         kept.append(None if problems and on_error == "skip" else line)
     if reports and on_error == "fail":
         more = len(reports) - MAX_REPORTED
-        raise InputError(
-            f"{len(reports)} bad input line(s):\n  " + "\n  ".join(reports[:MAX_REPORTED])
-            + (f"\n  ... and {more} more" if more > 0 else "")
-            + "\nFix them, or pass --on_error=skip (an empty output line for each) or "
-            "--on_error=warn (process them as they are).")
+        raise DataError(name, f"{len(reports)} bad input line(s) (fix them, or pass "
+                        "--on_error=skip (an empty output line for each) or --on_error=warn "
+                        "(process them as they are)):\n  " + "\n  ".join(reports[:MAX_REPORTED])
+                        + (f"\n  ... and {more} more" if more > 0 else ""))
     return kept

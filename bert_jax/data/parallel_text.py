@@ -34,8 +34,8 @@ from absl import logging
 
 from bert_jax.data.builder_configs import LocalFilesBuilder
 from bert_jax.data.splits import check_split_files
-from bert_jax.data.text_files import bad_line, utf8_lines
-from bert_jax.errors import MissingFileError, UserError
+from bert_jax.data.text_files import utf8_lines
+from bert_jax.errors import ConfigError, DataError, MissingFileError
 
 # Conventional file stems and the standard tfds split names they get by default.
 STEM_ALIASES: dict[str, str] = {
@@ -44,10 +44,6 @@ STEM_ALIASES: dict[str, str] = {
 }
 _LANGUAGE_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 _MAX_REPORTED_LINES = 10
-
-
-class ParallelTextError(UserError, ValueError):
-    """A corpus that cannot be built as it is."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -78,13 +74,13 @@ def parallel_text_config(path: str | os.PathLike, source_language: str,
     for field, value in (("source_language", source_language),
                          ("target_language", target_language)):
         if not isinstance(value, str) or not _LANGUAGE_RE.match(value):
-            raise ParallelTextError(f"parallel_text: {field}={value!r}; give a file suffix "
-                                    "such as 'de' (letters, digits, '_', '-')")
+            raise ConfigError(f"parallel_text: {field}={value!r}; give a file suffix "
+                              "such as 'de' (letters, digits, '_', '-')")
     if source_language == target_language:
-        raise ParallelTextError(f"parallel_text: source_language and target_language are "
-                                f"both {source_language!r}; give two languages")
+        raise ConfigError(f"parallel_text: source_language and target_language are "
+                          f"both {source_language!r}; give two languages")
     if not isinstance(skip_empty, bool):
-        raise ParallelTextError(f"parallel_text: skip_empty={skip_empty!r}; give a bool")
+        raise ConfigError(f"parallel_text: skip_empty={skip_empty!r}; give a bool")
     directory = os.path.realpath(os.path.expanduser(os.fspath(path)))
     if not os.path.exists(directory):
         raise MissingFileError(f"{directory}: no such corpus directory; check the path")
@@ -95,7 +91,7 @@ def parallel_text_config(path: str | os.PathLike, source_language: str,
         mapping = discover_splits(directory, source_language, target_language)
     else:
         mapping = check_split_files("parallel_text", directory, splits, [
-            f".{source_language}", f".{target_language}"], ParallelTextError)
+            f".{source_language}", f".{target_language}"])
     files = _file_stats(directory, [f"{stem}.{language}" for _, stem in mapping
                                     for language in (source_language, target_language)])
     params = dict(path=directory, source_language=source_language,
@@ -131,9 +127,8 @@ def discover_splits(directory: str, source_language: str, target_language: str
     if not stems:
         present = ", ".join(f"{s} ({len(v)} file{'s' * (len(v) != 1)})"
                             for s, v in sorted(by_language.items())) or "none"
-        raise ParallelTextError(
-            f"{directory}: no {{stem}}.{source_language} with a {{stem}}.{target_language}; "
-            f"the suffixes there: {present}")
+        raise DataError(directory, f"no {{stem}}.{source_language} with a "
+                        f"{{stem}}.{target_language}", f"the suffixes there: {present}")
     split_names = {stem: re.sub(r"[^\w\-]", "_", stem) for stem in stems}
     taken = set(split_names.values())
     claims = collections.Counter(STEM_ALIASES.get(stem) for stem in stems)
@@ -144,22 +139,21 @@ def discover_splits(directory: str, source_language: str, target_language: str
     seen: dict[str, str] = {}
     for stem, split in split_names.items():
         if split in seen:
-            raise ParallelTextError(
-                f"{directory}: stems {seen[split]!r} and {stem!r} would both be split "
-                f"{split!r}; pass splits={{name: stem}}")
+            raise DataError(directory, f"stems {seen[split]!r} and {stem!r} would both be "
+                            f"split {split!r}", "pass splits={name: stem}")
         seen[split] = stem
     return tuple(sorted((split, stem) for stem, split in split_names.items()))
 
 
 def read_lines(path: str) -> Iterator[tuple[int, str]]:
     """(1-based line number, stripped text) of every line of a UTF-8 file."""
-    for _, lineno, text in utf8_lines(path, ParallelTextError):
+    for _, lineno, text in utf8_lines(path):
         yield lineno, text.strip()
 
 
 def check_split(cfg: ParallelTextConfig, split: str) -> tuple[int, list[int]]:
     """The number of pairs kept and the 1-based lines of those dropped by
-    `skip_empty`, from one read of both files; raises `ParallelTextError` on
+    `skip_empty`, from one read of both files; raises a `DataError` on
     invalid UTF-8, different line counts, or an empty line (unless `skip_empty`)."""
     src_path, tgt_path = cfg.split_files(split)
     counts = [0, 0]
@@ -182,14 +176,14 @@ def check_split(cfg: ParallelTextConfig, split: str) -> tuple[int, list[int]]:
     if counts[0] != counts[1]:
         hint = "; ".join(f"first empty line: {paths[s]}:{first_empty[s]}"
                          for s in (0, 1) if first_empty[s] is not None)
-        raise ParallelTextError(
-            f"{src_path} has {counts[0]} lines, {tgt_path} {counts[1]}; line i of one must "
-            "translate line i of the other" + (f" ({hint})" if hint else ""))
+        raise DataError(src_path, f"{counts[0]} lines, {tgt_path} {counts[1]}",
+                        "line i of one must translate line i of the other"
+                        + (f" ({hint})" if hint else ""))
     if skipped and not cfg.skip_empty:
         side = 0 if first_empty[0] == skipped[0] else 1
-        raise bad_line(ParallelTextError, paths[side], skipped[0], f"empty line "
-                       f"({len(skipped)} pair(s) with an empty side)", "remove the pair "
-                       "from both files, or pass skip_empty=True to drop such pairs")
+        raise DataError(paths[side], f"empty line ({len(skipped)} pair(s) with an empty "
+                        "side)", "remove the pair from both files, or pass skip_empty=True "
+                        "to drop such pairs", line=skipped[0])
     return counts[0] - len(skipped), skipped
 
 
@@ -227,8 +221,8 @@ class ParallelText(LocalFilesBuilder):
             path = os.path.join(cfg.path, name)
             if not os.path.isfile(path) or _file_stats(cfg.path, [name])[0] != (
                     name, size, mtime_ns):
-                raise ParallelTextError(f"{path}: changed or removed after the builder was "
-                                        "made; make the builder again")
+                raise DataError(path, "changed or removed after the builder was made",
+                                "make the builder again")
         # Check every split before tfds writes any example.
         checks = {split: check_split(cfg, split) for split, _ in cfg.splits}
         skipped = {split: {"count": len(lines), "first_lines": lines[:_MAX_REPORTED_LINES]}
@@ -241,8 +235,8 @@ class ParallelText(LocalFilesBuilder):
         # tfds cannot write a split with no examples, so an empty one is an error.
         empty = [split for split, (pairs, _) in checks.items() if pairs == 0]
         if empty:
-            raise ParallelTextError(f"{', '.join(cfg.split_files(empty[0]))}: no sentence "
-                                    f"pairs (split(s) {empty}); add some or drop the split")
+            raise DataError(", ".join(cfg.split_files(empty[0])), f"no sentence pairs "
+                            f"(split(s) {empty})", "add some or drop the split")
         return {split: self._generate_examples(split) for split in checks}
 
     def _generate_examples(self, split: str):

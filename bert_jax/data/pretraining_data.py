@@ -55,15 +55,11 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from bert_jax.data.text_files import utf8_lines
-from bert_jax.errors import MissingFileError, UserError
+from bert_jax.errors import MissingFileError
 
 DOCUMENT_FORMATS = ("blank_lines", "wikitext")
 PAD_ID = 0  # padding id (always treated as special)
 MASKING_PURPOSE = 0x6D61736B  # "mask": separates masking streams from other uses of `seed`
-
-
-class CorpusError(UserError, ValueError):
-    """A corpus file that cannot be read."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +83,7 @@ def iter_documents(path: str, document_format: str = "blank_lines",
     wikitext = document_format == "wikitext"
     lines: list[str] = []
     first = start
-    for offset, lineno, text in utf8_lines(path, CorpusError, start):
+    for offset, lineno, text in utf8_lines(path, start):
         line = text.strip()
         deep = (line.startswith("= ="), line.endswith("= ="))   # `= = Heading = =`
         title = len(line) > 4 and line[:2] == "= " and line[-2:] == " =" and not any(deep)

@@ -39,7 +39,8 @@ from tensorflow_datasets.core.registered import DatasetNotFoundError
 
 # parallel_text registers its builder with tfds, so that it resolves by name.
 from bert_jax.data import parallel_text, synthetic_reverse, synthetic_translation  # noqa: F401
-from bert_jax.data.splits import DatasetError, no_examples, no_split, select
+from bert_jax.data.splits import no_examples, no_split, select
+from bert_jax.errors import ConfigError
 
 FILE_FORMAT = "array_record"
 PROGRESS_EVERY_SECONDS = 30.0
@@ -61,7 +62,7 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
         takes = inspect.signature(generate).parameters
         unknown = sorted(set(builder_kwargs) - set(takes))
         if unknown:
-            raise DatasetError(
+            raise ConfigError(
                 f"dataset {builder} has no parameter(s) {unknown} (config.data.builder_kwargs); "
                 f"it takes {sorted(takes)}")
         return select(builder, generate(**builder_kwargs), split)
@@ -72,7 +73,7 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
         try:
             builder = tfds.builder(builder, **kwargs)
         except DatasetNotFoundError as e:
-            raise DatasetError(_not_found(builder)) from e
+            raise ConfigError(_not_found(builder)) from e
     elif isinstance(builder, tfds.core.DatasetBuilder):
         if builder_kwargs or data_dir:
             raise ValueError(f"load_source: data_dir and builder_kwargs are for a name; "

@@ -14,28 +14,26 @@ from typing import TypeVar
 
 import numpy as np
 
-from bert_jax.errors import MissingFileError, UserError
+from bert_jax.errors import ConfigError, DataError, MissingFileError
 
 T = TypeVar("T")
 _SPLIT = re.compile(r"([\w\-]+)(?:\[(-?\d*):(-?\d*)\])?")
 
 
-class DatasetError(UserError, ValueError):
-    """A dataset or split that cannot be read; the message names it."""
-
-
-def check_split_files(what: str, directory: str, splits: object, suffixes: Sequence[str],
-                      error: type[Exception]) -> tuple[tuple[str, str], ...]:
+def check_split_files(what: str, directory: str, splits: object, suffixes: Sequence[str]
+                      ) -> tuple[tuple[str, str], ...]:
     """Sorted `splits` (split name -> a file name in `directory`, completed by
     each of `suffixes`), checked: tfds split names, plain names, files there."""
     if not isinstance(splits, Mapping) or not splits:
-        raise error(f"{what}: splits={splits!r}; give a non-empty mapping of tfds split "
-                    "name -> file name")
+        raise ConfigError(f"{what}: splits={splits!r}; give a non-empty mapping of tfds "
+                          "split name -> file name")
     for split, name in splits.items():
         if not isinstance(split, str) or not re.fullmatch(r"[\w\-]+", split):
-            raise error(f"{what}: split name {split!r}; use only letters, digits, '_', '-'")
+            raise ConfigError(f"{what}: split name {split!r}; use only letters, digits, '_', "
+                              "'-'")
         if not isinstance(name, str) or not name or os.sep in name:
-            raise error(f"{what}: splits.{split}={name!r}; give a file name in {directory}")
+            raise ConfigError(f"{what}: splits.{split}={name!r}; give a file name in "
+                              f"{directory}")
     missing = [os.path.join(directory, name + suffix) for name in splits.values()
                for suffix in suffixes if not os.path.isfile(os.path.join(
                    directory, name + suffix))]
@@ -46,10 +44,10 @@ def check_split_files(what: str, directory: str, splits: object, suffixes: Seque
 
 
 def check_counts(dataset: str, **params: object) -> None:
-    """Raises DatasetError naming the first of `params` that is not an int >= 0."""
+    """Raises a ConfigError naming the first of `params` that is not an int >= 0."""
     for field, value in params.items():
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-            raise DatasetError(f"{dataset}: {field}={value!r}; give an int >= 0")
+            raise ConfigError(f"{dataset}: {field}={value!r}; give an int >= 0")
 
 
 def select(name: str, splits: Mapping[str, Sequence[T]], split: str) -> Sequence[T]:
@@ -66,11 +64,11 @@ def select(name: str, splits: Mapping[str, Sequence[T]], split: str) -> Sequence
     return examples
 
 
-def no_split(name: str, split: str, known, check: str) -> DatasetError:
-    return DatasetError(f"dataset {name} has no split {split!r} (its splits: "
-                        f"{sorted(known)}); check the name, and {check}")
+def no_split(name: str, split: str, known, check: str) -> DataError:
+    return DataError(f"dataset {name}", f"no split {split!r} (its splits: {sorted(known)})",
+                     f"check the name, and {check}")
 
 
-def no_examples(name: str, split: str, check: str) -> DatasetError:
-    return DatasetError(f"dataset {name} split {split!r} has no examples; check the name "
-                        f"or slice, and {check}")
+def no_examples(name: str, split: str, check: str) -> DataError:
+    return DataError(f"dataset {name}", f"split {split!r} has no examples",
+                     f"check the name or slice, and {check}")

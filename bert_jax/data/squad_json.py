@@ -14,9 +14,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from bert_jax.data.squad_windows import QAExample, SquadFormatError, read_squad
+from bert_jax.data.squad_windows import QAExample, read_squad
 from bert_jax.data.text_files import as_text
-from bert_jax.errors import MissingFileError
+from bert_jax.errors import DataError, MissingFileError
 
 CATALOG = "squad/v1.1"
 _ARTICLES = re.compile(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*")
@@ -40,8 +40,7 @@ def read_split(path: str | os.PathLike, articles: str) -> list[QAExample]:
         raise MissingFileError(f"{file}: no such file; pass a SQuAD v1.1 JSON file")
     examples = read_squad(file, parse_articles(articles))
     if not examples:
-        raise SquadFormatError(f"{file}: no questions in the articles {articles!r}; check "
-                               "the range")
+        raise DataError(file, f"no questions in the articles {articles!r}", "check the range")
     return examples
 
 

@@ -28,12 +28,8 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from bert_jax.errors import UserError
+from bert_jax.errors import DataError
 from bert_jax.evaluation.squad import best_spans, load_dataset
-
-
-class SquadFormatError(UserError, ValueError):
-    """A SQuAD file without the v1.1 layout, or an answer not at its `answer_start`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,14 +50,25 @@ class QAExample:
 
 
 def _require(mapping: Any, key: str, kind: type, path: str, where: str) -> Any:
-    """`mapping[key]`, checked to be a `kind`; SquadFormatError otherwise."""
-    value = mapping.get(key) if isinstance(mapping, dict) else None
-    if not isinstance(value, kind) or isinstance(value, bool):
-        found = ("no key" if isinstance(mapping, dict) and key not in mapping else
-                 f"a JSON {type(value if isinstance(mapping, dict) else mapping).__name__}")
-        raise SquadFormatError(f"{path}: {where}: {key!r} is {found}, not a {kind.__name__}; "
-                               "is it a SQuAD v1.1 file?")
-    return value
+    """`mapping[key]`, checked to be a `kind`; a `DataError` naming `where` in the
+    file, the key and the value found otherwise."""
+    if not isinstance(mapping, dict):
+        found = f"{where} is a JSON {type(mapping).__name__} ({_shown(mapping)}), not an object"
+    elif key not in mapping:
+        found = f"{where} has no key {key!r}"
+    else:
+        value = mapping[key]
+        if isinstance(value, kind) and not isinstance(value, bool):
+            return value
+        found = (f"{where}: {key!r} is a JSON {type(value).__name__} ({_shown(value)}), "
+                 f"not a {kind.__name__}")
+    raise DataError(path, found, "is it a SQuAD v1.1 file?")
+
+
+def _shown(value: Any) -> str:
+    """`value`'s repr, cut to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def read_squad(path: str, articles: slice | None = None, *,
@@ -71,10 +78,10 @@ def read_squad(path: str, articles: slice | None = None, *,
     every answer must be at its `answer_start`."""
     if articles is not None and not isinstance(articles, slice):
         raise TypeError(f"articles: a {type(articles).__name__}; give a slice or None")
-    data = load_dataset(path, SquadFormatError)
+    data = load_dataset(path)
     if not isinstance(data, list):
-        raise SquadFormatError(f"{path}: 'data' is a JSON {type(data).__name__}, not a "
-                               "list of articles; is it a SQuAD v1.1 file?")
+        raise DataError(path, f"'data' is a JSON {type(data).__name__} ({_shown(data)}), "
+                        "not a list of articles", "is it a SQuAD v1.1 file?")
     examples: list[QAExample] = []
     seen: set[str] = set()
     selected = range(len(data))[articles] if articles is not None else range(len(data))
@@ -90,8 +97,8 @@ def read_squad(path: str, articles: slice | None = None, *,
                 qid = _require(qa, "id", str, path, f"a question of {where}")
                 q_where = f"question {qid!r} ({where})"
                 if qid in seen:
-                    raise SquadFormatError(f"{path}: question id {qid!r} twice (again in "
-                                           f"{where}); make the ids unique")
+                    raise DataError(path, f"question id {qid!r} twice (again in {where})",
+                                    "make the ids unique")
                 seen.add(qid)
                 question = _require(qa, "question", str, path, q_where)
                 texts, starts = [], []
@@ -102,9 +109,9 @@ def read_squad(path: str, articles: slice | None = None, *,
                     if check_answers:
                         found = context[start:start + len(text)] if start >= 0 else ""
                         if found != text:
-                            raise SquadFormatError(
-                                f"{path}: question {qid!r}: answer {i} {text!r} is not at "
-                                f"answer_start={start} (the context has {found!r}); fix it")
+                            raise DataError(
+                                path, f"question {qid!r}: answer {i} {text!r} is not at "
+                                f"answer_start={start} (the context has {found!r})", "fix it")
                     texts.append(text)
                     starts.append(start)
                 examples.append(QAExample(id=qid, question=question, context=context,

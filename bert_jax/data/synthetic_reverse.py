@@ -23,7 +23,8 @@ import hashlib
 
 import numpy as np
 
-from bert_jax.data.splits import DatasetError, check_counts
+from bert_jax.data.splits import check_counts
+from bert_jax.errors import ConfigError
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 FIRST_TOKEN_ID = 3  # first id that is neither pad, bos nor eos
@@ -48,11 +49,11 @@ def generate(*, vocab_size: int = 32, min_length: int = 4, max_length: int = 12,
                  max_length=max_length, num_train=num_train, num_validation=num_validation,
                  seed=seed)
     if vocab_size <= FIRST_TOKEN_ID:
-        raise DatasetError(f"synthetic_reverse: vocab_size={vocab_size}; use more than "
-                           f"{FIRST_TOKEN_ID} (pad, bos, eos)")
+        raise ConfigError(f"synthetic_reverse: vocab_size={vocab_size}; use more than "
+                          f"{FIRST_TOKEN_ID} (pad, bos, eos)")
     if not 1 <= min_length <= max_length:
-        raise DatasetError(f"synthetic_reverse: min_length={min_length}, max_length="
-                           f"{max_length}; need 1 <= min_length <= max_length")
+        raise ConfigError(f"synthetic_reverse: min_length={min_length}, max_length="
+                          f"{max_length}; need 1 <= min_length <= max_length")
 
     def draw(rng: np.random.Generator) -> np.ndarray:
         length = int(rng.integers(min_length, max_length + 1))
@@ -67,8 +68,8 @@ def generate(*, vocab_size: int = 32, min_length: int = 4, max_length: int = 12,
     while len(validation) < num_validation:
         attempts += 1
         if attempts > 100 * (num_validation + 1):
-            raise DatasetError(f"synthetic_reverse: num_validation={num_validation}: too few "
-                               "examples unseen in train; raise vocab_size or max_length")
+            raise ConfigError(f"synthetic_reverse: num_validation={num_validation}: too few "
+                              "examples unseen in train; raise vocab_size or max_length")
         x = draw(rng)
         if x.tobytes() not in seen:
             validation.append(x)

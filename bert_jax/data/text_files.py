@@ -1,5 +1,6 @@
-"""Reading the project's local text files: UTF-8, line by line, and the one
-form of a reader's error, `file:line[:column]: what is wrong; what to do`."""
+"""Reading the project's local text files (GLUE TSVs, CoNLL files, parallel text,
+pretraining corpora): UTF-8, line by line, with byte offsets and 1-based line numbers
+so that a reader's `DataError` can name `file:line[:column]`."""
 
 from __future__ import annotations
 
@@ -7,21 +8,14 @@ from collections.abc import Iterator
 
 import numpy as np
 
-
-def bad_line(error: type[Exception], path: str, line: int, what: str, todo: str,
-             column: int | None = None) -> Exception:
-    """`error` with the one-line report `path:line[:column]: what; todo`
-    (line and column 1-based; the column counts characters)."""
-    where = f"{path}:{line}" + (f":{column}" if column else "")
-    return error(f"{where}: {what}; {todo}")
+from bert_jax.errors import DataError
 
 
-def utf8_lines(path: str, error: type[Exception], start: tuple[int, int] = (0, 1)
-               ) -> Iterator[tuple[int, int, str]]:
+def utf8_lines(path: str, start: tuple[int, int] = (0, 1)) -> Iterator[tuple[int, int, str]]:
     """(byte offset, 1-based line number, text with its line break) of each
     line of `path` from `start`, the (byte offset, line number) of a line's
     beginning. Lines end at '\\n' only; a byte-order mark at the start of the
-    file is dropped; invalid UTF-8 raises `error` naming the line and column."""
+    file is dropped; invalid UTF-8 raises a `DataError` naming the line and column."""
     offset, first_line = start
     with open(path, "rb") as f:
         f.seek(offset)
@@ -29,9 +23,9 @@ def utf8_lines(path: str, error: type[Exception], start: tuple[int, int] = (0, 1
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise bad_line(error, path, lineno, f"invalid UTF-8 ({e.reason})",
-                               "convert the file (e.g. `iconv -f latin1 -t utf-8`)",
-                               column=e.start + 1) from None
+                raise DataError(path, f"invalid UTF-8 ({e.reason})",
+                                "convert the file (e.g. `iconv -f latin1 -t utf-8`)",
+                                line=lineno, column=e.start + 1) from None
             yield offset, lineno, text.removeprefix("\ufeff") if offset == 0 else text
             offset += len(raw)
 

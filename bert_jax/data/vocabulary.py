@@ -16,7 +16,7 @@ from typing import Iterable
 
 import sentencepiece as spm
 
-from bert_jax.errors import MissingFileError, SettingsMismatchError
+from bert_jax.errors import ConfigError, MissingFileError
 from bert_jax.file_io import damaged_file, read_json, write_atomically, write_json
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -34,7 +34,7 @@ class Vocabulary:
         self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
         if (self._processor.pad_id(), self._processor.bos_id(),
                 self._processor.eos_id()) != (PAD_ID, BOS_ID, EOS_ID):
-            raise SettingsMismatchError(
+            raise ConfigError(
                 f"{path or 'the SentencePiece model'} does not use pad/bos/eos ids "
                 f"{PAD_ID}/{BOS_ID}/{EOS_ID}; train it with bert_jax.data.vocabulary.train.")
 
@@ -99,8 +99,8 @@ def load_or_train(workdir: str, texts: Iterable[str], vocab_size: int, *,
                                    "trained with): restore it from a copy of the workdir.")
         saved = read_json(settings_path)
         if saved != settings:
-            raise SettingsMismatchError(f"{path}: trained with {saved}, config.data asks for "
-                                        f"{settings}; use the workdir's config or a new one")
+            raise ConfigError(f"{path}: trained with {saved}, config.data asks for "
+                              f"{settings}; use the workdir's config or a new one")
         return Vocabulary.load(path)
     if checkpointed:
         raise missing_under_checkpoints(path, workdir)

@@ -46,7 +46,7 @@ from typing import Callable, Iterable, Sequence
 from tokenizers import Encoding, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from bert_jax.data.vocabulary import missing_under_checkpoints
-from bert_jax.errors import MissingFileError, SettingsMismatchError, UserError
+from bert_jax.errors import ConfigError, DataError, MissingFileError
 from bert_jax.file_io import read_json, write_atomically, write_json
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -65,10 +65,6 @@ _FINAL_SIGMA = (r"(?<=[\p{Cased}&&\P{Case_Ignorable}]\p{Case_Ignorable}*)Σ"
 # Punctuation the library's older Unicode tables miss, and the CJK code points
 # U+2B820-U+2B91F its ideograph test skips: each is a word of its own.
 _EXTRA_SPLITS = r"[\p{P}\x{2B820}-\x{2B91F}]"
-
-
-class VocabularyError(UserError, ValueError):
-    """A `vocab.txt` that is not a BERT vocabulary."""
 
 
 def _normalizer(lowercase: bool) -> normalizers.Normalizer:
@@ -102,11 +98,11 @@ def _pipeline(model: models.Model, lowercase: bool) -> Tokenizer:
 
 
 def _check_tokens(tokens: Sequence[str], source: str) -> None:
-    """Raises VocabularyError naming `source` for an empty vocabulary, duplicate
+    """Raises a DataError naming `source` for an empty vocabulary, duplicate
     tokens (with their 1-based lines) or a missing special token."""
     if not tokens:
-        raise VocabularyError(f"{source}: empty; a vocabulary has one token a line, "
-                              f"{' '.join(SPECIAL_TOKENS)} among them")
+        raise DataError(source, "empty", "a vocabulary has one token a line, "
+                        f"{' '.join(SPECIAL_TOKENS)} among them")
     lines: dict[str, list[int]] = defaultdict(list)
     for line, token in enumerate(tokens, start=1):
         lines[token].append(line)
@@ -115,12 +111,12 @@ def _check_tokens(tokens: Sequence[str], source: str) -> None:
         shown = "; ".join(f"{token!r} on lines {', '.join(map(str, where))}"
                           for token, where in duplicates[:10])
         more = f" (and {len(duplicates) - 10} more)" if len(duplicates) > 10 else ""
-        raise VocabularyError(f"{source}: duplicate tokens {shown}{more}; remove the "
-                              "repeats (a token's id is its line)")
+        raise DataError(source, f"duplicate tokens {shown}{more}",
+                        "remove the repeats (a token's id is its line)")
     missing = [token for token in SPECIAL_TOKENS if token not in lines]
     if missing:
-        raise VocabularyError(f"{source}: no special token(s) {' '.join(missing)}; add them, "
-                              "one a line, or train one with WordPiece.train")
+        raise DataError(source, f"no special token(s) {' '.join(missing)}",
+                        "add them, one a line, or train one with WordPiece.train")
 
 
 def _read_vocab_file(path: str) -> list[str]:
@@ -223,8 +219,8 @@ class WordPiece:
         vocab = cls(_read_vocab_file(path), lowercase=settings["lowercase"], path=path,
                     requested_size=settings.get("requested_size"))
         if vocab.size != settings["size"]:
-            raise VocabularyError(f"{path}: {vocab.size} tokens, {settings['size']} in "
-                                  f"{settings_path}; it was edited after it was saved")
+            raise DataError(path, f"{vocab.size} tokens, {settings['size']} in "
+                            f"{settings_path}", "it was edited after it was saved")
         return vocab
 
     # -- ids -------------------------------------------------------------------
@@ -330,7 +326,7 @@ def load_or_train(workdir: str, texts: Iterable[str] | Callable[[], Iterable[str
         saved = {"lowercase": vocab.lowercase,
                  "vocab_size": vocab.requested_size or vocab.size}
         if saved != requested:
-            raise SettingsMismatchError(
+            raise ConfigError(
                 f"{path}: made with {saved}, config.data asks for {requested}; use the "
                 "workdir's config or a new workdir")
         return vocab
@@ -362,6 +358,5 @@ def _check_declared_casing(vocab_file: str, lowercase: bool) -> None:
     """Raises if a settings file beside `vocab_file` declares the other casing."""
     for settings_path, key, declared in declared_casings(os.path.dirname(vocab_file)):
         if declared != bool(lowercase):
-            raise SettingsMismatchError(f"{settings_path}: {key}={declared}, but "
-                                        f"lowercase={lowercase} was asked for {vocab_file}; "
-                                        f"use lowercase={bool(declared)}")
+            raise ConfigError(f"{settings_path}: {key}={declared}, but lowercase={lowercase} "
+                              f"was asked for {vocab_file}; use lowercase={bool(declared)}")

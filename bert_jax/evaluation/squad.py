@@ -22,6 +22,8 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from bert_jax.errors import DataError
+
 EXPECTED_VERSION = "1.1"
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -85,19 +87,20 @@ def evaluate(dataset: Sequence[Mapping[str, Any]],
     return {"exact_match": 100.0 * exact_match / total, "f1": 100.0 * f1 / total}
 
 
-def load_dataset(path: str, error: type[ValueError] = ValueError) -> list[dict[str, Any]]:
-    """The `data` list of a SQuAD v1.1 JSON file, else `error` naming the file
+def load_dataset(path: str) -> list[dict[str, Any]]:
+    """The `data` list of a SQuAD v1.1 JSON file, else a `DataError` naming the file
     (2.0's unanswerable questions are handled neither here nor by the windows)."""
     with open(path, encoding="utf-8") as f:
         try:
             contents = json.load(f)
         except json.JSONDecodeError as e:
-            raise error(f"{path} is not valid JSON ({e}).") from e
+            raise DataError(path, f"not valid JSON ({e.msg})", "pass a SQuAD dataset file",
+                            line=e.lineno, column=e.colno) from e
     if not isinstance(contents, dict) or "data" not in contents:
-        raise error(f"{path} has no top-level 'data' list: pass a SQuAD dataset file.")
+        raise DataError(path, "no top-level 'data' list", "pass a SQuAD dataset file")
     version = contents.get("version")
     if version != EXPECTED_VERSION:
-        raise error(f"{path} is SQuAD version {version!r}; pass a v{EXPECTED_VERSION} file.")
+        raise DataError(path, f"SQuAD version {version!r}", f"pass a v{EXPECTED_VERSION} file")
     return contents["data"]
 
 

@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.errors import DamagedFileError, UserError
+from bert_jax.errors import ConfigError, DamagedFileError, UserError
 from bert_jax.modeling.fused_attention import IMPLS as ATTENTION_IMPLS
 
 ACTIVATIONS = {
@@ -37,10 +37,6 @@ REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-
-
-class ConfigError(UserError, ValueError):
-    """A hyperparameter has an invalid value; the message names the field."""
 
 
 def _invalid(field: str, value: Any, problem: str) -> ConfigError:

@@ -17,7 +17,7 @@
 The platform is the one the step is compiled for: that of the mesh in context
 (`jax.set_mesh`, as the train loop and `launch/compile.py` use), otherwise JAX's
 default backend. A kernel that cannot run the mask it is given raises
-`AttentionKernelError` naming the mask and the alternatives; nothing falls
+`ConfigError` naming the mask and the alternatives; nothing falls
 back silently. The kernels apply no attention dropout.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from bert_jax.errors import UserError
+from bert_jax.errors import ConfigError
 from bert_jax.modeling.masks import AttentionMask, Mask, dense_mask
 
 Array = jax.Array
@@ -34,10 +34,6 @@ Array = jax.Array
 IMPLS = ("einsum", "xla", "cudnn", "splash", "flash")
 FLASH_KERNELS = {"gpu": "cudnn", "cuda": "cudnn", "tpu": "splash", "cpu": "xla"}
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
-
-
-class AttentionKernelError(UserError, ValueError):
-    """The asked-for kernel cannot run here or cannot take this mask."""
 
 
 def platform() -> str:
@@ -52,13 +48,13 @@ def platform() -> str:
 def resolve(impl: str) -> str:
     """`impl` with 'flash' replaced by the platform's kernel."""
     if impl not in IMPLS:
-        raise AttentionKernelError(
+        raise ConfigError(
             f"config.model.attention_impl={impl!r}: unknown; choose one of {list(IMPLS)}.")
     if impl != "flash":
         return impl
     if (here := platform()) not in FLASH_KERNELS:
-        raise AttentionKernelError(f"config.model.attention_impl='flash': no flash kernel "
-                                   f"for platform {here!r}; use 'xla' or 'einsum'.")
+        raise ConfigError(f"config.model.attention_impl='flash': no flash kernel "
+                          f"for platform {here!r}; use 'xla' or 'einsum'.")
     return FLASH_KERNELS[here]
 
 
@@ -76,12 +72,12 @@ def attend(query: Array, key: Array, value: Array, mask: Mask, *, scale: float,
     if mask is None:
         mask = AttentionMask()
     elif not isinstance(mask, AttentionMask):
-        raise AttentionKernelError(
+        raise ConfigError(
             f"config.model.attention_impl={impl!r} takes an AttentionMask (masks.py), not "
             "a dense boolean mask; or use 'xla' or 'einsum'.")
     if impl == "cudnn":
         if query.dtype not in CUDNN_DTYPES:
-            raise AttentionKernelError(
+            raise ConfigError(
                 f"config.model.attention_impl='cudnn' (or 'flash' on GPU) needs bfloat16 or "
                 f"float16, not {query.dtype}: set config.model.dtype='bfloat16' or use 'xla'.")
         return length_masked_attention(query, key, value, mask, scale=scale,
@@ -93,7 +89,7 @@ def attend(query: Array, key: Array, value: Array, mask: Mask, *, scale: float,
             query, key, value, query_segments=query_segments, key_segments=key_segments,
             causal=mask.causal, scale=scale, mesh=jax.sharding.get_abstract_mesh(),
             interpret=platform() != "tpu")
-    raise AttentionKernelError(f"attend: {impl!r} is not a fused kernel.")
+    raise ConfigError(f"attend: {impl!r} is not a fused kernel.")
 
 
 def length_masked_attention(query: Array, key: Array, value: Array,
@@ -103,7 +99,7 @@ def length_masked_attention(query: Array, key: Array, value: Array,
     causality as `is_causal`: the form cuDNN takes. With implementation='xla'
     it runs anywhere, which is how the mapping is tested on CPU."""
     if mask.query_segments is not None:
-        raise AttentionKernelError(
+        raise ConfigError(
             "config.model.attention_impl='cudnn' (or 'flash' on GPU) takes no packed "
             "segments: set config.data.pack_length=0, or attention_impl 'xla' or 'einsum'.")
 

@@ -24,10 +24,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax.data import pipeline, sources, vocabulary
 from bert_jax.data.text_files import as_text
-from bert_jax.data.input_lines import InputError, shorten
+from bert_jax.data.input_lines import shorten
+from bert_jax.errors import ConfigError, DataError
 from bert_jax.evaluation.decoding import transformer_search
 from bert_jax.modeling import Transformer, TransformerConfig
-from bert_jax.modeling.configs import ConfigError
 from bert_jax.modeling.flops import transformer_train_flops
 from bert_jax.modeling.losses import cross_entropy_sums
 from bert_jax.tasks.base import (
@@ -113,8 +113,8 @@ class TranslationTask(Task):
             if isinstance(value, (str, bytes)):
                 tokens = as_text(value).split()
                 if not all(_is_id(token) for token in tokens):
-                    raise InputError(f"{shorten(as_text(value))!r}: this model reads ids "
-                                     "written as numbers, e.g. '5 3 7'.")
+                    raise DataError(repr(shorten(as_text(value))), "not ids: this model "
+                                    "reads ids written as numbers", "e.g. '5 3 7'")
                 value = [int(token) for token in tokens]
             return np.asarray(value, np.int32)
         return np.array(self.vocab.encode(as_text(value)) + [vocabulary.EOS_ID], np.int32)

@@ -32,26 +32,13 @@ from absl import logging
 from orbax.checkpoint import checkpoint_managers
 
 from bert_jax import noise
-from bert_jax.errors import DamagedFileError, UserError, chain
+from bert_jax.errors import CheckpointError, DamagedFileError, chain
 from bert_jax.file_io import read_json
 from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
 
 SET_ASIDE_DIR = "checkpoints_set_aside"
 DIGEST_ITEM = "digest"
 STEP_RECORD = "_CHECKPOINT_METADATA"  # Orbax's: {"item_handlers": {item: handler}, ...}
-
-
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint cannot be read or does not fit; the message names it."""
-
-
-class SaveError(CheckpointError):
-    """A checkpoint could not be written (disk full, permissions, quota)."""
-
-
-class DamagedCheckpointError(CheckpointError):
-    """A checkpoint's files cannot be read or fail their checksums; the first line
-    names the step's folder, `rerun_with` the flag that uses an earlier step."""
 
 
 class Checkpointer:
@@ -102,7 +89,7 @@ class Checkpointer:
             raise self._unsaved(e) from e
 
     def check(self, wait: bool = False) -> None:
-        """Raises SaveError if the last save failed; without `wait`, only once it
+        """Raises a CheckpointError if the last save failed; without `wait`, only once it
         has finished (cheap: call it at every step) and with one process (several
         must stop at the same step: the next save's)."""
         if self.unchecked is None or not wait and (
@@ -116,7 +103,7 @@ class Checkpointer:
             raise self._unsaved(None)  # Orbax logged why; the step was not finalised
         self.unchecked = None
 
-    def _unsaved(self, error: Exception | None) -> SaveError:
+    def _unsaved(self, error: Exception | None) -> CheckpointError:
         step, self.unchecked, self.failed = self.unchecked, None, True
         noise.drop_reports_of_abandoned_io()
         reason = next((f" ({e.strerror})" for e in chain(error)
@@ -125,7 +112,7 @@ class Checkpointer:
         free, total = (f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
                        for n in (usage.free, usage.total))
         previous = max((s for s in checkpoint_steps(self.directory) if s < step), default=None)
-        return SaveError(
+        return CheckpointError(
             f"cannot save the checkpoint of step {step} in {self.directory}{reason}; "
             f"{free} free of {total} there (--debug shows Orbax's error). Earlier "
             "checkpoints are intact: make room or fix the permissions, then rerun the same "
@@ -149,22 +136,22 @@ class Checkpointer:
             raise self._unrestorable(step, damage)
         return restored["state"]
 
-    def _unrestorable(self, step: int, damage: str) -> DamagedCheckpointError:
+    def _unrestorable(self, step: int, damage: str) -> CheckpointError:
         steps = self.all_steps()
         earlier = max((s for s in steps if s < step), default=None)
         advice = ("start a new workdir (no earlier step to resume from)" if earlier is None
                   else f"resume from step {earlier}, the last earlier checkpoint, with "
                   f"--restore_step={earlier}")
-        return DamagedCheckpointError(
+        return CheckpointError(
             f"cannot restore {self.directory}/{step}: {damage}\nNothing was deleted "
-            f"(available: {steps}): {advice}.",
+            f"(available: {steps}): {advice}.", damaged=True,
             rerun_with=None if earlier is None else {"restore_step": earlier})
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
-        """Waits for the last save (SaveError if it failed)."""
+        """Waits for the last save (a CheckpointError if it failed)."""
         try:
             self.check(wait=True)
         finally:
@@ -284,21 +271,21 @@ def vanished_step(directory: str, step: int, flag: str | None) -> CheckpointErro
         rerun_with={flag: now[-1]} if flag and now else None)
 
 
-def _damaged(path: str, damage: str, step_flag: str | None = None) -> DamagedCheckpointError:
+def _damaged(path: str, damage: str, step_flag: str | None = None) -> CheckpointError:
     """The error for the damaged checkpoint `path`; with `step_flag`, when `path` is a step
     folder (DIR/N) after another step of DIR, naming the last earlier one and the flag."""
     directory, name = os.path.split(os.path.abspath(path))
     steps = checkpoint_steps(directory) if step_flag and name.isdigit() else []
     earlier = max((s for s in steps if s < int(name)), default=None)
     if earlier is not None:
-        return DamagedCheckpointError(
+        return CheckpointError(
             f"cannot restore {path}: {damage}\nNothing was deleted (available: {steps}): use "
             f"step {earlier}, the last earlier checkpoint, with --{step_flag}={earlier}.",
-            rerun_with={step_flag: earlier})
-    return DamagedCheckpointError(
+            damaged=True, rerun_with={step_flag: earlier})
+    return CheckpointError(
         f"cannot restore {path}: {damage}\nNothing was deleted: use another of its "
         "checkpoints (--step=N in evaluate.py and translate.py; as init_from, the "
-        "folder WORKDIR/checkpoints/N) or retrain.")
+        "folder WORKDIR/checkpoints/N) or retrain.", damaged=True)
 
 
 def _params_location(path: str) -> tuple[str, tuple[str, ...]]:

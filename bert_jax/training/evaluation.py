@@ -18,13 +18,12 @@ import numpy as np
 import optax
 from flax import traverse_util
 
-from bert_jax.errors import UserError
+from bert_jax.errors import CheckpointError, ConfigError, UserError
 from bert_jax.evaluation import evaluators as evaluators_lib
 from bert_jax.file_io import read_json
-from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import Task, build_task
 from bert_jax.tasks.base import check_saved_config, task_class
-from bert_jax.training.checkpoints import CheckpointError, restore_params, vanished_step
+from bert_jax.training.checkpoints import restore_params, vanished_step
 from bert_jax.training.sharding import global_batch, mesh_from_config, replicated
 from bert_jax.training.train_step import abstract_train_state
 from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps

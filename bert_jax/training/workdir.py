@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from absl import logging
 
-from bert_jax.errors import UserError
+from bert_jax.errors import WorkdirError
 
 CONFIG_FILE = "config.json"     # the resolved config a training run writes
 METRICS_FILE = "metrics.jsonl"  # one JSON object a line: {"step": N, "train/loss": ...}
@@ -25,10 +25,6 @@ LOCK_FILE = "train.lock"        # {"host", "pid", "started", "renewed"}: `Workdi
 # ten of its holder's renewals (every minute) can fail, a slow bucket included,
 # before a restarted run takes over.
 DEFAULT_LOCK_TIMEOUT = 600
-
-
-class WorkdirError(UserError, RuntimeError):
-    """The workdir cannot be used."""
 
 
 class WorkdirLock:

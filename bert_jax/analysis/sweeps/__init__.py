@@ -16,7 +16,7 @@ only from those before it:
 """
 
 from bert_jax.analysis.sweeps.points import (  # noqa: F401
-    SweepError, apply_overrides, as_points, load_config, load_module, load_sweep, parse_sweep,
+    apply_overrides, as_points, load_config, load_module, load_sweep, parse_sweep,
     parse_value, product, sweep, validate, zip)
 from bert_jax.analysis.sweeps.runner import (  # noqa: F401
     COMMANDS_FILE, DONE_FILE, LAUNCHERS, MAX_NAME_LENGTH, OVERRIDES_FILE, RUN_FILE,

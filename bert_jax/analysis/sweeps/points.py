@@ -23,21 +23,17 @@ from typing import Any, Iterable, Sequence
 
 from flax import traverse_util
 
-from bert_jax.errors import UserError
+from bert_jax.errors import ConfigError
 
 Point = dict[str, Any]
 _NOT_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
-
-
-class SweepError(UserError, ValueError):
-    """A bad sweep spec, point or key."""
 
 
 def sweep(key: str, values: Iterable[Any]) -> list[Point]:
     """One axis: `[{key: value} for value in values]`."""
     values = list(values)
     if not values:
-        raise SweepError(f"sweep({key!r}): give at least one value")
+        raise ConfigError(f"sweep({key!r}): give at least one value")
     return [{key: value} for value in values]
 
 
@@ -53,8 +49,8 @@ def zip(*axes: Sequence[Point]) -> list[Point]:  # noqa: A001 - hyper's name
     lengths = [len(axis) for axis in axes]
     if len(set(lengths)) > 1:
         keys = [", ".join(dict.fromkeys(k for p in axis for k in p)) for axis in axes]
-        raise SweepError(f"zip of axes of unequal lengths {lengths} ({'; '.join(keys)}); "
-                         "use ' x ' for every combination")
+        raise ConfigError(f"zip of axes of unequal lengths {lengths} ({'; '.join(keys)}); "
+                          "use ' x ' for every combination")
     return [_merge(combo) for combo in builtins.zip(*axes)]
 
 
@@ -62,7 +58,7 @@ def _check_disjoint(axes: Sequence[Sequence[Point]]) -> None:
     seen: set[str] = set()
     for keys in ({k for point in axis for k in point} for axis in axes):
         if seen & keys:
-            raise SweepError(f"key {sorted(seen & keys)[0]!r} is swept twice")
+            raise ConfigError(f"key {sorted(seen & keys)[0]!r} is swept twice")
         seen |= keys
 
 
@@ -83,7 +79,7 @@ def parse_value(text: str) -> Any:
 def _parse_axis(text: str) -> list[Point]:
     key, equals, values = (part.strip() for part in text.partition("="))
     if not equals or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key):
-        raise SweepError(f"{text!r}: write an axis as KEY=V1,V2,... (e.g. model.num_heads=1,2)")
+        raise ConfigError(f"{text!r}: write an axis as KEY=V1,V2,... (e.g. model.num_heads=1,2)")
     try:  # literals, quoted strings holding commas and tuples included
         return sweep(key, ast.literal_eval(f"({values},)"))
     except _NOT_LITERAL:
@@ -91,15 +87,15 @@ def _parse_axis(text: str) -> list[Point]:
     texts = [v.strip() for v in values.split(",")]
     for value in texts:
         if not value or re.search(r"\s", value):
-            raise SweepError(f"bad value {value!r} of {key}; separate axes with ' x ' or "
-                             "' + ' and quote values holding spaces or commas")
+            raise ConfigError(f"bad value {value!r} of {key}; separate axes with ' x ' or "
+                              "' + ' and quote values holding spaces or commas")
     return sweep(key, map(parse_value, texts))
 
 
 def parse_sweep(spec: str) -> list[Point]:
     """The points of a one-line spec (` x ` product, ` + ` zip, zip first)."""
     if not spec or not spec.strip():
-        raise SweepError("empty sweep spec: give e.g. 'model.num_heads=1,2 x model.num_layers=1'")
+        raise ConfigError("empty sweep spec: give e.g. 'model.num_heads=1,2 x model.num_layers=1'")
     factors = re.split(r"\s+[x*\u00d7]\s+", spec.strip())
     return product(*(zip(*map(_parse_axis, re.split(r"\s+\+\s+", factor)))
                      for factor in factors))
@@ -111,7 +107,7 @@ def as_points(points: str | Iterable[Point]) -> list[Point]:
         return parse_sweep(points)
     points = list(points or [])
     if not points or not all(isinstance(p, dict) for p in points):
-        raise SweepError(f"a sweep is a non-empty list of override dicts, not {points!r}")
+        raise ConfigError(f"a sweep is a non-empty list of override dicts, not {points!r}")
     return [dict(p) for p in points]
 
 
@@ -138,7 +134,7 @@ def load_sweep(config_file: str) -> list[Point]:
     module = load_module(path)
     get_sweep = getattr(module, "get_sweep", None)
     if get_sweep is None:
-        raise SweepError(f"{path} defines no get_sweep(); pass --sweep='KEY=V1,V2 x ...'")
+        raise ConfigError(f"{path} defines no get_sweep(); pass --sweep='KEY=V1,V2 x ...'")
     takes_arg = bool(inspect.signature(get_sweep).parameters)
     return as_points(get_sweep(arg or None) if takes_arg else get_sweep())
 
@@ -150,17 +146,17 @@ def apply_overrides(config: Any, overrides: Point) -> Any:
     for key in overrides:
         if key not in keys:
             near = difflib.get_close_matches(key, keys, n=5, cutoff=0.6)
-            raise SweepError(f"unknown config key {key!r}; nearest existing keys: "
-                             + ", ".join(near or sorted({k.split(".")[0] for k in keys})))
+            raise ConfigError(f"unknown config key {key!r}; nearest existing keys: "
+                              + ", ".join(near or sorted({k.split(".")[0] for k in keys})))
     new = copy.deepcopy(config)   # field references kept, as on the command line
     try:
         new.update_from_flattened_dict(overrides)
     except (TypeError, ValueError) as e:
-        raise SweepError(f"cannot set {overrides}: {e}") from None
+        raise ConfigError(f"cannot set {overrides}: {e}") from None
     return new
 
 
 def validate(points: Iterable[Point], config: Any) -> None:
-    """Raises SweepError unless every point applies to `config`."""
+    """Raises ConfigError unless every point applies to `config`."""
     for point in points:
         apply_overrides(config, point)

@@ -9,7 +9,7 @@ import os
 import re
 from typing import Any, Sequence
 
-from bert_jax.analysis.sweeps.points import SweepError
+from bert_jax.errors import ConfigError
 from bert_jax.analysis.sweeps.runner import (
     OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, format_value, is_finished, read_record,
     run_checkpoint_steps, short_keys)
@@ -207,8 +207,8 @@ def plot(rows: Sequence[dict], directory: str, metric: str, x: str | None = None
         y = next((k for k in keys if k != x), None)
     for key in (x, y):
         if key is not None and key not in keys:
-            raise SweepError(f"plot axis {key!r} is not a swept key; swept: "
-                             f"{', '.join(keys) or 'none'}")
+            raise ConfigError(f"plot axis {key!r} is not a swept key; swept: "
+                              f"{', '.join(keys) or 'none'}")
     os.makedirs(directory, exist_ok=True)
     paths = {}
     tag = re.sub(r"[^A-Za-z0-9._-]+", "_", metric).strip("_")

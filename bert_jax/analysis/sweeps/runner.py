@@ -28,8 +28,8 @@ import time
 import traceback
 from typing import Any, Callable, Iterable, Sequence
 
-from bert_jax.analysis.sweeps.points import SweepError, apply_overrides, as_points, validate
-from bert_jax.errors import DamagedFileError
+from bert_jax.analysis.sweeps.points import apply_overrides, as_points, validate
+from bert_jax.errors import ConfigError, DamagedFileError
 from bert_jax.file_io import jsonable, read_json, write_json
 from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps, read_metrics
 
@@ -166,7 +166,7 @@ class Sweep:
                  log: Callable[[str], None] | None = None,
                  labels: Sequence[dict[str, Any]] | None = None):
         if launcher not in LAUNCHERS:
-            raise SweepError(f"launcher={launcher!r}: use one of {', '.join(LAUNCHERS)}")
+            raise ConfigError(f"launcher={launcher!r}: use one of {', '.join(LAUNCHERS)}")
         self.config = config
         self.directory = directory
         self.spec = points if isinstance(points, str) else None
@@ -182,15 +182,15 @@ class Sweep:
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         command_directory = command_directory or directory
         if labels is not None and len(labels) != len(self.points):
-            raise SweepError(f"{len(labels)} labels for {len(self.points)} points")
+            raise ConfigError(f"{len(labels)} labels for {len(self.points)} points")
         self.runs = []
         names: dict[str, dict] = {}
         for i, point in enumerate(self.points):
             label = None if labels is None else dict(labels[i])
             name = run_name(point if label is None else label)
             if name in names:
-                raise SweepError(f"points {names[name]} and {label or point} share the run "
-                                 f"name {name!r}; remove the repeated point")
+                raise ConfigError(f"points {names[name]} and {label or point} share the run "
+                                  f"name {name!r}; remove the repeated point")
             names[name] = label or point
             self.runs.append(Run(i, name, dict(point), os.path.join(directory, name),
                                  os.path.join(command_directory, name), label))
@@ -225,8 +225,8 @@ class Sweep:
             if run.labels is not None:
                 record["labels"] = jsonable(run.labels)
             if saved and saved.get("overrides") != record["overrides"]:
-                raise SweepError(f"{path} holds other overrides ({saved.get('overrides')}) "
-                                 f"than this point ({run.overrides}); use another --workdir")
+                raise ConfigError(f"{path} holds other overrides ({saved.get('overrides')}) "
+                                  f"than this point ({run.overrides}); use another --workdir")
             write_json(path, record)
 
     def run(self, *, stop_on_error: bool = False) -> dict[str, str]:
@@ -234,7 +234,7 @@ class Sweep:
         after a preempted one. Returns {run name: 'skipped' | 'done' | 'failed'
         | 'interrupted'}."""
         if self.launcher != "local":
-            raise SweepError(f"run() trains locally; launcher={self.launcher!r} uses launch()")
+            raise ConfigError(f"run() trains locally; launcher={self.launcher!r} uses launch()")
         self.prepare()
         outcome = {}
         for run in self.runs:
@@ -309,7 +309,7 @@ class Sweep:
 
     def train_flags(self, run: Run) -> list[str]:
         if not self.config_file:
-            raise SweepError("launcher commands need config_file (experiments/X.py[:ARG])")
+            raise ConfigError("launcher commands need config_file (experiments/X.py[:ARG])")
         overrides = {**self.base_overrides, **run.overrides}
         return [f"--config={self.config_file}", f"--workdir={run.command_workdir}",
                 *(f"--config.{k}={flag_text(v)}" for k, v in overrides.items())]
@@ -351,5 +351,5 @@ class Sweep:
             for line in lines:
                 rc = subprocess.run(shlex.split(line)).returncode
                 if rc:
-                    raise SweepError(f"command failed with exit status {rc}: {line}")
+                    raise ConfigError(f"command failed with exit status {rc}: {line}")
         return lines
