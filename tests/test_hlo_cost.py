@@ -106,6 +106,57 @@ def test_buffers_placed_on_chip_move_no_device_memory():
     assert cost.bytes_accessed == 4 * (1024 * 256 + 1024 * 128)
 
 
+# A scanned layer's fusion as libtpu writes it: it returns its activation and
+# the stack of them updated in place (a tuple), and reads its layer's weights
+# out of the stacked ones through a nested fusion.
+LAYER_FUSION = """\
+HloModule m, is_scheduled=true
+
+%slice_layer (q0: f32[8,256,256], q1: s32[]) -> f32[256,256] {
+  %q0 = f32[8,256,256]{2,1,0} parameter(0)
+  %q1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %ds = f32[1,256,256]{2,1,0} dynamic-slice(%q0, %q1, %zero, %zero), \
+    dynamic_slice_sizes={1,256,256}
+  ROOT %b = f32[256,256]{1,0} bitcast(%ds)
+}
+
+%layer (p0: f32[8,256,256], p1: s32[], p2: f32[8,256,256], p3: f32[256,256]) \
+    -> (f32[8,256,256], f32[256,256]) {
+  %p0 = f32[8,256,256]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %p2 = f32[8,256,256]{2,1,0} parameter(2)
+  %p3 = f32[256,256]{1,0} parameter(3)
+  %w = f32[256,256]{1,0} fusion(%p2, %p1), kind=kLoop, calls=%slice_layer
+  %y = f32[256,256]{1,0} add(%w, %p3)
+  %u = f32[1,256,256]{2,1,0} bitcast(%y)
+  %zero = s32[] constant(0)
+  %stacked = f32[8,256,256]{2,1,0} dynamic-update-slice(%p0, %u, %p1, %zero, %zero)
+  ROOT %t = (f32[8,256,256]{2,1,0}, f32[256,256]{1,0}) tuple(%stacked, %y)
+}
+
+ENTRY %main (a: f32[8,256,256], i: s32[], w: f32[8,256,256], x: f32[256,256]) \
+    -> (f32[8,256,256], f32[256,256]) {
+  %a = f32[8,256,256]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %w = f32[8,256,256]{2,1,0} parameter(2)
+  %x = f32[256,256]{1,0} parameter(3)
+  ROOT %f = (f32[8,256,256]{2,1,0}, f32[256,256]{1,0}) fusion(%a, %i, %w, %x), \
+    kind=kOutput, calls=%layer
+}
+"""
+
+
+def test_a_layer_fusion_moves_its_slices_not_the_stacks():
+    """Stacked [8, 256, 256] activations updated in place beside a plain
+    output, stacked weights sliced in a nested fusion: one layer's arrays move
+    (written: the update and the output; read: the weights' slice, the input,
+    the index), not the stacks (which would count the layers squared in a
+    scanned step)."""
+    layer = 256 * 256 * 4
+    assert hlo_cost.program_cost(LAYER_FUSION).bytes_accessed == 4 * layer + 4
+
+
 # As libtpu writes BERT's key projection [4, 64, 128] x [128, 2, 64]: the heads
 # as a spatial dimension of window 2 over an input of 1, padded by 1 each side.
 TPU_CONVOLUTION = """\

@@ -284,7 +284,7 @@ def dimensions(shape_text: str) -> list[int]:
     return [int(d) for d in found.group(2).split(",") if d] if found else []
 
 
-def _tuple_parts(shape_text: str) -> list[str]:
+def tuple_parts(shape_text: str) -> list[str]:
     """The element shapes of a tuple shape (a non-tuple is its own one part)."""
     text = shape_text.strip()
     return _split(text[1:-1]) if text.startswith("(") else [text]
@@ -401,7 +401,7 @@ def collective_ops(hlo_text: str) -> Collectives:
             operand_bytes = sum(array_bytes(instructions[name].shape) for name in
                                 source.operands if name in instructions)
             if source is not instruction and not operand_bytes:
-                operand_bytes = array_bytes(_tuple_parts(source.shape)[0])
+                operand_bytes = array_bytes(tuple_parts(source.shape)[0])
             ops.append({"kind": kind, "name": instruction.name,
                         "bytes": array_bytes(instruction.shape),
                         "operand_bytes": operand_bytes,

@@ -21,8 +21,10 @@ out and scanned, the model FLOPs of `bert_jax.modeling.flops`):
           of its operands and of its result: what it reads from and writes to
           device memory (on a CPU program without loops, exactly XLA's count).
           An operand that a fusion only slices (a scanned layer's weights out
-          of the stacked ones) counts the slices; a result updated in place
-          (`dynamic-update-slice`) the update. Tuples, bitcasts, parameters and
+          of the stacked ones, also through a fusion nested in it) counts the
+          slices; each result updated in place (`dynamic-update-slice`, beside
+          the fusion's other results) the update. Counting the stacks instead
+          would grow with the layers squared in a scanned step. Tuples, bitcasts, parameters and
           constants move nothing; an asynchronous pair (`-start`/`-done`) counts
           once; a computation run inside one instruction (a fusion's, a
           reduction's `to_apply`, an async op's) is that instruction's. Arrays
@@ -192,51 +194,52 @@ def _traffic(instruction: Instruction, defined: dict[str, Instruction],
     elif opcode == "fusion":
         fusion = computations.get(dict(instruction.callees()).get("calls", ""))
         if fusion is not None:
-            return _fusion_traffic(instruction, fusion, defined)
+            return _fusion_traffic(instruction, fusion, defined, computations)
     return _hbm(instruction.shape) + sum(_hbm(_shape(o, defined)) for o in operands)
 
 
 def _fusion_traffic(instruction: Instruction, fusion: Computation,
-                    defined: dict[str, Instruction]) -> float:
-    users: dict[str, list[Instruction]] = {}
-    for inner in fusion.instructions:
-        for operand in inner.operands:
-            users.setdefault(operand, []).append(inner)
-    parameters = sorted((i for i in fusion.instructions if i.opcode == "parameter"),
-                        key=lambda parameter: int(parameter.operands[0]))
+                    defined: dict[str, Instruction], computations: dict[str, Computation]
+                    ) -> float:
+    parameters, users = _parameters_and_users(fusion)
     in_place: set[str] = set()      # parameters only updated in place
-    written = _hbm(instruction.shape)
-    updates = _in_place_updates(fusion.root, fusion.by_name)
-    if updates is not None:
-        written = sum(_hbm(update.shape) for update, _ in updates)
-        in_place = {_source(target, fusion.by_name) for _, target in updates}
+    written = 0.0
+    for part, update in _outputs(instruction, fusion):
+        if update is None:
+            written += _hbm(part)
+        else:
+            written += _hbm(update[0].shape)
+            in_place.add(_source(update[1], fusion.by_name))
     total = written
     for operand, parameter in zip(instruction.operands, parameters):
         if parameter.name in in_place:
             continue
-        sliced = _sliced_reads(parameter.name, users)
+        sliced = _sliced_reads(parameter.name, users, computations)
         total += sliced if sliced is not None else _hbm(_shape(operand, defined))
     return total
 
 
-def _in_place_updates(root: Instruction | None, by_name: dict[str, Instruction]
-                      ) -> list[tuple[Instruction, str]] | None:
-    """[(update, the buffer it is written into)] if every output of the fusion
-    is a `dynamic-update-slice` (through bitcasts), else None."""
-    if root is None:
-        return None
-    outputs = [by_name.get(o) for o in root.operands] if root.opcode == "tuple" else [root]
-    updates = []
-    for output in outputs:
+def _outputs(instruction: Instruction, fusion: Computation
+             ) -> list[tuple[str, tuple[Instruction, str] | None]]:
+    """[(the shape of each output of the fusion `instruction`, (the update, the
+    buffer it is written into) if that output is a `dynamic-update-slice`
+    through bitcasts, else None)]. A scanned layer's fusion returns its stacked
+    activations updated in place beside plain arrays: each output is costed
+    on its own."""
+    root, by_name = fusion.root, fusion.by_name
+    parts = hlo.tuple_parts(instruction.shape)
+    outputs = ([by_name.get(o) for o in root.operands] if root is not None
+               and root.opcode == "tuple" else [root])
+    if len(outputs) != len(parts):
+        return [(instruction.shape, None)]
+    found = []
+    for part, output in zip(parts, outputs):
         while output is not None and output.opcode in ("bitcast", "copy"):
             output = by_name.get(output.operands[0])
-        if output is None or output.opcode != "dynamic-update-slice":
-            return None
-        update = by_name.get(output.operands[1])
-        if update is None:
-            return None
-        updates.append((update, output.operands[0]))
-    return updates
+        update = (by_name.get(output.operands[1])
+                  if output is not None and output.opcode == "dynamic-update-slice" else None)
+        found.append((part, None if update is None else (update, output.operands[0])))
+    return found
 
 
 def _source(name: str, by_name: dict[str, Instruction]) -> str:
@@ -248,9 +251,24 @@ def _source(name: str, by_name: dict[str, Instruction]) -> str:
     return name
 
 
-def _sliced_reads(parameter: str, users: dict[str, list[Instruction]]) -> float | None:
+def _parameters_and_users(computation: Computation
+                          ) -> tuple[list[Instruction], dict[str, list[Instruction]]]:
+    """The parameters of `computation` in their order, and each value's users."""
+    users: dict[str, list[Instruction]] = {}
+    for inner in computation.instructions:
+        for operand in inner.operands:
+            users.setdefault(operand, []).append(inner)
+    parameters = sorted((i for i in computation.instructions if i.opcode == "parameter"),
+                        key=lambda parameter: int(parameter.operands[0]))
+    return parameters, users
+
+
+def _sliced_reads(parameter: str, users: dict[str, list[Instruction]],
+                  computations: dict[str, Computation]) -> float | None:
     """The bytes read of a fusion parameter that is only sliced (through
-    bitcasts and reshapes): the slices; None if any use reads it whole."""
+    bitcasts, reshapes and the fusions nested in it, as libtpu nests a scanned
+    layer's slice of its stacked weights): the slices; None if any use reads
+    it whole."""
     total, frontier = 0.0, [parameter]
     while frontier:
         name = frontier.pop()
@@ -259,6 +277,28 @@ def _sliced_reads(parameter: str, users: dict[str, list[Instruction]]) -> float 
                 total += _hbm(user.shape)
             elif user.opcode in ("bitcast", "reshape"):
                 frontier.append(user.name)
+            elif user.opcode == "fusion" and (
+                    nested := _nested_sliced_reads(user, name, computations)) is not None:
+                total += nested
             else:
                 return None
     return total if users.get(parameter) else None
+
+
+def _nested_sliced_reads(user: Instruction, operand: str,
+                         computations: dict[str, Computation]) -> float | None:
+    """What the nested fusion `user` reads of its operand `operand`, if it only
+    slices it (None otherwise)."""
+    nested = computations.get(dict(user.callees()).get("calls", ""))
+    if nested is None:
+        return None
+    parameters, users = _parameters_and_users(nested)
+    total = 0.0
+    for index in (i for i, name in enumerate(user.operands) if name == operand):
+        if index >= len(parameters):
+            return None
+        read = _sliced_reads(parameters[index].name, users, computations)
+        if read is None:
+            return None
+        total += read
+    return total
