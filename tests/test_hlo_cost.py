@@ -107,8 +107,9 @@ def test_buffers_placed_on_chip_move_no_device_memory():
 
 
 # A scanned layer's fusion as libtpu writes it: it returns its activation and
-# the stack of them updated in place (a tuple), and reads its layer's weights
-# out of the stacked ones through a nested fusion.
+# the stack of them updated in place (a tuple; the stack relabelled first by a
+# nested fusion that aliases it, as libtpu retiles `pred` masks), and reads its
+# layer's weights out of the stacked ones through a nested fusion.
 LAYER_FUSION = """\
 HloModule m, is_scheduled=true
 
@@ -121,6 +122,11 @@ HloModule m, is_scheduled=true
   ROOT %b = f32[256,256]{1,0} bitcast(%ds)
 }
 
+%relabel (r0: f32[8,256,256]) -> f32[8,256,256] {
+  %r0 = f32[8,256,256]{2,1,0} parameter(0)
+  ROOT %c = f32[8,256,256]{2,1,0} copy(%r0)
+}
+
 %layer (p0: f32[8,256,256], p1: s32[], p2: f32[8,256,256], p3: f32[256,256]) \
     -> (f32[8,256,256], f32[256,256]) {
   %p0 = f32[8,256,256]{2,1,0} parameter(0)
@@ -131,7 +137,9 @@ HloModule m, is_scheduled=true
   %y = f32[256,256]{1,0} add(%w, %p3)
   %u = f32[1,256,256]{2,1,0} bitcast(%y)
   %zero = s32[] constant(0)
-  %stacked = f32[8,256,256]{2,1,0} dynamic-update-slice(%p0, %u, %p1, %zero, %zero)
+  %stack = f32[8,256,256]{2,1,0} fusion(%p0), kind=kLoop, \
+    output_to_operand_aliasing={{}: (0, {})}, calls=%relabel
+  %stacked = f32[8,256,256]{2,1,0} dynamic-update-slice(%stack, %u, %p1, %zero, %zero)
   ROOT %t = (f32[8,256,256]{2,1,0}, f32[256,256]{1,0}) tuple(%stacked, %y)
 }
 

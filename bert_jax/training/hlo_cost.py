@@ -60,6 +60,7 @@ _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
                "call", "conditional", "after-all", "partition-id", "replica-id",
                "opt-barrier", "iota", "add-dependency", "send", "recv"}   # ...-done count
 _SLICES = {"dynamic-slice", "slice", "gather"}
+_ALIASED = "output_to_operand_aliasing={{}: (0, {})}"
 _CONTROL = {"while", "conditional", "call"}   # their callees are costed instruction by instruction
 
 
@@ -234,7 +235,7 @@ def _outputs(instruction: Instruction, fusion: Computation
         return [(instruction.shape, None)]
     found = []
     for part, output in zip(parts, outputs):
-        while output is not None and output.opcode in ("bitcast", "copy"):
+        while output is not None and _same_buffer(output):
             output = by_name.get(output.operands[0])
         update = (by_name.get(output.operands[1])
                   if output is not None and output.opcode == "dynamic-update-slice" else None)
@@ -242,10 +243,19 @@ def _outputs(instruction: Instruction, fusion: Computation
     return found
 
 
+def _same_buffer(instruction: Instruction) -> bool:
+    """Whether `instruction` hands on its first operand's buffer: a bitcast, a
+    copy, or a fusion whose result aliases that operand (libtpu relabels a
+    stacked `pred` buffer's tiling so, T(32,128)(4,1) to T(8,128)(4,1), the same
+    bytes)."""
+    return (instruction.opcode in ("bitcast", "copy")
+            or instruction.opcode == "fusion" and _ALIASED in instruction.text)
+
+
 def _source(name: str, by_name: dict[str, Instruction]) -> str:
     """The parameter a buffer comes from, through bitcasts."""
     instruction = by_name.get(name)
-    while instruction is not None and instruction.opcode in ("bitcast", "copy"):
+    while instruction is not None and _same_buffer(instruction):
         name = instruction.operands[0]
         instruction = by_name.get(name)
     return name
@@ -275,7 +285,8 @@ def _sliced_reads(parameter: str, users: dict[str, list[Instruction]],
         for user in users.get(name, []):
             if user.opcode in _SLICES and user.operands[0] == name:
                 total += _hbm(user.shape)
-            elif user.opcode in ("bitcast", "reshape"):
+            elif user.opcode == "reshape" or (user.opcode != "copy" and _same_buffer(user)
+                                              and user.operands[0] == name):
                 frontier.append(user.name)
             elif user.opcode == "fusion" and (
                     nested := _nested_sliced_reads(user, name, computations)) is not None:
