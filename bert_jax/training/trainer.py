@@ -241,6 +241,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
                 f"loss or gradients became NaN/Inf at step {bad}; stopping. {where}")
 
     logged: dict[str, float] = {}
+    interrupted = False
     try:
         with jax.set_mesh(mesh):
             for step in range(first_step + 1, train.num_steps + 1):
@@ -281,10 +282,14 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
                     logging.warning("stopping after the preemption checkpoint at step %d.",
                                     step)
                     break
+    except KeyboardInterrupt:   # a second Ctrl-C: stop now
+        interrupted = True
+        raise
     finally:
         profiler.close()
         preemption.close()
         train_iter.close()
-        writer.close()
+        if not interrupted:  # the Ctrl-C may have landed inside tensorboardX's write of
+            writer.close()   # a step: its writer thread would never finish, close() hang
         checkpointer.close()
     return logged
