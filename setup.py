@@ -42,6 +42,8 @@ setup(
         # BERT), both accelerator compilers, and the test runner.
         "test": [
             "pytest>=8",
+            # Two test processes (pytest.ini `-n 2`).
+            "pytest-xdist>=3.6",
             "torch==2.13.0",
             "transformers>=4.45",
             "sentence-transformers>=3.0",
