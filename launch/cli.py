@@ -2,12 +2,15 @@
 `UsageError`, a bad flag) prints `error: MESSAGE` and exits with status 2, followed by the
 user's command when the error's `rerun_with` names flags of this script. Any other exception
 is a bug and keeps its traceback; so do user errors with `--debug` or BERT_JAX_DEBUG=1.
-Ctrl-C (a `KeyboardInterrupt` that reaches here) prints one line and exits with 130."""
+Ctrl-C (a `KeyboardInterrupt` that reaches here) prints one line and exits with 130, within
+`EXIT_GRACE_SECONDS` even if a library thread the Ctrl-C left half-way holds the interpreter's
+exit."""
 
 import functools
 import os
 import shlex
 import sys
+import threading
 
 from absl import app, flags
 
@@ -15,6 +18,7 @@ from bert_jax.errors import UserError
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
+EXIT_GRACE_SECONDS = 10.0  # after a Ctrl-C, the interpreter's own exit may take this long
 DEBUG_ENV = "BERT_JAX_DEBUG"
 DEBUG = flags.DEFINE_bool("debug", False, f"Show the traceback of user errors ({DEBUG_ENV}=1).")
 
@@ -30,6 +34,7 @@ def run(main, argv: list[str] | None = None, flags_parser=flags.FLAGS) -> None:
             raise
         sys.stdout.flush()
         print("error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        _exit_at_the_latest_in(EXIT_GRACE_SECONDS)
         sys.exit(EXIT_INTERRUPTED)
     except (UserError, flags.Error) as e:
         if _debug(argv):
@@ -43,6 +48,17 @@ def run(main, argv: list[str] | None = None, flags_parser=flags.FLAGS) -> None:
         sys.stdout.flush()
         print(message, file=sys.stderr, flush=True)
         sys.exit(EXIT_USER_ERROR)
+
+
+def _exit_at_the_latest_in(seconds: float) -> None:
+    """Ends the process with EXIT_INTERRUPTED in `seconds` unless its exit has: the interpreter
+    joins non-daemon threads and runs exit handlers first, and a thread the Ctrl-C left in the
+    middle of a write (tensorboardX's event writer, a multiprocessing queue's feeder) can
+    hold that forever. What keeps data (checkpoints, the workdir lock, input workers) was
+    closed on the way here."""
+    timer = threading.Timer(seconds, os._exit, (EXIT_INTERRUPTED,))
+    timer.daemon = True
+    timer.start()
 
 
 def _main(main, argv: list[str]):

@@ -132,6 +132,20 @@ def test_watcher_turns_ctrl_c_into_a_checkpoint_then_a_keyboard_interrupt():
     assert signal.getsignal(signal.SIGINT) is previous
 
 
+def test_a_thread_that_never_ends_does_not_hold_a_ctrl_c_exit(tmp_path):
+    """A Ctrl-C that leaves a library's (non-daemon) thread waiting forever still ends
+    the process, with its one line, within the grace period."""
+    script = tmp_path / "script.py"
+    script.write_text(f"import sys, threading\nsys.path.insert(0, {str(REPO / 'launch')!r})\n"
+                      "import cli\ncli.EXIT_GRACE_SECONDS = 1\n"
+                      "def main(argv):\n    threading.Thread(target=threading.Event().wait)"
+                      ".start()\n    raise KeyboardInterrupt\ncli.run(main)\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == cli.EXIT_INTERRUPTED
+    assert result.stderr == "error: interrupted (Ctrl-C)\n"
+
+
 def test_cli_reports_a_keyboard_interrupt_in_one_line(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'launch')!r})\n"
