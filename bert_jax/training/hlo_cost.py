@@ -24,13 +24,14 @@ out and scanned, the model FLOPs of `bert_jax.modeling.flops`):
           of the stacked ones, also through a fusion nested in it) counts the
           slices; each result updated in place (`dynamic-update-slice`, beside
           the fusion's other results) the update. Counting the stacks instead
-          would grow with the layers squared in a scanned step. Tuples, bitcasts, parameters and
-          constants move nothing; an asynchronous pair (`-start`/`-done`) counts
-          once; a computation run inside one instruction (a fusion's, a
-          reduction's `to_apply`, an async op's) is that instruction's. Arrays
-          libtpu keeps on the chip (VMEM, layout memory space `S(1)`) count
-          none: what is left is HBM traffic (a model as small as that step
-          lives mostly in VMEM: 1.4e7 bytes against XLA's 1.1e8).
+          would grow with the layers squared in a scanned step. Tuples,
+          bitcasts, parameters and constants move nothing; an asynchronous
+          pair (`-start`/`-done`) counts once; a computation run inside one
+          instruction (a fusion's, a reduction's `to_apply`, an async op's) is
+          that instruction's. Arrays libtpu keeps on the chip (VMEM, layout
+          memory space `S(1)`) count none: what is left is HBM traffic (a
+          model as small as that step lives mostly in VMEM: 1.4e7 bytes
+          against XLA's 1.1e8).
 
 Across TPU slices libtpu writes no collective: each slice runs its own
 program and hands the data-centre network's share to the host as a `send`
@@ -245,9 +246,8 @@ def _outputs(instruction: Instruction, fusion: Computation
 
 def _same_buffer(instruction: Instruction) -> bool:
     """Whether `instruction` hands on its first operand's buffer: a bitcast, a
-    copy, or a fusion whose result aliases that operand (libtpu relabels a
-    stacked `pred` buffer's tiling so, T(32,128)(4,1) to T(8,128)(4,1), the same
-    bytes)."""
+    copy, or a fusion whose result aliases that operand (as libtpu retiles a
+    stacked `pred` mask from T(32,128)(4,1) to T(8,128)(4,1): the same bytes)."""
     return (instruction.opcode in ("bitcast", "copy")
             or instruction.opcode == "fusion" and _ALIASED in instruction.text)
 
