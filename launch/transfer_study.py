@@ -65,7 +65,7 @@ def main(argv):
                           "--task (or --study), not in --config")
     if DRY_RUN.value and REPORT_ONLY.value:
         raise ConfigError("--dry_run or --report_only, not both")
-    metrics = transfer.parse_metrics(METRIC.value)
+    metrics = transfer.parse_metric_flags(METRIC.value)
     failed = []
     if not REPORT_ONLY.value:
         if STUDY.value:

@@ -140,7 +140,7 @@ def test_a_finished_run_is_not_rerun_and_an_interrupted_one_resumes(sst2, backbo
     assert study_file["train_split_examples"] == {TASK: TRAIN_LINES}
     assert list(study_file["backbones"]) == ["pre", "scratch"]
     # A metric override, by the task's name.
-    _, rows = transfer.report(str(tmp_path), transfer.parse_metrics(["sst2=eval/loss"]))
+    _, rows = transfer.report(str(tmp_path), transfer.parse_metric_flags(["sst2=eval/loss"]))
     assert rows[0]["metric"] == "eval/loss" and rows[0]["mean"] == 0.5
     with pytest.raises(transfer.ConfigError, match="'mrpc'"):
         transfer.report(str(tmp_path), {"mrpc": "eval/f1"})

@@ -152,7 +152,7 @@ def parse_backbones(specs: Iterable[str]) -> dict[str, str]:
     return backbones
 
 
-def checkpoint_model(init_from: str) -> tuple[BertConfig, str, bool | None]:
+def backbone_model(init_from: str) -> tuple[BertConfig, str, bool | None]:
     """(architecture, its vocab.txt or '', its declared casing or None) of a
     backbone, read as fine-tuning reads it (`bert_backbone`); no weights."""
     folder = checkpoint_path(init_from)
@@ -165,7 +165,7 @@ def scratch_overrides(init_from: str, config: Any) -> dict[str, Any]:
     casing): `init_from=''`, `model.<ARCHITECTURE field>`, `data.vocab_file`
     (`config.data.vocab_file` if set, as fine-tuning from it takes it),
     `data.lowercase`."""
-    architecture, vocab_file, lowercase = checkpoint_model(init_from)
+    architecture, vocab_file, lowercase = backbone_model(init_from)
     overrides: dict[str, Any] = {"init_from": ""}
     lacking = []
     for field in ARCHITECTURE:
@@ -190,7 +190,7 @@ def scratch_overrides(init_from: str, config: Any) -> dict[str, Any]:
 def architecture_key(init_from: str) -> tuple:
     """What makes two backbones train at the same speed: the architecture and
     the vocabulary size."""
-    architecture = checkpoint_model(init_from)[0]
+    architecture = backbone_model(init_from)[0]
     return tuple(getattr(architecture, f) for f in (*ARCHITECTURE, "vocab_size"))
 
 
@@ -396,7 +396,7 @@ class Study:
 # -- results --------------------------------------------------------------------------------
 
 
-def parse_metrics(specs: Iterable[str]) -> dict[str, str]:
+def parse_metric_flags(specs: Iterable[str]) -> dict[str, str]:
     """`KEY` (every task) or `TASK=KEY` (a task variant or its name, `sst2`)
     texts -> {task or '': metric key}."""
     out = {}
