@@ -3,11 +3,16 @@ r"""Steady-state train-step throughput of bert_jax, optionally against its peers
   python launch/benchmark.py --models=bert-base:128 --batch=8 \
       --dtypes=float32,bfloat16 --compare [--profile_steps=5,7 --profile_dir=DIR]
 
-For every `MODEL:LENGTH` and dtype: the project's sharded AdamW train step on
-all local devices, compiled (timed), `--warmup` steps, then the median of
-`--steps` steps timed one by one: step time, sequences/s, tokens/s, MFU
+For every `MODEL:LENGTH` and dtype: the step `launch/train.py` runs, on all
+local devices, compiled (timed), `--warmup` steps, then the median of `--steps`
+steps timed one by one: step time, sequences/s, tokens/s, MFU
 (`bert_jax.training.metrics`: on CPU relative to a measured matmul in the
-row's dtype, as the model computes it) and memory.
+row's dtype, as the model computes it) and memory. The step is the trainer's
+(mesh, optimizer: AdamW, loss, init, FLOPs and tokens counts) for the task of
+the family's experiment (`EXPERIMENTS`: experiments/pretrain_bert.py:base_2018,
+experiments/translate.py:wmt_base), built without data (as launch/compile.py),
+its model the size preset (`bert_preset`, `transformer_preset`) with the
+dtype, `--attention_impl`, `--remat` and `--scan_layers`.
 
 On CPU the step-time bound of the compiled step is checked against the time
 measured (`bert_jax.training.step_bound`): compute at the measured matmul peak
@@ -17,8 +22,8 @@ maximum) and measured / bound, which is at least 1 when the bound is one.
 
 BERT steps are pretraining steps on a synthetic batch: 15% of the positions
 masked (20 per 128 tokens, as google-research/bert), MLM + NSP, the MLM head at
-the masked positions only (`--mlm=all`: everywhere, as Hugging Face).
-Transformer steps: source and target of LENGTH tokens.
+the masked positions only (as the task). Transformer steps: source and target
+of LENGTH tokens, unpacked, label smoothing 0.1 (the experiment's).
 
 `--compare` times on the same batch Hugging Face `BertForPreTraining` in
 PyTorch (float32, AdamW) and, with `transformers<5`, `FlaxBertForPreTraining`
@@ -36,23 +41,25 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from absl import app, flags
 
 import cli
 
-from bert_jax.modeling import BertForPreTraining, Transformer, bert_preset, transformer_preset
-from bert_jax.modeling.flops import bert_train_flops, transformer_train_flops
-from bert_jax.modeling.losses import bert_pretraining_sums, cross_entropy_sums
+from bert_jax.analysis.sweeps.points import load_config
+from bert_jax.modeling import bert_preset, transformer_preset
+from bert_jax.modeling.losses import bert_pretraining_sums
+from bert_jax.tasks import Task, build_task
 from bert_jax.training import distributed
 from bert_jax.training.aot import bound_of, compiled_memory, step_report
 from bert_jax.training.metrics import (
     memory_bandwidth_per_size, peak_flops_per_device, time_matmul_flops)
 from bert_jax.training.step_bound import Interconnect, Machine, Place
-from bert_jax.training.optimizer import make_optimizer
 from bert_jax.training.profiling import StepProfiler, profile_range
-from bert_jax.training.sharding import global_batch, make_mesh
+from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import create_train_state, jit_train_step, make_train_step
+from bert_jax.training.trainer import make_optimizer
 
 _MODELS = flags.DEFINE_list("models", ["bert-base:128"], "MODEL:LENGTH entries; MODEL: "
                             "bert-{mini,small,base,large}, transformer-{base,big}.")
@@ -61,8 +68,6 @@ _DTYPES = flags.DEFINE_list("dtypes", ["float32"], "Compute dtypes (state stays 
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (the median is reported).")
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
 _COMPARE = flags.DEFINE_bool("compare", False, "Also time the Hugging Face peers.")
-_MLM = flags.DEFINE_enum("mlm", "masked", ["masked", "all"],
-                         "BERT: MLM head at the masked positions only, or everywhere.")
 _ATTENTION = flags.DEFINE_enum("attention_impl", "einsum", ["einsum", "xla", "flash"],
                                "Attention implementation.")
 _REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch"],
@@ -75,18 +80,11 @@ _PROFILE_STEPS = flags.DEFINE_list(
     "(1-based) into --profile_dir/MODEL_LENGTH_DTYPE/.")
 _PROFILE_DIR = flags.DEFINE_string("profile_dir", "profile", "Where traces go.")
 
-MASK_RATE = 0.15
-
-
-@dataclasses.dataclass
-class Workload:
-    name: str
-    init_fn: Callable[[jax.Array], Any]
-    apply_fn: Callable
-    loss_fn: Callable
-    batch: dict[str, np.ndarray]
-    flops: float
-    tokens: int
+# The experiment of each family whose step is timed (the paper's recipe), its
+# model replaced by the --models size preset.
+EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "experiments")
+EXPERIMENTS = {"bert": "pretrain_bert.py:base_2018", "transformer": "translate.py:wmt_base"}
 
 
 def max_predictions(length: int) -> int:
@@ -94,77 +92,48 @@ def max_predictions(length: int) -> int:
     return max(1, round(length * 20 / 128))
 
 
-def bert_batch(vocab_size: int, batch: int, length: int, seed: int = 0) -> dict:
-    """`[CLS] A [SEP] B [SEP]`, full length, `max_predictions(length)` masked."""
+def bert_batch(vocab_size: int, batch: int, length: int, predictions: int,
+               seed: int = 0) -> dict:
+    """`[CLS] A [SEP] B [SEP]`, full length (no pad id 0: the task's attention mask
+    is all ones), `predictions` masked positions a row."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(1000, vocab_size, (batch, length)).astype(np.int32)
     split = length // 2
     ids[:, 0], ids[:, split - 1], ids[:, -1] = 101, 102, 102
     token_types = (np.arange(length) >= split).astype(np.int32)[None].repeat(batch, 0)
-    predictions = max_predictions(length)
     positions = np.sort(np.stack([rng.choice(np.arange(1, length - 1), predictions,
                                              replace=False) for _ in range(batch)]), 1)
-    return {"input_ids": ids, "attention_mask": np.ones_like(ids),
-            "token_type_ids": token_types, "masked_lm_positions": positions.astype(np.int32),
+    return {"input_ids": ids, "token_type_ids": token_types,
+            "masked_lm_positions": positions.astype(np.int32),
             "masked_lm_ids": np.take_along_axis(ids, positions, 1),
             "masked_lm_weights": np.ones(positions.shape, np.float32),
             "next_sentence_labels": rng.integers(0, 2, batch).astype(np.int32)}
 
 
-def bert_workload(size: str, length: int, batch: int, overrides: dict) -> Workload:
-    config = bert_preset(size, max_len=max(512, length), **overrides)
-    model = BertForPreTraining(config)
-    data = bert_batch(config.vocab_size, batch, length)
-    everywhere = _MLM.value == "all"
-
-    def loss_fn(params, b, rng):
-        positions = b["masked_lm_positions"]
-        out = model.apply({"params": params}, b["input_ids"], b["attention_mask"],
-                          b["token_type_ids"], None if everywhere else positions,
-                          deterministic=False, rngs={"dropout": rng})
-        mlm_logits = out.mlm_logits
-        if everywhere:
-            mlm_logits = jnp.take_along_axis(mlm_logits, positions[..., None], axis=1)
-        sums = bert_pretraining_sums(mlm_logits, out.nsp_logits, b)
-        return sums.pop("loss"), sums.pop("weight"), sums
-
-    short = data["input_ids"][:1]
-    return Workload(
-        f"bert-{size}:{length}", lambda rng: model.init(rng, short, np.ones_like(short)),
-        model.apply, loss_fn, data,
-        bert_train_flops(config, batch, length, length if everywhere
-                         else max_predictions(length)), batch * length)
-
-
-def transformer_workload(size: str, length: int, batch: int, overrides: dict) -> Workload:
-    config = transformer_preset(size, max_len=max(256, length), **overrides)
-    model = Transformer(config)
-    rng = np.random.default_rng(0)
-    data = {key: rng.integers(3, config.vocab_size, (batch, length)).astype(np.int32)
-            for key in ("inputs", "targets")}
-
-    def loss_fn(params, b, rng):
-        logits = model.apply({"params": params}, b["inputs"], b["targets"],
-                             deterministic=False, rngs={"dropout": rng})
-        sums = cross_entropy_sums(logits, b["targets"], b["targets"] != 0, 0.1)
-        return sums.pop("loss"), sums.pop("weight"), sums
-
-    short = data["inputs"][:1]
-    return Workload(f"transformer-{size}:{length}", lambda r: model.init(r, short, short),
-                    model.apply, loss_fn, data,
-                    transformer_train_flops(config, batch, length, length), 2 * batch * length)
-
-
-def workload(spec: str, batch: int, dtype: str) -> Workload:
+def workload(spec: str, batch: int, model_overrides: dict) -> tuple[Task, dict]:
+    """(the task `launch/train.py` would build from `EXPERIMENTS[family]` with the
+    model the size preset with `model_overrides`, sequences of LENGTH and `batch`
+    rows; a synthetic batch of its `batch_spec`). BERT: `max_predictions(LENGTH)`
+    masked; Transformer: source and target of LENGTH tokens, unpacked."""
     name, _, length = spec.partition(":")
     family, _, size = name.partition("-")
-    overrides = dict(dtype=dtype, attention_impl=_ATTENTION.value, remat=_REMAT.value,
-                     scan_layers=_SCAN.value)
-    builders = {"bert": bert_workload, "transformer": transformer_workload}
-    if family not in builders or not length.isdigit():
+    if family not in EXPERIMENTS or not length.isdigit():
         raise app.UsageError(f"--models entry {spec!r}: give MODEL:LENGTH, e.g. "
                              "bert-base:128.")
-    return builders[family](size, int(length), batch, overrides)
+    length, bert = int(length), family == "bert"
+    config = load_config(os.path.join(EXPERIMENTS_DIR, EXPERIMENTS[family]))
+    model = (bert_preset if bert else transformer_preset)(
+        size, max_len=max(512 if bert else 256, length), **model_overrides)
+    config.model = ml_collections.ConfigDict(dataclasses.asdict(model))
+    config.train.batch_size, config.data.vocab_size = batch, model.vocab_size
+    config.data.update(dict(max_seq_length=length, max_predictions_per_seq=max_predictions(
+        length)) if bert else dict(max_length=length, pack_length=0, batch_tokens=0))
+    task = build_task(config, None, abstract=True)
+    if bert:
+        return task, bert_batch(model.vocab_size, batch, length, task.train_predictions)
+    rng = np.random.default_rng(0)
+    return task, {key: rng.integers(3, model.vocab_size, s.shape).astype(s.dtype)
+                  for key, s in task.batch_spec().items()}
 
 
 def _median_step(step: Callable[[], Any], steps: int, warmup: int,
@@ -192,21 +161,23 @@ def cpu_machine(peak_flops: float, copy_bandwidth: float, num_devices: int) -> M
                    (Place(0),) * num_devices)
 
 
-def time_bert_jax(work: Workload, steps: int, warmup: int,
+def time_bert_jax(task: Task, batch: dict[str, np.ndarray], steps: int, warmup: int,
                   profiler: StepProfiler | None = None,
                   hardware: Callable[[], Machine] | None = None) -> dict[str, Any]:
-    """The step's times and memory; with `hardware` (asked after the timed
-    steps) its time bound and measured / bound."""
-    mesh = make_mesh((-1, 1, 1))
-    state, shardings = create_train_state(work.init_fn, work.apply_fn,
-                                          make_optimizer("adamw", 1e-4), mesh,
-                                          jax.random.PRNGKey(0))
-    step_fn = jit_train_step(make_train_step(work.loss_fn), shardings, mesh)
-    batch = global_batch(work.batch, mesh)
+    """The trainer's step of `task` (its mesh, optimizer, loss; compiled for its
+    `batch_spec`, which `batch` must match): times and memory; with `hardware`
+    (asked after the timed steps) its time bound and measured / bound."""
+    config = task.config
+    mesh = mesh_from_config(config.mesh)
+    state, shardings = create_train_state(task.init_variables, task.model.apply,
+                                          make_optimizer(config), mesh, jax.random.PRNGKey(0))
+    step_fn = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps),
+                             shardings, mesh)
+    batch = global_batch(batch, mesh)
     rng = jax.random.PRNGKey(1)
     with jax.set_mesh(mesh):
         start = time.perf_counter()
-        compiled = step_fn.lower(state, batch, rng).compile()
+        compiled = step_fn.lower(state, task.batch_spec(), rng).compile()
         compile_seconds = time.perf_counter() - start
         holder = [state]
 
@@ -221,7 +192,7 @@ def time_bert_jax(work: Workload, steps: int, warmup: int,
         machine = hardware()
         devices = len(machine.places)
         bound = bound_of(step_report(compiled, compile_seconds, devices), machine,
-                         work.flops / devices)
+                         task.flops_per_step() / devices)
         result.update(bound.to_dict(), measured_over_bound=seconds / bound.bound_s)
     stats = jax.local_devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
@@ -251,7 +222,7 @@ def time_torch_bert(size: str, batch: dict[str, np.ndarray], steps: int,
     labels = np.full(batch["input_ids"].shape, -100, np.int64)
     np.put_along_axis(labels, batch["masked_lm_positions"], batch["masked_lm_ids"], 1)
     inputs = {"input_ids": torch.from_numpy(batch["input_ids"].astype(np.int64)),
-              "attention_mask": torch.from_numpy(batch["attention_mask"].astype(np.int64)),
+              "attention_mask": torch.ones(batch["input_ids"].shape, dtype=torch.int64),
               "token_type_ids": torch.from_numpy(batch["token_type_ids"].astype(np.int64)),
               "labels": torch.from_numpy(labels),
               "next_sentence_label": torch.from_numpy(
@@ -279,7 +250,7 @@ def time_flax_hf_bert(size: str, batch: dict[str, np.ndarray], steps: int,
     opt_state = tx.init(params)
 
     def loss(params, rng):
-        out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+        out = model(batch["input_ids"], np.ones_like(batch["input_ids"]), batch["token_type_ids"],
                     params=params, dropout_rng=rng, train=True)
         logits = jnp.take_along_axis(out.prediction_logits,
                                      batch["masked_lm_positions"][..., None], axis=1)
@@ -331,7 +302,9 @@ def main(argv):
     for spec in _MODELS.value:
         rows = {}
         for dtype in _DTYPES.value:
-            work = workload(spec, _BATCH.value, dtype)
+            task, batch = workload(spec, _BATCH.value, dict(
+                dtype=dtype, attention_impl=_ATTENTION.value, remat=_REMAT.value,
+                scan_layers=_SCAN.value))
             trace_dir = os.path.join(_PROFILE_DIR.value, f"{spec.replace(':', '_')}_{dtype}")
             profiler = StepProfiler(profile_steps, trace_dir) if profile_steps else None
 
@@ -342,20 +315,20 @@ def main(argv):
                     peaks[dtype] = max(peaks[dtype], time_matmul_flops(dtype))
                 return cpu_machine(peaks[dtype], bandwidth, len(devices))
 
-            timing = time_bert_jax(work, _STEPS.value, _WARMUP.value, profiler,
+            timing = time_bert_jax(task, batch, _STEPS.value, _WARMUP.value, profiler,
                                    hardware if cpu else None)
-            peak = peaks[dtype]
+            peak, flops = peaks[dtype], task.flops_per_step()
             timing.update(
                 sequences_per_second=_BATCH.value / timing["step_seconds"],
-                tokens_per_second=work.tokens / timing["step_seconds"],
-                mfu=work.flops / timing["step_seconds"] / (peak * len(devices)),
-                model_tflops_per_step=work.flops / 1e12, peak_flops_per_device=peak)
+                tokens_per_second=task.tokens_per_step() / timing["step_seconds"],
+                mfu=flops / timing["step_seconds"] / (peak * len(devices)),
+                model_tflops_per_step=flops / 1e12, peak_flops_per_device=peak)
             rows[f"bert_jax {dtype}"] = timing
         if _COMPARE.value and spec.startswith("bert-"):
             size = spec.split(":")[0].split("-")[1]
             for name, timer in (("pytorch float32", time_torch_bert),
                                 ("hf-flax float32", time_flax_hf_bert)):
-                timing = timer(size, work.batch, _STEPS.value, _WARMUP.value)
+                timing = timer(size, batch, _STEPS.value, _WARMUP.value)
                 rows[name] = timing if timing is not None else {"unavailable": True}
         results.append({"model": spec, "batch": _BATCH.value, "rows": rows})
         print_table(spec, rows)
@@ -365,7 +338,7 @@ def main(argv):
                        "peak_flops_per_device": peaks, "memory_bandwidth": bandwidth,
                        "memory_bandwidth_per_megabytes": bandwidths,
                        "flags": {
-                           "mlm": _MLM.value, "attention_impl": _ATTENTION.value,
+                           "attention_impl": _ATTENTION.value,
                            "remat": _REMAT.value, "scan_layers": _SCAN.value},
                        "results": results}, f, indent=2)
 

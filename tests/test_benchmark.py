@@ -1,18 +1,42 @@
-"""launch/benchmark.py end to end at toy size: it times the project's train
-step, reports MFU, compile time and memory, and times the PyTorch peer on the
-same batch."""
+"""launch/benchmark.py: the trainer's task and batch it times; end to end at
+toy size (slow: each runs launch/benchmark.py in a subprocess), it times the
+project's train step, reports MFU, compile time and memory, and times the
+PyTorch peer on the same batch."""
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-pytestmark = pytest.mark.slow   # each test runs launch/benchmark.py in a subprocess
+from bert_jax.modeling import bert_preset, transformer_preset
+from helpers import REPO
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "launch"))
+import benchmark  # noqa: E402
+
+
+@pytest.mark.parametrize("spec, bert, inputs", [("bert-tiny:32", True, ("input_ids",)),
+                                                 ("transformer-base:16", False,
+                                                  ("inputs", "targets"))])
+def test_the_batch_is_the_training_batch_of_the_experiments_task(spec, bert, inputs):
+    overrides = {"dtype": "bfloat16", "remat": "full", "scan_layers": True}
+    task, batch = benchmark.workload(spec, 4, overrides)
+    assert task.config.task == ("bert_pretraining" if bert else "translation")
+    assert task.model_config == (bert_preset("tiny", max_len=512, **overrides) if bert
+                                 else transformer_preset("base", max_len=256, **overrides))
+    # The step is compiled for the task's training batch: the synthetic one matches it.
+    assert {key: (value.shape, value.dtype) for key, value in batch.items()} == {
+        key: (want.shape, want.dtype) for key, want in task.batch_spec(train=True).items()}
+    # No padding: the task's attention mask (ids != pad id) keeps every position.
+    pad = task.pad_id if bert else task.model_config.pad_id
+    assert all((batch[key] != pad).all() for key in inputs)
+    if bert:
+        assert batch["masked_lm_positions"].shape == (4, 5)   # 20 per 128 tokens
+        np.testing.assert_array_equal(batch["masked_lm_ids"], np.take_along_axis(
+            batch["input_ids"], batch["masked_lm_positions"], 1))
 
 
 def _benchmark(*flags, tmp_path, env=None):
@@ -26,6 +50,7 @@ def _benchmark(*flags, tmp_path, env=None):
     return result, output
 
 
+@pytest.mark.slow
 def test_benchmark_times_bert_jax_and_pytorch(tmp_path):
     result, output = _benchmark("--models=bert-tiny:32", "--batch=4",
                                 "--dtypes=float32,bfloat16", "--steps=3", "--warmup=1",
@@ -54,12 +79,14 @@ def test_benchmark_times_bert_jax_and_pytorch(tmp_path):
     assert "memory bandwidth (a measured copy" in result.stdout
 
 
+@pytest.mark.slow
 def test_benchmark_rejects_a_bad_model_spec(tmp_path):
     result, _ = _benchmark("--models=bert-base", tmp_path=tmp_path)
     assert result.returncode != 0
     assert "--models entry 'bert-base'" in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_a_user_error_is_one_line_in_a_plain_shell(tmp_path):
     """Without the tests' JAX_PLATFORMS=cpu, the script itself keeps the start-up
     errors of installed GPU/TPU plugins without hardware off stderr."""
@@ -70,6 +97,7 @@ def test_a_user_error_is_one_line_in_a_plain_shell(tmp_path):
         "error: --profile_steps=5,9: only 6 steps are timed (--steps)."], result.stderr
 
 
+@pytest.mark.slow
 def test_benchmark_writes_a_profile_of_the_steps_asked_for(tmp_path):
     result, _ = _benchmark("--models=bert-tiny:32", "--batch=2", "--steps=2", "--warmup=0",
                            "--profile_steps=2,2", f"--profile_dir={tmp_path / 'profile'}",
