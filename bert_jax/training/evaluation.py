@@ -1,8 +1,22 @@
-"""Evaluation: the evaluators of `config.evals` over one pass of the
-evaluation split, during training or from a workdir's checkpoint.
+"""The evaluation of a model: the evaluators of `config.evals` over one pass of
+the evaluation split, during training or from a workdir's checkpoint.
 
-From a workdir, the experiment is its `config.json`; only what evaluation may
-change can be overridden (`EVALUATION_OVERRIDES`, `Task.evaluation_overrides`).
+`make_evaluator(task, mesh)` returns `evaluate(params, step)`, which the
+trainer calls every `train.eval_every` steps. Each process reads its rows of
+every global batch (`Task.eval_batches`); the jitted `Task.predict` returns
+the batch's evaluation sums (float32 scalars, with a `weight`) and, for tasks
+scored on the whole split's predictions, per-row outputs `[batch, ...]`
+gathered on the host (only the rows marked `real`, keyed by `row`). The task
+decodes those rows once (`decode_predictions`), and the evaluators
+(`bert_jax.evaluation.evaluators`) turn the sums and predictions into the
+metrics `{"eval/<name>": float}` and files (e.g. predictions, samples).
+
+From a workdir (`launch/evaluate.py`, `translate.py`, `ablate.py`,
+`bert_jax.analysis.encoders`): `evaluation_config` gives the experiment, the
+workdir's `config.json`, where only what evaluation may change can be
+overridden (`EVALUATION_OVERRIDES`, `Task.evaluation_overrides`);
+`restore_for_inference` restores a checkpoint's parameters, which must match
+the model exactly, and `evaluate_checkpoint` evaluates them.
 """
 
 from __future__ import annotations
