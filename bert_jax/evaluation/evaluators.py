@@ -43,6 +43,8 @@ class Context:
 
 @dataclasses.dataclass
 class Result:
+    """What an evaluator returns: metrics (name -> float) and the files to
+    write (relative path -> JSON content)."""
     metrics: dict[str, float]
     files: dict[str, Any] = dataclasses.field(default_factory=dict)
 

@@ -86,6 +86,8 @@ def dense(config: StackConfig, features: int, axes: tuple[str, str],
 
 
 def attention(config: StackConfig, name: str, decode: bool = False) -> MultiHeadAttention:
+    """The `MultiHeadAttention` of a layer, configured from `config`; `decode`:
+    keep a key/value cache (decoder self-attention during search)."""
     return MultiHeadAttention(
         num_heads=config.num_heads, head_dim=config.head_dim,
         out_features=config.hidden_size, dropout_rate=config.attention_dropout_rate,

@@ -253,6 +253,9 @@ class FinetuneTask(Task):
 
 @register("glue")
 class GlueTask(FinetuneTask):
+    """A GLUE task (`data.glue_task`): `[CLS] A [SEP] (B [SEP])` rows with a
+    `label` each (an int32 class, or a float32 score for regression, trained
+    with the squared error)."""
 
     def __init__(self, config, workdir):
         self.spec = glue.get_task(config.data.glue_task)

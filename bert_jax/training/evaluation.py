@@ -56,6 +56,7 @@ TRAINING_ONLY = ("train.", "optimizer.", "seed", "peak_flops")
 
 
 def jit_predict(task: Task, mesh) -> Callable:
+    """`task.predict` jitted, its outputs replicated on every device."""
     return jax.jit(task.predict, out_shardings=replicated(mesh))
 
 
@@ -147,6 +148,8 @@ def _matches(key: str, patterns: tuple[str, ...]) -> bool:
 
 
 def saved_config(workdir: str) -> ml_collections.ConfigDict:
+    """The config a workdir's run was trained with (its `config.json`, JSON
+    arrays back as tuples), checked against the task's model config."""
     path = os.path.join(os.path.abspath(workdir), CONFIG_FILE)
     if not os.path.isfile(path):
         raise CheckpointError(f"--workdir={workdir} holds no {CONFIG_FILE}: it is not the "
@@ -203,6 +206,8 @@ def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None 
 
 
 def abstract_params(config: ml_collections.ConfigDict, workdir: str):
+    """(task, mesh, abstract params): the task built from `config`, its mesh, and
+    the shapes, dtypes and shardings of its parameter pytree, for a restore."""
     task = build_task(config, workdir)
     mesh = mesh_from_config(config.mesh)
     state, _ = abstract_train_state(task.init_variables, task.model.apply,

@@ -44,6 +44,8 @@ def sync_manager_available() -> bool:
 
 
 def choose_mechanism() -> str:
+    """How notices reach every process: `SYNC_MANAGER` under `jax.distributed`,
+    `LOCAL_FLAG` for one process, else `PERIODIC_ALLGATHER`."""
     if sync_manager_available():
         return SYNC_MANAGER
     if jax.process_count() == 1:

@@ -55,6 +55,8 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 
 def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
+    """`shape` `(data, fsdp, tensor)` with its -1 replaced by the devices left,
+    checked to use exactly `num_devices`."""
     shape = tuple(int(s) for s in shape)
     if len(shape) != len(MESH_AXES):
         raise ConfigError(f"mesh shape {shape} must give sizes for {MESH_AXES}.")
