@@ -1,5 +1,10 @@
-"""Files written whole or not at all, JSON files, values made JSON-ready. Imports only
-numpy and bert_jax.errors: light tools (the sweep runner) and every layer may use it."""
+"""The project's small file helpers: files written whole or not at all
+(`write_atomically`, `write_json`), JSON files read with damage reported as a
+`DamagedFileError` naming the file (`read_json`), and values made JSON-ready
+(`jsonable`: numpy and JAX arrays become lists, non-finite floats strings).
+It imports only numpy and bert_jax.errors, so light tools (the sweep runner)
+and every layer (data, training, analysis, launch) may use it.
+"""
 
 from __future__ import annotations
 

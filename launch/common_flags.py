@@ -1,6 +1,17 @@
-"""Flags shared by the launch entry points: the experiment config, the workdir
-and multi-host start-up; `run(main)` reports user errors (cli.py), naming the config file's;
-`print_table` ends the sweeps' output."""
+"""The flags and start-up that the launch entry points share.
+
+It defines the experiment config (`--config=experiments/NAME.py[:ARG]`, with
+`--config.KEY=VALUE` overrides), the workdir and the multi-host flags
+(`--coordinator_address`, `--num_processes`, `--process_id`). `run(main)`
+runs an entry point through `cli.run`, parsing the flags so that a config file
+that fails to load or an override of a field the config lacks is reported as
+one user error naming the flag and the file. `start(argv)` is the entry
+points' common start-up (no stray arguments, quiet library logs, the
+platforms this machine has, `jax.distributed`). The entry points that restore
+a workdir (evaluate, translate, ablate, ...) read their experiment through
+`workdir_argv` and `workdir_experiment`; `print_table` ends the sweeps'
+output.
+"""
 
 import difflib
 import os

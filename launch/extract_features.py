@@ -5,11 +5,14 @@ layers as fixed word features, compared with a linear probe on a tagging task.
       [--conllu_dir=../shared/data/ud_en_ewt] [--train_sentences=2000] [--steps=300]
   python launch/extract_features.py --format=conll2003 \
       --train_file=CONLL/eng.train --eval_file=CONLL/eng.testb
-print `strategy | feature dim | accuracy | entity F1 (BIO tags) | probe time` as
-Markdown; --output writes JSON and the table beside it (`.md`).
 
-Features of a text file, one sentence a line (google-research/bert's
-extract_features.py use):
+The comparison fits a probe on the features of each layer strategy
+(`bert_jax.analysis.features`) and prints one Markdown row per strategy,
+`strategy | feature dim | accuracy | entity F1 (BIO tags) | probe time`;
+--output writes the results as JSON and the table beside it (`.md`).
+
+Features of a text file, one sentence per line (as google-research/bert's
+extract_features.py is used):
   python launch/extract_features.py --input_file=sentences.txt \
       --output_features=features.npz [--feature_strategy=concat_last_four|all]
 Words are split as BERT's basic tokenizer does (`--split=whitespace`: at

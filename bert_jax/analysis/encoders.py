@@ -4,7 +4,11 @@
 `tokenizer_config.json`, `wordpiece.declared_casings`), a bert_jax pretrained
 folder (`launch/convert.py` output), or the workdir of a BERT training run,
 restored as `launch/evaluate.py` restores it (the checkpoint must hold exactly
-the model's arrays), with the run's vocabulary.
+the model's arrays), with the run's vocabulary. It returns an `Encoder`: the
+`BertConfig` (einsum attention, no dropout), the `BertModel` parameter pytree
+(unboxed, task heads left out) and the WordPiece vocabulary (None when none
+was found). `features.FeatureExtractor.from_pretrained` and
+`launch/visualize_attention.py` load their encoder here.
 """
 
 from __future__ import annotations

@@ -4,7 +4,13 @@
     folder/params/             an Orbax checkpoint of the parameter tree
 
 This is what `launch/convert.py` writes from a Hugging Face checkpoint and what
-evaluation and fine-tuning restore parameters from.
+evaluation and fine-tuning restore parameters from. `save_pretrained` writes a
+model config (`BertConfig` or `TransformerConfig`) and its parameter pytree
+(boxed or not) to a new folder; `load_pretrained` returns them, the parameters
+as a nested dict of arrays. `checkpoint_path` resolves `config.init_from`:
+a path as it is, or for `package:NAME` the checkpoint folder that a Python
+backbone package ships (`BACKBONE_PACKAGES`, or the entry point group
+`bert_jax.backbones`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,14 @@
-"""What the project's tfds builders over local files share: a base class
-(`LocalFilesBuilder`) whose configs are made at run time, named by a
-fingerprint of their files and parameters."""
+"""The base class of the project's tfds builders over local files
+(`parallel_text.ParallelText`, `bert_pretraining.BertPretraining`).
+
+A tfds builder declares its configs when its class is defined; these builders
+cannot, since a config depends on the files the user names. `LocalFilesBuilder`
+lets a subclass make its configs at run time instead: the subclass names each
+config by a fingerprint of its files and parameters and makes it once through
+`intern(name, make)`, which keeps it in the subclass's `CONFIGS`.
+`get_builder_config` looks there too, so `tfds.builder("name/config")` finds a
+config made earlier in the same process.
+"""
 
 from __future__ import annotations
 

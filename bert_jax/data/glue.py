@@ -2,9 +2,16 @@
 
     dev = read_split("../shared/data/glue", "sst2", "validation")  # task dir or GLUE root
 
+`read_split` returns the split's examples in file order, each a dict
+`{"text_a": str, "text_b": str ("" for a single sentence), "label", "line"}`:
+the label is an int index into the task's `labels` (a float for regression),
+`line` the 1-based line of the file. `GLUE_TASKS` describes each task (its
+columns, labels, metrics and files). The fine-tuning task
+(`bert_jax.tasks.finetune`) reads its GLUE data here and tokenizes it.
+
 The files are small (MNLI's 393k pairs read in seconds): no dataset build.
 The tfds catalog's examples (`load_source("glue/sst2", "validation")`) map to
-the same through `from_catalog`.
+the same dicts, without `line`, through `from_catalog`.
 
 TSV: UTF-8, one example a line, split at tabs only (GLUE sentences hold `"`,
 kept as text); text fields and labels are stripped. Files with a header row

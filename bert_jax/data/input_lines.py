@@ -1,13 +1,17 @@
-"""Screening the lines a user feeds a command-line tool (e.g. launch/translate.py).
+"""The screening of the lines a user feeds a command-line tool (e.g.
+launch/translate.py) before any of them is processed.
 
     kept = screen_lines(lines, task.source_problems, on_error="warn", name="in.txt")
 
-`problems_of(line)` lists what is wrong with a line (quoting it `shorten`ed);
-bytes that are not UTF-8 (read with errors="surrogateescape") are a problem too.
-`on_error`: `fail` reports them all (up to MAX_REPORTED, each as `name:line: what`)
-as one `DataError` whose `path` is `name`, processing nothing;
-`skip` warns and makes the line None (its output line empty, so output line i
-still answers input line i); `warn` warns and processes the line as it is.
+`screen_lines` takes the lines and a callback `problems_of(line)`, the task's
+list of what is wrong with a line (quoting it `shorten`ed); bytes that are not
+UTF-8 (read with errors="surrogateescape") are a problem too. It returns one
+entry per input line, the line without its newline or None. `on_error` says
+what a bad line does: `fail` reports every bad line (up to MAX_REPORTED, each
+as `name:line: what`) in one `DataError` whose `path` is `name`, processing
+nothing; `skip` warns and makes the line None (its output line is empty, so
+output line i still answers input line i); `warn` warns and keeps the line
+as it is, to be processed.
 """
 
 from __future__ import annotations

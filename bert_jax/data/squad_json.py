@@ -1,9 +1,13 @@
-"""SQuAD v1.1 questions by split: a JSON file split by articles, or the tfds catalog.
+"""The SQuAD v1.1 questions of a split, read from a JSON file split by articles
+or from the tfds catalog, for the SQuAD data of the fine-tuning task
+(`bert_jax.tasks.finetune`).
 
     examples = read_split("../shared/data/squad_v1.1/dev-v1.1.json", "38:")  # QAExample
 
-A split is a range of the file's articles (its `data` list) written as a
-Python slice, `START:STOP` (`":"`: all). The tfds catalog's splits
+`read_split` returns a list of `squad_windows.QAExample`s (question, context,
+answers and their character offsets), one per question, in file order. A
+split is a range of the file's articles (its `data` list) written as a Python
+slice, `START:STOP` (`":"`: all). The tfds catalog's splits
 (`load_source(CATALOG, "train")`) become `QAExample`s through `from_features`.
 """
 

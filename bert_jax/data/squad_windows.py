@@ -1,4 +1,14 @@
-"""SQuAD v1.1 span question answering for BERT: examples, windows, answers.
+"""SQuAD v1.1 span question answering for BERT: the questions of a file, the
+windows of context the model reads, and the answers read back from its logits.
+
+`read_squad` gives one `QAExample` per question; `windows_for` cuts them into
+model inputs, a list of dicts of numpy arrays, one per window, unpadded
+(`input_ids` and `token_type_ids` `[n]` int32, `n <= max_seq_length`, the
+target `start_position`/`end_position` as int32 scalars, and what maps the
+window back to its question's text: see `make_windows`). `predict_answers`
+takes the model's start and end logits, `[n_windows, padded_length]` each,
+and returns `{question id: answer text}`. `bert_jax.tasks.finetune` runs
+these for its SQuAD task.
 
     examples = read_squad("dev-v1.1.json", slice(0, 38))      # one QAExample a question
     windows = windows_for(examples, vocab, WindowConfig())     # model inputs, unpadded

@@ -1,11 +1,18 @@
-"""Built-in documents for BERT pretraining: the default experiment runs anywhere.
+"""Built-in documents for BERT pretraining, so that the default experiment runs
+anywhere without a corpus.
 
-Sentences of `synthetic_translation`'s source language grouped into documents
-with a *topic*: each document draws `TOPIC_NOUNS` nouns that replace every noun
-of its sentences (number kept). So a masked word is predictable from its
+The documents are sentences of `synthetic_translation`'s source language
+grouped by *topic*: each document draws `TOPIC_NOUNS` nouns that replace every
+noun of its sentences (number kept). So a masked word is predictable from its
 sentence (grammar) and its document (topic), and a true next segment shares
 nouns with the first while a random one rarely does: both pretraining tasks
 have something to learn.
+
+`documents(n, seed)` returns `n` documents, each a list of 2 to 12 sentences
+(strings of space-separated words); `write_corpus` writes them as a text file
+in the format of google-research/bert's corpora (one sentence per line, a
+blank line between documents), from which `bert_jax.tasks.bert_pretraining`
+builds its pretraining data when `config.data.synthetic_documents` is set.
 """
 
 from __future__ import annotations

@@ -1,6 +1,13 @@
-"""Reading the project's local text files (GLUE TSVs, CoNLL files, parallel text,
-pretraining corpora): UTF-8, line by line, with byte offsets and 1-based line numbers
-so that a reader's `DataError` can name `file:line[:column]`."""
+"""The reading of the project's local text files, shared by the readers of GLUE
+TSVs (`glue`), CoNLL files (`conllu`), parallel text (`parallel_text`) and
+pretraining corpora (`pretraining_data`).
+
+`utf8_lines` reads a file as UTF-8, line by line, and yields each line with its
+byte offset and its 1-based line number, so that a reader can resume from an
+offset (a pretraining shard) and its `DataError` can name `file:line[:column]`
+(`char_column` gives the column of a tab-separated field). `as_text` turns a
+tfds text feature (bytes, or a 0-d array of bytes) into a `str`.
+"""
 
 from __future__ import annotations
 

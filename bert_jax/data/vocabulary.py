@@ -1,10 +1,14 @@
-"""SentencePiece subword vocabularies (joint source + target for translation).
+"""SentencePiece subword vocabularies of the translation task (one joint
+vocabulary for source and target).
 
-Ids: 0 pad, 1 BOS, 2 EOS, 3 unknown, as the Transformer's; `encode` adds no
-BOS/EOS (the input pipeline appends EOS). Trained on the training split the
-first time a workdir is used and saved there, so ids never change under a
-checkpoint: once the workdir holds checkpoints, a missing or damaged vocabulary
-file is an error naming it, never trained again.
+A `Vocabulary` maps text to a list of int ids (`encode`) and ids back to text
+(`decode`, which stops at the first EOS). Ids: 0 pad, 1 BOS, 2 EOS, 3
+unknown, as the Transformer's; `encode` adds no BOS/EOS (the input pipeline
+appends EOS). `load_or_train` trains the vocabulary on the training split the
+first time a workdir is used and saves it there (`WORKDIR/vocab/`), so ids
+never change under a checkpoint: once the workdir holds checkpoints, a missing
+or damaged vocabulary file is an error naming it, never trained again.
+`bert_jax.tasks.translation` calls it; BERT's vocabulary is `wordpiece`.
 """
 
 from __future__ import annotations

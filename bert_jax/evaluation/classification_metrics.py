@@ -1,11 +1,16 @@
 """Metrics for fine-tuning: GLUE classification and regression, token tagging.
 
-Plain numpy on host arrays, checked against the references the field reports
-with: accuracy, binary F1 (MRPC, QQP), Matthews correlation (CoLA; sklearn's
-multi-class definition), Pearson and Spearman (STS-B; `scipy.stats`); tagging
-accuracy over labelled positions (`ignore`, -100 as Hugging Face) and entity
-F1 of BIO tags (`seqeval`, read as conlleval does). Scores are fractions, not
-percentages. Mismatched or empty inputs raise a ValueError naming them.
+The metrics are plain numpy on host arrays, checked against the references
+the field reports with: accuracy, binary F1 (MRPC, QQP), Matthews correlation
+(CoLA; sklearn's multi-class definition), Pearson and Spearman (STS-B;
+`scipy.stats`); tagging accuracy over labelled positions (`ignore`, -100 as
+Hugging Face) and entity F1 of BIO tags (`seqeval`, read as conlleval does).
+The classification and regression metrics take predictions and labels of the
+same shape, one class id or score per example (`[examples]`; other equal
+shapes are flattened); `entity_f1` takes lists of tag sequences
+`[sentences][tokens]`. Scores are fractions, not percentages (the evaluators
+of `evaluators` and the probe of `bert_jax.analysis.features` call these).
+Mismatched or empty inputs raise a ValueError naming them.
 """
 
 from __future__ import annotations

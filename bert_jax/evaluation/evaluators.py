@@ -1,12 +1,16 @@
-"""Evaluators by name, as big_vision's: `config.evals` lists what each
-evaluation runs (empty: `Task.default_evals`), e.g.
+"""The evaluators, registered by name as big_vision's are: `config.evals` lists
+the ones an evaluation runs, with their options (empty: `Task.default_evals`),
+e.g.
 
     config.evals = {"loss": {}, "classification": {"metrics": ("accuracy", "f1")}}
 
-All read the one pass of `training.evaluation` over the split: the summed
-evaluation sums and the task's decoded predictions of the whole split;
-generation evaluators (`bleu`) run the task's decoder instead. Each returns
-metrics and files (relative path -> JSON content) the loop writes. To add one:
+All of them read the one pass of `bert_jax.training.evaluation` over the
+split, given as a `Context`: the evaluation sums of the whole split (float
+scalars, with a `weight`) and the task's decoded predictions of the whole
+split (a dict of per-example lists, e.g. `index`, `predicted`, `labels`);
+generation evaluators (`bleu`) run the task's decoder instead. Each returns a
+`Result`: metrics (name -> float; percentages for the task metrics) and files
+(relative path -> JSON content) that the evaluation writes. To add one, put
 `@register("name")` on `name(context, **options) -> Result`.
 """
 
@@ -39,6 +43,8 @@ class Context:
 
 @dataclasses.dataclass
 class Result:
+    """What an evaluator returns: metrics (name -> float) and the files to
+    write (relative path -> JSON content)."""
     metrics: dict[str, float]
     files: dict[str, Any] = dataclasses.field(default_factory=dict)
 

@@ -1,5 +1,9 @@
-"""Translation metrics: sacreBLEU (cased, 13a tokenization) and chrF on
-detokenized text."""
+"""The translation metrics: `bleu_and_chrf(hypotheses, references)` takes two
+equally long lists of detokenized sentences (one reference per hypothesis) and
+returns corpus sacreBLEU (cased, 13a tokenization) and chrF, on sacreBLEU's
+0-100 scale. The `bleu` evaluator (`evaluators`) calls it on the translation
+task's beam-search translations.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """Scaled dot-product attention and multi-head attention.
 
+`MultiHeadAttention` maps queries `[batch, q_len, embed]` and keys/values
+`[batch, kv_len, embed]` to `[batch, q_len, embed]`; `layers` builds the self-
+and cross-attention of every encoder and decoder layer from it.
+
 Conventions:
   * a mask is an `AttentionMask` or a dense boolean array (masks.py);
   * projected queries/keys/values are `[batch, length, heads, head_dim]`;

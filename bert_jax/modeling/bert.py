@@ -3,7 +3,18 @@
 Inputs follow Hugging Face's names: `input_ids`, `attention_mask` (1 for real
 tokens, 0 for padding; all ones when omitted), `token_type_ids` (segment A/B,
 zeros when omitted), `position_ids` (0..length-1 when omitted), each
-`[batch, length]`.
+`[batch, length]` int.
+
+Outputs: `BertModel` returns a `BertOutput`: `sequence_output`
+`[batch, length, hidden]`, `pooled_output` `[batch, hidden]` (the pooler on
+`[CLS]`) and, on request, every hidden state. The task models return float32
+logits: `BertForPreTraining` a `PreTrainingOutput` (masked LM
+`[batch, predictions, vocab]` at `masked_positions`, next sentence
+`[batch, 2]`), `BertForSequenceClassification` `[batch, num_labels]`,
+`BertForTokenClassification` `[batch, length, num_labels]` and
+`BertForQuestionAnswering` start and end logits `[batch, length]` each. The
+tasks `bert_jax.tasks.bert_pretraining` and `bert_jax.tasks.finetune` train
+them; `bert_jax.analysis` reads `BertModel`.
 
 Parameter tree (what `bert_jax.convert.hf_bert` maps to and from):
   bert/embeddings/{word_embeddings, position_embeddings, token_type_embeddings, norm}

@@ -1,4 +1,12 @@
-"""Token, segment and position embeddings.
+"""The embedding layers: token (and segment) tables and position embeddings.
+
+`token_embedding` makes an `nn.Embed` table `[vocab, embed]` that maps int ids
+`[batch, length]` to `[batch, length, embed]` in the compute dtype, and whose
+`.attend(x)` gives logits `[..., vocab]` against the same table (the tied
+output of BERT's masked LM and of the Transformer). BERT uses it for the word
+and token-type (segment) tables (`bert.BertEmbeddings`), the Transformer for
+its source and target tables. `PositionEmbedding` maps int positions
+`[batch, length]` to `[batch, length, embed]`.
 
 Position embeddings are either learned (a `[max_len, embed]` table, BERT) or the
 fixed sinusoidal table of Vaswani et al. 2017, section 3.5:

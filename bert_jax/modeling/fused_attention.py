@@ -1,5 +1,10 @@
 """Fused attention kernels behind one name per kernel, chosen per platform.
 
+`MultiHeadAttention` (attention.py) calls `attend` when `config.attention_impl`
+is not 'einsum': queries `[batch, q_len, heads, head_dim]` and keys and values
+`[batch, kv_len, heads, head_dim]` go in, the attended values
+`[batch, q_len, heads, head_dim]` come out, in the inputs' dtype.
+
 `config.attention_impl` says which computation runs:
   einsum  explicit scores and probabilities (dropout, attention maps); any mask.
   xla     `jax.nn.dot_product_attention(implementation='xla')`: XLA's own

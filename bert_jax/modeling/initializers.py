@@ -1,4 +1,15 @@
-"""Parameter initializers, annotated with logical axis names for sharding."""
+"""The parameter initializers of the models, annotated with logical axis names.
+
+`kernel_init` and `embedding_init` pick the initializer `config.initializer`
+names: 'truncated_normal' (BERT's, standard deviation `initializer_range`),
+'normal', or 'xavier_uniform' (the Transformer's, whose embedding tables are
+then drawn from a normal of standard deviation hidden_size^-1/2).
+`partitioned` wraps an initializer so that the parameter it makes carries one
+logical axis name per dimension (e.g. an attention query kernel
+`[embed, heads, kv]`); `bert_jax.training.sharding` maps those names to mesh
+axes (`RULES`). `embeddings`, `layers`, `attention` and `bert` make every
+parameter through these.
+"""
 
 from __future__ import annotations
 

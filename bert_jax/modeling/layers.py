@@ -1,4 +1,16 @@
-"""Feed-forward, residual sublayers, encoder and decoder layers and stacks.
+"""The layers both models are built of: feed-forward, residual sublayers,
+encoder and decoder layers, and the stacks of them.
+
+Every layer maps activations `[batch, length, embed]` in the compute dtype to
+the same shape. `EncoderStack` (BERT's encoder and the Transformer's) takes
+the embedded inputs and a mask (an `AttentionMask`, or a dense bool
+`[batch, 1, length, length]`) and returns the last layer's output, and with
+`output_hidden_states` the embeddings and every layer's output as well
+(`num_layers + 1` arrays). `DecoderStack` also takes the encoder's output
+`[batch, src_len, embed]`. Optional `head_mask` `[layers, heads]` multipliers
+and a `layer_mask` `[layers]` of bools (False: that layer is the identity)
+serve the ablations (`bert_jax.analysis.ablation`). `batch_sharded` keeps
+activations split along the batch over the mesh in context.
 
 Residual placement (`config.norm_position`):
   post (Transformer, BERT):  x = LayerNorm(x + Dropout(Sublayer(x)))
@@ -74,6 +86,8 @@ def dense(config: StackConfig, features: int, axes: tuple[str, str],
 
 
 def attention(config: StackConfig, name: str, decode: bool = False) -> MultiHeadAttention:
+    """The `MultiHeadAttention` of a layer, configured from `config`; `decode`:
+    keep a key/value cache (decoder self-attention during search)."""
     return MultiHeadAttention(
         num_heads=config.num_heads, head_dim=config.head_dim,
         out_features=config.hidden_size, dropout_rate=config.attention_dropout_rate,

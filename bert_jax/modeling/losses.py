@@ -1,4 +1,18 @@
-"""Weighted cross-entropy returning sums, so padding never counts."""
+"""The losses of the tasks, as weighted sums so that padding never counts.
+
+`cross_entropy_sums` and `bert_pretraining_sums` return dicts of float32
+scalars summed over the batch (the loss, the unsmoothed negative
+log-likelihood, the argmax hits and the weight sum) rather than means. The
+train step (`bert_jax.training.train_step`) sums them over the whole batch and
+every micro-batch and divides by the total weight only at the end
+(`sums_to_means`), so a padding position, of weight 0, changes nothing and
+gradient accumulation equals one large batch.
+
+`cross_entropy_sums` takes logits `[..., classes]`, int labels `[...]` and
+weights `[...]` (the translation and fine-tuning tasks); `bert_pretraining_sums`
+combines the masked-LM (`[batch, predictions, vocab]`) and next-sentence
+(`[batch, 2]`) losses of BERT pretraining.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,10 @@
 the batch is split over every mesh axis except "tensor" (a leading "dcn"-style
 axis included), the heads over "tensor" when it divides the head count (else
 replicated), and the multi-head kernel is vmapped over the local examples.
+It takes the model's layout, queries `[batch, q_len, heads, head_dim]`, keys
+and values `[batch, kv_len, heads, head_dim]` and int segment ids
+`[batch, q_len]` and `[batch, kv_len]`, and returns `[batch, q_len, heads,
+head_dim]`; `fused_attention.attend` calls it for `attention_impl='splash'`.
 
 Constraints of the installed kernel (jax 0.10.2), checked by the tests:
 

@@ -1,10 +1,14 @@
 """The encoder-decoder Transformer (Vaswani et al. 2017) for translation.
 
-Training calls `model.apply(params, inputs, targets)`: the decoder input is the
-targets shifted right with `bos_id` (per segment when sequences are packed).
+Training calls `model.apply(params, inputs, targets)` with int token ids
+`inputs` `[batch, src_len]` and `targets` `[batch, tgt_len]` and gets float32
+next-token logits `[batch, tgt_len, target_vocab]` (teacher forcing): the
+decoder input is the targets shifted right with `bos_id` (per segment when
+sequences are packed, which `*_segmentation` and `*_positions` `[batch, len]`
+describe). `bert_jax.tasks.translation` trains it.
 Search calls `encode` once and then `decode` one position at a time with a
 model built with `incremental=True`, whose self-attention keeps a key/value
-cache:
+cache (`bert_jax.evaluation.decoding` runs the search):
 
     model = Transformer(config, incremental=True)
     cache = model.init(rng, inputs, targets_of_max_length)["cache"]

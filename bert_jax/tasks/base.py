@@ -1,8 +1,16 @@
-"""The Task interface: what an experiment family gives the one train loop.
+"""The Task interface: what an experiment family gives the one train loop, and
+the registry that builds a task from `config.task` (`build_task`).
 
-The loop (`bert_jax.training.trainer`) never looks inside batches: it asks the
-task for per-process iterators of numpy batches, a loss returning sums, and
-evaluation sums, and divides sums by weights itself so padding never counts.
+The loop (`bert_jax.training.trainer`) never looks inside batches. It asks the
+task for per-process iterators of batches (`train_iterator`, `eval_batches`:
+dicts of numpy arrays with a leading row axis, `[local_batch, ...]`), for the
+model's initial variables (`init_variables`, a pytree), for a loss returning
+sums (`loss_fn(params, batch, rng) -> (loss_sum, weight_sum, other sums)`),
+and for evaluation outputs (`predict`: the sums, and per-row predictions that
+`decode_predictions` maps back to examples for the evaluators). The loop
+divides sums by weights itself, so padding never counts. A subclass sets
+`model_config` and `model` and registers itself with `@register("name")`;
+`translation`, `bert_pretraining` and `finetune` are the project's.
 """
 
 from __future__ import annotations

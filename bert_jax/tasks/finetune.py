@@ -30,6 +30,14 @@ by every size is `data.vocab_file`).
 Length bucketing (`data.length_buckets`): a batch is cut to the smallest bucket
 holding its longest row (one compiled step per bucket); off with several
 processes (each sees only its rows).
+
+Batches are dicts of numpy arrays: `input_ids` and `token_type_ids` int32
+`[batch, length]` (`length` is `data.max_seq_length`, or the bucket), `row`
+int32 `[batch]` (the row's index in its split, through which predictions map
+back to examples), and the targets: GLUE `label` `[batch]` (int32 classes,
+float32 for regression); tagging `labels` int32 `[batch, length]` (the tag id
++ 1 on a word's first sub-token, 0 on the positions not scored); SQuAD
+`start_positions` and `end_positions` int32 `[batch]`.
 """
 
 from __future__ import annotations
@@ -245,6 +253,9 @@ class FinetuneTask(Task):
 
 @register("glue")
 class GlueTask(FinetuneTask):
+    """A GLUE task (`data.glue_task`): `[CLS] A [SEP] (B [SEP])` rows with a
+    `label` each (an int32 class, or a float32 score for regression, trained
+    with the squared error)."""
 
     def __init__(self, config, workdir):
         self.spec = glue.get_task(config.data.glue_task)

@@ -1,1 +1,27 @@
-"""Training machinery: mesh and sharding rules, optimizer, train state and step."""
+"""The training machinery: everything between a task (`bert_jax.tasks`) and the
+files of a run.
+
+`trainer.train_and_evaluate(config, workdir)` is the one train loop: it builds
+the task, shards its parameters (a pytree) over a device mesh, runs the jitted
+train step on the task's batches (dicts of `[batch, ...]` arrays), evaluates,
+and writes checkpoints and metrics to the workdir.
+
+  trainer          the train loop (`launch/train.py`)
+  train_step       the sharded train state and the one jit-compiled train step
+  sharding         the device mesh and the logical-axis sharding rules
+  optimizer        AdamW or LAMB, learning-rate schedules, clipping
+  evaluation       the evaluators over one pass of the evaluation split, during
+                   training or from a workdir's checkpoint (`launch/evaluate.py`)
+  checkpoints      Orbax checkpoints: async saves, exact resume, params-only restore
+  averaging        the average of a run's last checkpoints
+  workdir          the workdir's files, readable without JAX, and its lock
+  validation       the checks of a config before anything is built
+  preemption       SIGTERM and Ctrl-C turned into one checkpoint step
+  distributed      multi-host start-up (`jax.distributed`)
+  metrics          the metric writers (JSON lines, TensorBoard), MFU
+  profiling        a `jax.profiler` trace of chosen steps
+  aot, topologies  ahead-of-time compilation for accelerators that are not here
+                   (`launch/compile.py`), and their chips and links
+  hlo, hlo_cost    the reading and costing of a compiled program's text
+  step_bound       the roofline bound on a step's time
+"""

@@ -1,8 +1,22 @@
-"""Evaluation: the evaluators of `config.evals` over one pass of the
-evaluation split, during training or from a workdir's checkpoint.
+"""The evaluation of a model: the evaluators of `config.evals` over one pass of
+the evaluation split, during training or from a workdir's checkpoint.
 
-From a workdir, the experiment is its `config.json`; only what evaluation may
-change can be overridden (`EVALUATION_OVERRIDES`, `Task.evaluation_overrides`).
+`make_evaluator(task, mesh)` returns `evaluate(params, step)`, which the
+trainer calls every `train.eval_every` steps. Each process reads its rows of
+every global batch (`Task.eval_batches`); the jitted `Task.predict` returns
+the batch's evaluation sums (float32 scalars, with a `weight`) and, for tasks
+scored on the whole split's predictions, per-row outputs `[batch, ...]`
+gathered on the host (only the rows marked `real`, keyed by `row`). The task
+decodes those rows once (`decode_predictions`), and the evaluators
+(`bert_jax.evaluation.evaluators`) turn the sums and predictions into the
+metrics `{"eval/<name>": float}` and files (e.g. predictions, samples).
+
+From a workdir (`launch/evaluate.py`, `translate.py`, `ablate.py`,
+`bert_jax.analysis.encoders`): `evaluation_config` gives the experiment, the
+workdir's `config.json`, where only what evaluation may change can be
+overridden (`EVALUATION_OVERRIDES`, `Task.evaluation_overrides`);
+`restore_for_inference` restores a checkpoint's parameters, which must match
+the model exactly, and `evaluate_checkpoint` evaluates them.
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ TRAINING_ONLY = ("train.", "optimizer.", "seed", "peak_flops")
 
 
 def jit_predict(task: Task, mesh) -> Callable:
+    """`task.predict` jitted, its outputs replicated on every device."""
     return jax.jit(task.predict, out_shardings=replicated(mesh))
 
 
@@ -133,6 +148,8 @@ def _matches(key: str, patterns: tuple[str, ...]) -> bool:
 
 
 def saved_config(workdir: str) -> ml_collections.ConfigDict:
+    """The config a workdir's run was trained with (its `config.json`, JSON
+    arrays back as tuples), checked against the task's model config."""
     path = os.path.join(os.path.abspath(workdir), CONFIG_FILE)
     if not os.path.isfile(path):
         raise CheckpointError(f"--workdir={workdir} holds no {CONFIG_FILE}: it is not the "
@@ -189,6 +206,8 @@ def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None 
 
 
 def abstract_params(config: ml_collections.ConfigDict, workdir: str):
+    """(task, mesh, abstract params): the task built from `config`, its mesh, and
+    the shapes, dtypes and shardings of its parameter pytree, for a restore."""
     task = build_task(config, workdir)
     mesh = mesh_from_config(config.mesh)
     state, _ = abstract_train_state(task.init_variables, task.model.apply,

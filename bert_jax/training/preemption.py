@@ -1,5 +1,16 @@
-"""Preemption notices (SIGTERM) and Ctrl-C (SIGINT) turned into one checkpoint step
-that every process agrees on, without a cross-host collective at every training step."""
+"""The trainer's handling of preemption notices (SIGTERM) and Ctrl-C (SIGINT):
+each becomes one step, the same on every process, at which all processes save
+a checkpoint and stop, without a cross-host collective at every training step.
+
+`PreemptionWatcher` installs the signal handlers; the trainer
+(`bert_jax.training.trainer`) calls `requested(step)` after every step and
+saves and stops when it returns True, and `close()` at the end, which restores
+the previous handlers. How the processes agree depends on how they run
+(`choose_mechanism`, described in the class docstring): JAX's preemption sync
+manager under `jax.distributed`, a local flag for one process, else a flag
+all-gathered every `check_every` steps ($BERT_JAX_PREEMPTION_CHECK_EVERY,
+default 10).
+"""
 
 from __future__ import annotations
 
@@ -33,6 +44,8 @@ def sync_manager_available() -> bool:
 
 
 def choose_mechanism() -> str:
+    """How notices reach every process: `SYNC_MANAGER` under `jax.distributed`,
+    `LOCAL_FLAG` for one process, else `PERIODIC_ALLGATHER`."""
     if sync_manager_available():
         return SYNC_MANAGER
     if jax.process_count() == 1:

@@ -1,4 +1,13 @@
-"""Device mesh and logical-axis sharding rules.
+"""The device mesh and the rules that place parameters and batches on it.
+
+`make_mesh` (`mesh_from_config`) builds the `(data, fsdp, tensor)` mesh of a
+run; `logical_shardings` gives a `NamedSharding` for every leaf of a parameter
+pytree from the logical axis names its initializers attached
+(`bert_jax.modeling.initializers`); `global_batch` makes one global `jax.Array`
+`[global_batch, ...]`, split over the batch axes, of each feature of the
+processes' local numpy batches `[local_batch, ...]`. The train step, the
+trainer, evaluation and ahead-of-time compilation place everything through
+these.
 
 Mesh axes: `data` (batch split, parameters replicated), `fsdp` (batch split,
 parameters sharded along `embed`), `tensor` (heads, MLP and vocabulary split,
@@ -46,6 +55,8 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 
 def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
+    """`shape` `(data, fsdp, tensor)` with its -1 replaced by the devices left,
+    checked to use exactly `num_devices`."""
     shape = tuple(int(s) for s in shape)
     if len(shape) != len(MESH_AXES):
         raise ConfigError(f"mesh shape {shape} must give sizes for {MESH_AXES}.")

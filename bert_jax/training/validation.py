@@ -1,6 +1,15 @@
-"""Checks of a training config that need no data or workdir, run before anything is
-written or built: a mistake costs a second, not a dataset build and a compile. Every
-problem is reported together, one line each, in one `ConfigError`."""
+"""The checks of a training config that need no data and no workdir, run by the
+trainer (`check_training_config`) before anything is written or built, so that
+a mistake costs a second, not a dataset build and a compile.
+
+They cover the step counts and the optimizer's values and names, the names of
+the evaluators, the files and folders the config names (`config.data.*path`,
+`*_file`, `*_files`, `init_from`; `check_files` alone serves
+launch/build_pretraining_data.py), the model config (built without data where
+the task can be), and the global batch against the processes, the
+gradient-accumulation steps and the mesh's data x fsdp devices. Every problem
+is reported together, one line each, in one `ConfigError`.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,16 @@
-"""The files of a training workdir, readable without JAX (the sweep runner
-reads them while its runs train): the resolved config, the metrics log (read by
-`read_metrics` alone), the checkpoint folders `checkpoints/<step>` and the lock of
-the run writing there (`WorkdirLock`)."""
+"""The files of a training workdir, and their readers, importable without JAX so
+that light tools can use them (the sweep runner reads a run's files while it
+trains).
+
+A workdir holds the resolved config the trainer writes (`config.json`), the
+metrics log (`metrics.jsonl`, one JSON object per line, `{"step": N,
+"train/loss": ..., ...}`), the checkpoint folders `checkpoints/<step>` and the
+lock of the run writing there (`train.lock`). Every reader of the metrics goes
+through `read_metrics`, which returns the records in file order and reports a
+damaged line instead of dropping it silently; `checkpoint_steps` lists the
+complete checkpoints; `WorkdirLock` keeps one writer per workdir (the trainer
+takes it).
+"""
 
 from __future__ import annotations
 

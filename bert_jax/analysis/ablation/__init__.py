@@ -17,10 +17,12 @@ probabilities (0 removes the head, see `bert_jax.modeling.attention`):
                             num_layers=config.num_layers)
     write_report(results, "ablation_report", metric_name="accuracy")
 
-One job a module: `masks` (head groups, their shapes, masks as the model's
-keyword arguments), `scores` (one head or layer removed, one head kept, head
-importance, iterative pruning, `run_ablations`), `report` (`write_report`:
-JSON, Markdown tables, heatmaps `[layers x heads]` and the pruning curve).
+Each module does one job: `masks` knows the head groups, their shapes and the
+masks as the model's keyword arguments; `scores` holds the algorithms (one
+head or layer removed, one head kept, head importance, iterative pruning,
+`run_ablations`); `report` writes the results (`write_report`: JSON, Markdown
+tables, heatmaps `[layers x heads]` and the pruning curve).
+`launch/ablate.py` runs them on a trained checkpoint.
 """
 
 from bert_jax.analysis.ablation.masks import (  # noqa: F401

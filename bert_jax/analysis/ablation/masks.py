@@ -1,5 +1,16 @@
-"""The head groups of a model and their masks (the layout: see the package
-docstring)."""
+"""The head groups of a model and their masks (the layout is described in the
+package docstring).
+
+A model's heads fall into groups, each with a `(layers, heads)` shape:
+`bert_shapes` gives BERT's one group, `{"head_mask": (layers, heads)}`, and
+`transformer_shapes` the translation Transformer's three, `encoder`,
+`decoder_self` and `cross`; `model_shapes` picks by the model config. A mask
+is a float32 array of its group's shape (`ones_masks`: every head kept);
+`model_kwargs` turns a dict of masks into the keyword arguments of the
+model's `__call__` (BERT's `head_mask`; the Transformer's
+`encoder_head_mask`, `decoder_self_head_mask`, `cross_head_mask`), which is
+how `launch/ablate.py` feeds them to the evaluation.
+"""
 
 from __future__ import annotations
 

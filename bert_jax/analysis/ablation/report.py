@@ -1,4 +1,11 @@
-"""The report of `run_ablations`' results (`write_report`)."""
+"""The report of the ablation results: `write_report(results, directory,
+metric_name=...)` writes the dict that `run_ablations` returns (or any subset
+of its keys) to `directory`: `results.json`, `report.md` (Markdown tables),
+an annotated heatmap `<analysis>_<group>.png` of every `[layers, heads]`
+score, `layer_ablation_<group>.png` of every `[layers]` score, and
+`pruning_curve.png` (the metric against the fraction of heads pruned). It
+returns file name -> path of every file written. `launch/ablate.py` calls it.
+"""
 
 from __future__ import annotations
 

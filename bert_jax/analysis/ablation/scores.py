@@ -1,6 +1,17 @@
-"""The ablation algorithms (Michel, Levy and Neubig 2019). The model is reached
-only through the caller's `metric_fn(masks)` and `loss_fn(masks)` (see the
-package docstring)."""
+"""The ablation algorithms of Michel, Levy and Neubig (2019). The model is reached
+only through the caller's `metric_fn(masks) -> float` and
+`loss_fn(masks) -> scalar` (see the package docstring), where `masks` maps
+each head group to a float32 `[layers, heads]` array.
+
+`single_head_ablation` (one head removed) and `keep_one_head` (one head of a
+layer kept) return group -> `[layers, heads]` of metrics or metric changes;
+`layer_ablation` (one layer skipped) returns group -> `[layers]`;
+`head_importance` returns group -> float64 `[layers, heads]` of `|dL/dmask|`
+(the paper's section 4.1); `iterative_pruning` removes the least important
+heads step by step and returns the pruning curve, a list of `PruningStep`s
+(section 4.2). `run_ablations` runs them all and returns the results dict that
+`report.write_report` writes.
+"""
 
 from __future__ import annotations
 

@@ -14,9 +14,10 @@ the project reads (UD UPOS tags, CoNLL-2003 NER tags scored by entity F1).
                        num_classes=17, strategy="sum_last_four", steps=300)
     result.accuracy, tag_scores(result.eval_predictions, eval_tags, tags)
 
-One job a module: `strategies` (the layer strategies, `combine_layers`),
-`extraction` (first-sub-token features of a frozen BERT, `FeatureExtractor`),
-`probe` (the linear probe, `fit_probe`, and its tagging scores).
+Each module does one job: `strategies` holds the layer strategies
+(`combine_layers`), `extraction` the first-sub-token features of a frozen
+BERT (`FeatureExtractor`), `probe` the linear probe (`fit_probe`) and its
+tagging scores. `launch/extract_features.py` runs the comparison.
 """
 
 from bert_jax.analysis.features.strategies import (  # noqa: F401

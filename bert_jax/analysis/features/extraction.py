@@ -1,5 +1,13 @@
-"""First-sub-token word features of a frozen BERT encoder: every hidden
-state, `[layers + 1, words, hidden]` a sentence.
+"""The word features of a frozen BERT encoder, taken at each word's first
+sub-token: for each sentence, every hidden state, float32
+`[layers + 1, words, hidden]` (the embeddings first, then each layer's output).
+
+`FeatureExtractor(config, params, vocab)` (or `.from_pretrained(folder)`)
+holds the encoder; `hidden_states(sentences)` takes pre-split sentences
+(lists of words) and returns one such array per sentence, `features` the same
+combined by a layer strategy (`[words, feature_dim]`), and
+`hidden_states_from_ids` every token's states of id sequences given as they
+are. The probe (`probe.fit_probe`) and `launch/extract_features.py` read them.
 
 Words and sub-words: features are per word of pre-split text (a tagging
 corpus's tokens). Each word is WordPiece-tokenized; the word takes the feature

@@ -1,5 +1,17 @@
 """A linear softmax probe on frozen word features, and its tagging scores
-(accuracy over words; entity F1 when the tags are BIO)."""
+(accuracy over words; entity F1 when the tags are BIO).
+
+`fit_probe` takes the training and evaluation features, the stacked hidden
+states of every word as float32 `[layers + 1, words, hidden]` (or a list of
+per-sentence `[layers + 1, n_i, hidden]` arrays, as
+`FeatureExtractor.hidden_states` returns them), and one int class id per word
+(`tag_ids` makes them from tags). It combines the states by a layer strategy
+(`strategies.combine_layers`), trains a linear classifier with Adam and
+returns a `ProbeResult`: the evaluation and training accuracies, the
+predicted class of every evaluation word (`[words]`), the trained parameters
+and the seconds taken. `tag_scores` scores those predictions against the gold
+tags. `launch/extract_features.py` runs it for every layer strategy.
+"""
 
 from __future__ import annotations
 

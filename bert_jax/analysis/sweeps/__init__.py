@@ -1,5 +1,6 @@
-"""Hyperparameter sweeps (docs/SWEEPS.md), one job a module, each importing
-only from those before it:
+"""Hyperparameter sweeps (docs/SWEEPS.md): the points of a sweep, the training
+of its runs and their results. Each module does one job and imports only from
+those before it:
 
     points   `sweep`/`product`/`zip` for a config's `get_sweep()`, the one-line
              `--sweep` spec (`parse_sweep`), applying a point to a config,
@@ -12,7 +13,8 @@ only from those before it:
              (results.csv, results.md), `plot` (heatmap, metric against
              parameters, training curves)
 
-`bert_jax.analysis.transfer` builds transfer studies on these (a sweep a task).
+`launch/sweep.py` runs a sweep; `bert_jax.analysis.transfer` builds transfer
+studies on these (one sweep per task).
 """
 
 from bert_jax.analysis.sweeps.points import (  # noqa: F401

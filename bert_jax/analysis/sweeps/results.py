@@ -1,5 +1,15 @@
-"""A sweep directory's results, whatever state it is in: one row per run
-(`collect`), the tables (results.csv, results.md) and the plots."""
+"""The results of a sweep directory, whatever state it is in (runs not started,
+running, interrupted, failed or done).
+
+`collect(directory)` reads every run's files (its overrides, `run.json`, the
+trainer's `metrics.jsonl` and `config.json`) into one row per run, a dict
+whose keys `collect` lists (status, steps, parameters, wall time, the last
+value of each metric, ...). `write_tables` writes the rows as results.csv and
+results.md and returns the Markdown table; `plot` draws a metric as a heatmap
+over two swept keys, against the parameter count, and as training curves.
+`launch/sweep.py` calls these after the runs, or on their own with
+`--report_only`.
+"""
 
 from __future__ import annotations
 
