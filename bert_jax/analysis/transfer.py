@@ -508,6 +508,7 @@ def plot_learning_curves(rows: Sequence[dict], path: str) -> str:
     a line a backbone (its mean over seeds, +-1 sample sd shaded; a point with
     an error bar when a backbone has one size). Writes and returns `path`."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     colours = {b: f"C{i}" for i, b in enumerate(dict.fromkeys(r["backbone"] for r in rows))}
@@ -537,6 +538,9 @@ def plot_learning_curves(rows: Sequence[dict], path: str) -> str:
                                 [m + s for m, s in zip(means, sds)], color=colour,
                                 alpha=0.2, linewidth=0)
         ax.set_xscale("log")
+        sizes = sorted({r["train_examples"] for r in mine})  # ticks at the study's sizes
+        ax.set_xticks(sizes, [f"{size:,}" for size in sizes])
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set(xlabel="labelled training examples", ylabel=mine[0]["metric"], title=task)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8, loc="best")
