@@ -40,10 +40,8 @@ Variants:
                    --config.init_from=P1 --workdir=P2
              Result: held-out MLM accuracy 0.321 and NSP accuracy 0.830 at sequence
              128, 84.1 minutes for both on a 2-core AMD EPYC with AVX2 only, shared
-             with test runs (docs/RESULTS.md, "Transfer"). AdamW, not LAMB, by
-             measurement: LAMB (lr 1e-2, then 5e-3) ties on held-out MLM, fine-tunes
-             worse (UPOS at 2,000 sentences: 66.7 against 71.1; STS-B 14.7 against
-             29.3) and its step is about 10% slower on this CPU.
+             with test runs (docs/RESULTS.md, "Transfer"). AdamW, not LAMB: chosen
+             by measurement there (LAMB ties on held-out MLM, fine-tunes worse).
   base_2018, large_2018
              the paper's recipe (Devlin et al. 2018, section A.2): batch 256,
              AdamW lr 1e-4, warmup 10k, 1M steps, sequence 128 (90% of the steps;
