@@ -6,7 +6,8 @@ r"""Evaluates a checkpoint of a workdir in a fresh process.
 The experiment is the one the workdir was trained with (`DIR/config.json`).
 Overrides may change only what evaluation may: the evaluation split, the data
 folder of extra test sets, the number of examples scored, decoding, the batch
-size, the mesh, the evaluators (`config.evals`); an override of the model, its
+size, the mesh, the evaluators (`config.evals`), BERT pretraining's held-out
+pairs or single segments (`data.next_sentence_prediction`); an override of the model, its
 vocabulary or its task is refused, naming the key. Restores the parameters of
 step N (default: the latest checkpoint; they must match the model exactly),
 prints `{"step": N, "eval/...": ...}` as one JSON line on stdout as soon as it

@@ -261,6 +261,12 @@ def test_two_phases_short_with_offsets_then_full_length(tmp_path):
     again = evaluation.evaluate_checkpoint(evaluation.evaluation_config(workdir), workdir)
     for key in ("eval/mlm_accuracy", "eval/mlm_nll", "eval/nsp_accuracy", "eval/nsp_nll"):
         assert again[key] == evaluations[-1][key], key
+    # Its masked LM scored on single segments instead of pairs: an evaluation override.
+    requested = evaluation.saved_config(workdir)
+    requested.data.next_sentence_prediction = False
+    single = evaluation.evaluate_checkpoint(evaluation.evaluation_config(workdir, requested),
+                                            workdir)
+    assert "eval/mlm_accuracy" in single and "eval/nsp_accuracy" not in single
     # The same restore for analyses: the encoder and the run's vocabulary.
     encoder = load_encoder(workdir)
     assert encoder.vocab.path.startswith(str(tmp_path / "p1"))   # the run's: phase 1's
@@ -320,6 +326,37 @@ def test_nsp_metrics_are_per_real_sequence():
     means = sums_to_means({k: v for k, v in sums.items() if k != "weight"}, sums["weight"])
     assert float(means["nsp_accuracy"]) == pytest.approx(0.5)   # the padding row is ignored
     assert float(means["mlm_nll"]) == pytest.approx(np.log(10), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_without_next_sentence_the_loss_is_the_masked_lm_one():
+    rng = np.random.default_rng(0)
+    mlm = jnp.asarray(rng.normal(size=(2, 4, 10)), jnp.float32)
+    batch = {"masked_lm_ids": jnp.asarray(rng.integers(0, 10, (2, 4)), jnp.int32),
+             "masked_lm_weights": jnp.ones((2, 4)),
+             "next_sentence_labels": jnp.array([0, 1], jnp.int32)}
+    pairs = bert_pretraining_sums(mlm, jnp.array([[3.0, 0.0], [3.0, 0.0]]), batch)
+    single = bert_pretraining_sums(mlm, jnp.full((2, 2), jnp.nan), batch, next_sentence=False)
+    assert set(single) == {"loss", "weight", "mlm_nll", "mlm_accuracy"}
+    assert float(single["loss"]) == pytest.approx(float(pairs["mlm_nll"]), rel=1e-6)
+    assert float(pairs["loss"]) > float(single["loss"]) + 1.0   # the NSP term: one wrong
+
+
+@pytest.mark.slow
+def test_task_without_next_sentence_builds_single_segments_and_drops_nsp(tmp_path):
+    config = experiment_config(tmp_path / "tfds", next_sentence_prediction=False)
+    task = build_task(config, str(tmp_path / "work"))
+    with_pairs = build_task(experiment_config(tmp_path / "tfds"), str(tmp_path / "pairs"))
+    names = [t.dataset_builder().builder_config.name for t in (task, with_pairs)]
+    assert names[0] != names[1]   # built apart
+    batch = next(iter(task.eval_batches(0, 1)))
+    real = batch["input_ids"] != 0
+    assert not batch["token_type_ids"].any() and not batch["next_sentence_labels"].any()
+    assert ((batch["input_ids"] == task.vocab.sep_id).sum(axis=1) == real.any(axis=1)).all()
+    params = initial_params(task)
+    assert not any(key.startswith("nsp") for key in task.predict(params, batch)["sums"])
+    loss, weight, metrics = task.loss_fn(params, batch, None)
+    assert float(loss / weight) == pytest.approx(float(metrics["mlm_nll"] / weight), rel=1e-6)
 
 
 def numbered_corpus(tmp_path, num_documents=30):

@@ -191,6 +191,32 @@ def test_instances_structure():
             assert start_b >= start_a + len(a)              # the actual next follows A
 
 
+def test_without_next_sentence_an_instance_is_one_contiguous_segment():
+    """`next_sentence=False` (RoBERTa's DOC-SENTENCES): `[CLS] text [SEP]`, all
+    segment 0, text a contiguous run of one document, never a random next; and
+    one document is enough."""
+    documents = _id_documents(30, seed=1)
+    flat = [[t for segment in document for t in segment] for document in documents]
+    where = {t: (d, i) for d, tokens in enumerate(flat) for i, t in enumerate(tokens)}
+    kwargs = dict(max_seq_length=48, short_seq_prob=0.1, seed=0, cls_id=CLS, sep_id=SEP,
+                  next_sentence=False)
+    instances = create_instances(documents, dupe_factor=3, **kwargs)
+    assert len(instances) > 100
+    for instance in instances:
+        tokens = instance.tokens
+        assert len(tokens) <= 48 and (tokens[0], tokens[-1]) == (CLS, SEP)
+        assert instance.segment_ids == [0] * len(tokens) and SEP not in tokens[1:-1]
+        document, start = where[tokens[1]]
+        assert tokens[1:-1] == flat[document][start:start + len(tokens) - 2]
+        assert not instance.is_random_next
+        assert instance.document == instance.next_document == document
+    # Chunks are cut where pairs are: the one pass of a document covers all of
+    # it but what truncation cut (a chunk's last segment may overrun the target).
+    single = create_instances(documents[:1], dupe_factor=1, **kwargs)
+    covered = {t for instance in single for t in instance.tokens[1:-1]}
+    assert covered <= set(flat[0]) and len(covered) > 0.8 * len(flat[0])
+
+
 def test_random_next_never_same_document():
     # With 2 documents, the original's 10 tries fail ~1/1024 of the time; here never.
     documents = _id_documents(2, seed=3, min_segments=40, max_segments=60)

@@ -6,8 +6,9 @@ per corpus and vocabulary by an Apache Beam pipeline (the algorithm is
 "docs.txt", "wiki.valid.raw:wikitext"], vocab_file="vocab.txt", ...), "train")`.
 
 Each example: `tokens` `[n <= max_seq_length]` int32 (`[CLS] A [SEP] B
-[SEP]`, unmasked), `segment_ids` `[n]` int32, `next_sentence_label` (1: B is
-from another document) and `index` (a 63-bit hash of the instance's file,
+[SEP]`, unmasked; `[CLS] text [SEP]` with `next_sentence_prediction=False`),
+`segment_ids` `[n]` int32, `next_sentence_label` (1: B is from another
+document; always 0 without pairs) and `index` (a 63-bit hash of the instance's file,
 shard and place: the key of static masking). Masking is the input pipeline's
 (`Masker`), from (seed, step) or, static, from (seed, index).
 
@@ -78,6 +79,7 @@ class BertPretrainingConfig(tfds.core.BuilderConfig):
     eval_documents: int = 0
     seed: int = 12345
     documents_per_shard: int = 10_000
+    next_sentence_prediction: bool = True   # False: single segments, no random next
 
 
 def parse_file_spec(spec: str) -> tuple[str, str]:
@@ -96,8 +98,8 @@ def parse_file_spec(spec: str) -> tuple[str, str]:
 def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool = True,
                        max_seq_length: int = 128, short_seq_prob: float = 0.1,
                        dupe_factor: int = 5, eval_documents: int = 0,
-                       seed: int = 12345, documents_per_shard: int = 10_000
-                       ) -> BertPretrainingConfig:
+                       seed: int = 12345, documents_per_shard: int = 10_000,
+                       next_sentence_prediction: bool = True) -> BertPretrainingConfig:
     """The validated, fingerprinted, interned config (see module docstring)."""
     if isinstance(files, str) or not files:
         raise ConfigError(f"bert_pretraining: files={files!r}; give a non-empty list of "
@@ -125,6 +127,8 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
         "eval_documents": eval_documents, "seed": seed,
         "documents_per_shard": documents_per_shard,
         "version": str(BertPretraining.VERSION)}
+    if not next_sentence_prediction:   # only then: the names of pair datasets stay as built
+        fingerprint["next_sentence_prediction"] = False
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     stem = re.sub(r"[^A-Za-z0-9]+", "_", os.path.basename(parsed[0][0]).split(".")[0])
     name = f"{stem.strip('_').lower() or 'corpus'}_{digest[:12]}"
@@ -133,7 +137,8 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
         files=parsed, vocab_file=os.path.realpath(vocab_file),
         lowercase=bool(lowercase), max_seq_length=max_seq_length,
         short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
-        eval_documents=eval_documents, seed=seed, documents_per_shard=documents_per_shard))
+        eval_documents=eval_documents, seed=seed, documents_per_shard=documents_per_shard,
+        next_sentence_prediction=bool(next_sentence_prediction)))
 
 
 def _derived_int(*parts) -> int:
@@ -202,7 +207,8 @@ def _create_instances(documents, cfg: BertPretrainingConfig, *, dupe_factor: int
     vocab = _vocabulary(cfg.vocab_file, cfg.lowercase)
     return pretraining_data.create_instances(
         documents, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
-        dupe_factor=dupe_factor, seed=seed, cls_id=vocab.cls_id, sep_id=vocab.sep_id)
+        dupe_factor=dupe_factor, seed=seed, cls_id=vocab.cls_id, sep_id=vocab.sep_id,
+        next_sentence=cfg.next_sentence_prediction)
 
 
 def _features() -> tfds.features.FeaturesDict:
@@ -255,12 +261,13 @@ def build_shard(shard: Shard, cfg: BertPretrainingConfig, held_out: list[tuple[i
             yield beam.pvalue.TaggedOutput("held_out", ((shard.file_index, position), segments))
         else:
             kept.append(segments)
-    paired = sum(bool(segments) for segments in kept) >= 2
+    paired = sum(bool(segments) for segments in kept) >= (
+        2 if cfg.next_sentence_prediction else 1)
     stats = {"train_documents": len(kept), "shards": 1,
              "unpaired_documents": 0 if paired else len(kept)}
     if not paired:
-        logging.warning("bert_pretraining: shard %d of %s has fewer than 2 documents left for "
-                        "training; skipped.", shard.index, path)
+        logging.warning("bert_pretraining: shard %d of %s has too few documents left for "
+                        "training (%d); skipped.", shard.index, path, len(kept))
         yield stats
         return
     seed = _derived_int(cfg.seed, os.path.basename(path), shard.index)

@@ -18,7 +18,11 @@ every step, as RoBERTa), e.g. `Masker(...)(tokens, masking_rng(seed, step, row))
    one-segment chunk) B is a *random next*, segments from a random point of
    another document, and the chunk's unused segments go back for the next
    chunk; otherwise B is the rest of the chunk. `truncate_seq_pair` then cuts
-   the longer side, front or back at random. `dupe_factor` passes, the
+   the longer side, front or back at random. Without next-sentence
+   prediction (`next_sentence=False`: RoBERTa's DOC-SENTENCES, Liu et al.
+   2019, arXiv 1907.11692, Table 2) a whole chunk is one segment,
+   `[CLS] text [SEP]`, cut from the front or back to fit, and never a random
+   next. `dupe_factor` passes, the
    instances shuffled; everything draws from one `random.Random(seed)`. The
    `bert_pretraining` builder runs this per shard of the corpus (as the
    original per input shard), so a random B comes from the same shard.
@@ -145,15 +149,17 @@ def _check_lengths(max_seq_length: int, short_seq_prob: float) -> None:
 def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int]]],
                                    document_index: int, *, max_seq_length: int,
                                    short_seq_prob: float, rng: random.Random,
-                                   cls_id: int, sep_id: int) -> list[Instance]:
-    """The NSP pairs of one document, the original's algorithm line for line.
+                                   cls_id: int, sep_id: int,
+                                   next_sentence: bool = True) -> list[Instance]:
+    """The NSP pairs of one document, the original's algorithm line for line;
+    with `next_sentence=False` its chunks as single segments instead.
 
-    `all_documents`: at least 2 (a random next needs another), each a list
-    of non-empty segments (token id lists). `rng`: the one generator of the
-    whole run. A and B of every pair are non-empty.
+    `all_documents`: at least 2 for pairs (a random next needs another), each
+    a list of non-empty segments (token id lists). `rng`: the one generator of
+    the whole run. A and B of every pair are non-empty.
     """
     _check_lengths(max_seq_length, short_seq_prob)
-    if len(all_documents) < 2:
+    if next_sentence and len(all_documents) < 2:
         raise ValueError(f"{len(all_documents)} document(s): a random next sentence needs "
                          "at least 2 documents")
     document = all_documents[document_index]
@@ -173,7 +179,16 @@ def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int
         segment = document[i]
         current_chunk.append(segment)
         current_length += len(segment)
-        if i == len(document) - 1 or current_length >= target_seq_length:
+        chunk_done = i == len(document) - 1 or current_length >= target_seq_length
+        if chunk_done and not next_sentence:
+            tokens = [t for segment in current_chunk for t in segment]
+            truncate_seq_pair(tokens, [], max_num_tokens + 1, rng)  # room for [CLS], [SEP]
+            instances.append(Instance(
+                tokens=[cls_id, *tokens, sep_id], segment_ids=[0] * (len(tokens) + 2),
+                is_random_next=False, document=document_index, next_document=document_index))
+            current_chunk = []
+            current_length = 0
+        elif chunk_done:
             # Segments [0, a_end) of the chunk are A.
             a_end = 1
             if len(current_chunk) >= 2:
@@ -212,11 +227,12 @@ def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int
 
 def create_instances(all_documents: Sequence[Sequence[Sequence[int]]], *, max_seq_length: int,
                      short_seq_prob: float, dupe_factor: int, seed: int, cls_id: int,
-                     sep_id: int) -> list[Instance]:
+                     sep_id: int, next_sentence: bool = True) -> list[Instance]:
     """All NSP pairs of a corpus, as the original's `create_training_instances`:
     empty segments and documents dropped, `dupe_factor` passes with one
     `random.Random(seed)`, then shuffled with it. `Instance.document` and
-    `next_document` index `all_documents` as given (empty ones included)."""
+    `next_document` index `all_documents` as given (empty ones included).
+    `next_sentence=False`: single segments (`create_instances_from_document`)."""
     _check_lengths(max_seq_length, short_seq_prob)
     if dupe_factor < 1:
         raise ValueError(f"dupe_factor={dupe_factor}: expected >= 1")
@@ -227,17 +243,18 @@ def create_instances(all_documents: Sequence[Sequence[Sequence[int]]], *, max_se
         if segments:
             kept_index.append(index)
             documents.append(segments)
-    if len(documents) < 2:
+    if len(documents) < (2 if next_sentence else 1):
         raise ValueError(f"{len(documents)} non-empty document(s) of {len(all_documents)}: "
-                         "next sentence prediction needs at least 2 (a random next comes "
-                         "from another document)")
+                         + ("next sentence prediction needs at least 2 (a random next "
+                            "comes from another document)" if next_sentence else "give text"))
     rng = random.Random(seed)
     instances: list[Instance] = []
     for _ in range(dupe_factor):
         for document_index in range(len(documents)):
             for instance in create_instances_from_document(
                     documents, document_index, max_seq_length=max_seq_length,
-                    short_seq_prob=short_seq_prob, rng=rng, cls_id=cls_id, sep_id=sep_id):
+                    short_seq_prob=short_seq_prob, rng=rng, cls_id=cls_id, sep_id=sep_id,
+                    next_sentence=next_sentence):
                 instances.append(dataclasses.replace(
                     instance, document=kept_index[instance.document],
                     next_document=kept_index[instance.next_document]))

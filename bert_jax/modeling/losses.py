@@ -61,10 +61,12 @@ def sums_to_means(sums: dict[str, jax.Array], weight: jax.Array) -> dict[str, ja
 
 def bert_pretraining_sums(mlm_logits: jax.Array, nsp_logits: jax.Array,
                           batch: dict[str, jax.Array],
-                          sequence_weights: jax.Array | None = None) -> dict[str, jax.Array]:
+                          sequence_weights: jax.Array | None = None,
+                          next_sentence: bool = True) -> dict[str, jax.Array]:
     """The BERT pretraining loss as sums: `loss / weight` is the mean masked-LM
     cross-entropy plus the mean next-sentence cross-entropy (google-research/bert
-    and Hugging Face `BertForPreTraining` alike).
+    and Hugging Face `BertForPreTraining` alike); the masked-LM one alone with
+    `next_sentence=False` (then `nsp_logits` and the labels are not read).
 
     Args:
       mlm_logits: `[batch, predictions, vocab]` at `batch['masked_lm_positions']`.
@@ -72,14 +74,19 @@ def bert_pretraining_sums(mlm_logits: jax.Array, nsp_logits: jax.Array,
       batch: `masked_lm_ids`, `masked_lm_weights` `[batch, predictions]` (weight
         0 for unused prediction slots) and `next_sentence_labels` `[batch]`.
       sequence_weights: `[batch]`, 0 for padding rows (all ones by default).
+      next_sentence: whether the next-sentence loss and metrics are in.
 
     Returns:
       loss and weight (the masked tokens); `mlm_nll`, `mlm_accuracy` (per
       masked token once divided by the weight); `nsp_nll`, `nsp_accuracy` and
-      their own `nsp_weight` (the sequences); see `sums_to_means`.
+      their own `nsp_weight` (the sequences), with `next_sentence`; see
+      `sums_to_means`.
     """
     mlm = cross_entropy_sums(mlm_logits, batch["masked_lm_ids"],
                              batch["masked_lm_weights"])
+    if not next_sentence:
+        return {"loss": mlm["loss"], "weight": mlm["weight"], "mlm_nll": mlm["nll"],
+                "mlm_accuracy": mlm["accuracy"]}
     labels = batch["next_sentence_labels"]
     if sequence_weights is None:
         sequence_weights = jnp.ones(labels.shape, jnp.float32)

@@ -32,6 +32,13 @@ Batches: `input_ids`, `token_type_ids` (and with offsets `position_ids`)
 `[batch]`. The MLM head runs only at the masked positions. Evaluation:
 `mlm_accuracy`, `mlm_nll`, `mlm_perplexity` per masked token; `nsp_accuracy`,
 `nsp_nll` per sequence.
+
+`data.next_sentence_prediction=False` drops NSP, data and loss (RoBERTa's
+DOC-SENTENCES, Liu et al. 2019, arXiv 1907.11692, Table 2): an instance is
+one segment of a document's consecutive lines, `[CLS] text [SEP]`, the loss
+the masked-LM one alone, and no `nsp_*` metric (the NSP head stays untrained).
+Evaluation may set it either way, to score a model's masked LM on the other
+kind of held-out instances (`launch/evaluate.py --config.data.next_sentence_prediction=...`).
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ class BertPretrainingTask(Task):
 
     model_config_class = BertConfig
     supports_abstract = True
-    evaluation_overrides = ("data.eval_examples",)
+    evaluation_overrides = ("data.eval_examples", "data.next_sentence_prediction")
     model_keywords = ("position_ids",)
 
     def __init__(self, config, workdir, abstract=False):
@@ -72,6 +79,7 @@ class BertPretrainingTask(Task):
         data = config.data
         self.max_length = data.max_seq_length
         self.max_predictions = data.max_predictions_per_seq
+        self.next_sentence = bool(data.get("next_sentence_prediction", True))
         train_prob = data.get("train_masked_lm_prob", 0.0)
         self.train_predictions = (max(self.max_predictions,
                                       math.ceil(train_prob * self.max_length))
@@ -132,6 +140,7 @@ class BertPretrainingTask(Task):
             max_seq_length=data.max_seq_length, short_seq_prob=data.short_seq_prob,
             dupe_factor=data.dupe_factor, eval_documents=data.eval_documents,
             seed=self.config.seed, documents_per_shard=data.documents_per_shard,
+            next_sentence_prediction=self.next_sentence,
             beam_options=data.beam_options, data_dir=data.data_dir or None)
 
     @cached_method
@@ -235,14 +244,16 @@ class BertPretrainingTask(Task):
 
     def loss_fn(self, params, batch, rng):
         out = self._outputs(params, batch, rng)
-        sums = bert_pretraining_sums(out.mlm_logits, out.nsp_logits, batch)
+        sums = bert_pretraining_sums(out.mlm_logits, out.nsp_logits, batch,
+                                     next_sentence=self.next_sentence)
         return sums.pop("loss"), sums.pop("weight"), sums
 
     def predict(self, params, batch, model_kwargs=None):
-        """Sums per masked token: mlm_*; per real sequence (`nsp_weight`): nsp_*."""
+        """Sums per masked token: mlm_*; with NSP, per real sequence (`nsp_weight`): nsp_*."""
         out = self._outputs(params, batch, model_kwargs=model_kwargs)
         sums = bert_pretraining_sums(out.mlm_logits, out.nsp_logits, batch,
-                                     sequence_weights=batch["input_ids"][:, 0] != 0)
+                                     sequence_weights=batch["input_ids"][:, 0] != 0,
+                                     next_sentence=self.next_sentence)
         del sums["loss"]
         return {"sums": sums}
 
