@@ -33,10 +33,8 @@ Batches: `input_ids`, `token_type_ids` (and with offsets `position_ids`)
 `mlm_accuracy`, `mlm_nll`, `mlm_perplexity` per masked token; `nsp_accuracy`,
 `nsp_nll` per sequence.
 
-`data.next_sentence_prediction=False` drops NSP, data and loss (RoBERTa's
-DOC-SENTENCES, Liu et al. 2019, arXiv 1907.11692, Table 2): an instance is
-one segment of a document's consecutive lines, `[CLS] text [SEP]`, the loss
-the masked-LM one alone, and no `nsp_*` metric (the NSP head stays untrained).
+`data.next_sentence_prediction=False` drops NSP: single segments (see
+`pretraining_data`), the masked-LM loss alone, no `nsp_*` metric.
 Evaluation may set it either way, to score a model's masked LM on the other
 kind of held-out instances (`launch/evaluate.py --config.data.next_sentence_prediction=...`).
 """
