@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bert_jax.analysis.encoders import load_encoder
+from bert_jax.auto_dtype import resolve_model_dtype
 from bert_jax.data import bert_pretraining, pretraining_data
 from bert_jax.data.bert_pretraining import BertPretraining
 from bert_jax.errors import ConfigError, DataError
@@ -267,6 +268,15 @@ def test_two_phases_short_with_offsets_then_full_length(tmp_path):
     single = evaluation.evaluate_checkpoint(evaluation.evaluation_config(workdir, requested),
                                             workdir)
     assert "eval/mlm_accuracy" in single and "eval/nsp_accuracy" not in single
+    # A workdir written before the key existed reads as pairs, takes the override,
+    # and resumes under the config that now names the key.
+    saved = json.load(open(tmp_path / "p2" / "config.json"))
+    del saved["data"]["next_sentence_prediction"]
+    json.dump(saved, open(tmp_path / "p2" / "config.json", "w"))
+    assert evaluation.saved_config(workdir).data.next_sentence_prediction is True
+    assert evaluation.evaluation_config(
+        workdir, requested).data.next_sentence_prediction is False
+    assert trainer.prepare_workdir(workdir, resolve_model_dtype(phase2)) == workdir
     # The same restore for analyses: the encoder and the run's vocabulary.
     encoder = load_encoder(workdir)
     assert encoder.vocab.path.startswith(str(tmp_path / "p1"))   # the run's: phase 1's

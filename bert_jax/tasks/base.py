@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import functools
 import os
+import types
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
@@ -84,6 +85,20 @@ def check_saved_config(saved: Mapping[str, Any], path: str) -> None:
         cls.model_config_class.check_saved(model, path)
 
 
+def fill_saved_defaults(saved: dict[str, Any]) -> dict[str, Any]:
+    """`saved` (a workdir's config.json, checked) with the keys its task gained
+    since it was written (`Task.saved_defaults`) added where it lacks them, in place."""
+    cls = task_class(saved["task"]) if isinstance(saved.get("task"), str) else None
+    for key, value in (cls.saved_defaults.items() if cls else ()):
+        *sections, name = key.split(".")
+        node = saved
+        for section in sections:   # a section that is no object: left to the task
+            node = node.setdefault(section, {}) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.setdefault(name, value)
+    return saved
+
+
 def cached_method(method: Callable) -> Callable:
     """Caches `method(self, arg)` per instance and argument; unlike
     `functools.cache`, the cache dies with its task."""
@@ -125,6 +140,10 @@ class Task(abc.ABC):
     # Config keys (or `section.` prefixes) of this task an evaluation of its
     # workdir may change, beyond `training.evaluation.EVALUATION_OVERRIDES`.
     evaluation_overrides: tuple[str, ...] = ()
+    # Config keys this task gained after workdirs were written, with the value
+    # that reproduces how those ran (`fill_saved_defaults`): an older workdir's
+    # config.json then takes their overrides in evaluation and resumes training.
+    saved_defaults: Mapping[str, Any] = types.MappingProxyType({})
     # Batch features the model takes by keyword when a batch has them.
     model_keywords: tuple[str, ...] = ()
 

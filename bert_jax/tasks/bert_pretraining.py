@@ -44,6 +44,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import types
 
 import jax
 import numpy as np
@@ -70,6 +71,7 @@ class BertPretrainingTask(Task):
     model_config_class = BertConfig
     supports_abstract = True
     evaluation_overrides = ("data.eval_examples", "data.next_sentence_prediction")
+    saved_defaults = types.MappingProxyType({"data.next_sentence_prediction": True})
     model_keywords = ("position_ids",)
 
     def __init__(self, config, workdir, abstract=False):
@@ -77,7 +79,8 @@ class BertPretrainingTask(Task):
         data = config.data
         self.max_length = data.max_seq_length
         self.max_predictions = data.max_predictions_per_seq
-        self.next_sentence = bool(data.get("next_sentence_prediction", True))
+        self.next_sentence = bool(data.get(
+            "next_sentence_prediction", self.saved_defaults["data.next_sentence_prediction"]))
         train_prob = data.get("train_masked_lm_prob", 0.0)
         self.train_predictions = (max(self.max_predictions,
                                       math.ceil(train_prob * self.max_length))

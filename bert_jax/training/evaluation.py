@@ -36,7 +36,7 @@ from bert_jax.errors import CheckpointError, ConfigError, UserError
 from bert_jax.evaluation import evaluators as evaluators_lib
 from bert_jax.file_io import read_json
 from bert_jax.tasks import Task, build_task
-from bert_jax.tasks.base import check_saved_config, task_class
+from bert_jax.tasks.base import check_saved_config, fill_saved_defaults, task_class
 from bert_jax.training.checkpoints import restore_params, vanished_step
 from bert_jax.training.sharding import global_batch, mesh_from_config, replicated
 from bert_jax.training.train_step import abstract_train_state
@@ -149,14 +149,15 @@ def _matches(key: str, patterns: tuple[str, ...]) -> bool:
 
 def saved_config(workdir: str) -> ml_collections.ConfigDict:
     """The config a workdir's run was trained with (its `config.json`, JSON
-    arrays back as tuples), checked against the task's model config."""
+    arrays back as tuples), checked against the task's model config, with the
+    keys its task gained since filled in (`Task.saved_defaults`)."""
     path = os.path.join(os.path.abspath(workdir), CONFIG_FILE)
     if not os.path.isfile(path):
         raise CheckpointError(f"--workdir={workdir} holds no {CONFIG_FILE}: it is not the "
                               "workdir of a training run (launch/train.py writes it).")
     saved = read_json(path, object_hook=_tuples)
     check_saved_config(saved, path)
-    return ml_collections.ConfigDict(saved)
+    return ml_collections.ConfigDict(fill_saved_defaults(saved))
 
 
 def _tuples(values: dict) -> dict:

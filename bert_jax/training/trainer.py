@@ -32,7 +32,7 @@ from bert_jax.data.concurrency import DevicePrefetch
 from bert_jax.errors import UserError
 from bert_jax.file_io import read_json, write_json
 from bert_jax.tasks import build_task
-from bert_jax.tasks.base import check_saved_config
+from bert_jax.tasks.base import check_saved_config, fill_saved_defaults
 from bert_jax.training import optimizer as optimizer_lib
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, set_aside_steps_after)
@@ -85,6 +85,7 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> str:
     if os.path.exists(path):
         saved = read_json(path)
         check_saved_config(saved, path)
+        fill_saved_defaults(saved)
         changed = _differences({k: saved.get(k) for k in IDENTITY_SECTIONS},
                                {k: resolved.get(k) for k in IDENTITY_SECTIONS})
         if changed:
