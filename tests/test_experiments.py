@@ -15,7 +15,7 @@ FINETUNE = ["sst2", "mrpc", "stsb", "cola", "rte", "qnli", "mnli", "upos", "ner"
 VARIANTS = {"translate.py": [None, "multi30k", "multi30k_en_de", "wmt_base", "wmt_big"],
             "tiny_translate.py": [None],
             "pretrain_bert.py": [None, "corpus", "corpus_phase1", "corpus_phase2", "cpu_phase1",
-                                 "cpu_phase2", "base_2018",
+                                 "cpu_phase2", "cpu_bf16_phase1", "cpu_bf16_phase2", "base_2018",
                                  "large_2018", "base_lamb_phase1", "base_lamb_phase2",
                                  "large_lamb_phase1", "large_lamb_phase2"],
             "finetune.py": [None] + FINETUNE + ["sst2,steps=600", "squad,epochs=1"]}

@@ -275,6 +275,9 @@ def test_create_instances_empty_documents_and_errors():
     with pytest.raises(ValueError, match="at least 2"):
         create_instances([documents[0], [], [[]]], max_seq_length=32, short_seq_prob=0.0,
                          dupe_factor=1, seed=0, cls_id=CLS, sep_id=SEP)
+    with pytest.raises(ValueError, match="0 non-empty document"):
+        create_instances([[], [[]]], max_seq_length=32, short_seq_prob=0.0, dupe_factor=1,
+                         seed=0, cls_id=CLS, sep_id=SEP, next_sentence=False)
     with pytest.raises(ValueError, match="max_seq_length"):
         create_instances(documents, max_seq_length=4, short_seq_prob=0.0, dupe_factor=1,
                          seed=0, cls_id=CLS, sep_id=SEP)
