@@ -246,9 +246,8 @@ def create_instances(all_documents: Sequence[Sequence[Sequence[int]]], *, max_se
     if len(documents) < (2 if next_sentence else 1):
         raise ValueError(f"{len(documents)} non-empty document(s) of {len(all_documents)}: "
                          + ("next sentence prediction needs at least 2 (a random next "
-                            "comes from another document)" if next_sentence else
-                            "there is no text to make instances from; give a corpus with "
-                            "at least one non-empty line"))
+                            "comes from another document)" if next_sentence
+                            else "no text to make instances from; give a non-empty corpus"))
     rng = random.Random(seed)
     instances: list[Instance] = []
     for _ in range(dupe_factor):
