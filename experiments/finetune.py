@@ -136,7 +136,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         path="", data_dir="", vocab_file="", vocab_size=30522, lowercase=True,
         max_seq_length=128, length_buckets=(32, 64), eval_split="validation",
         # The training split's seeded subset (0: all of it); see the docstring.
-        train_examples=0, subset_seed=0))
+        train_examples=0, subset_seed=0,
+        # eval_split='heldout': this fraction of that subset is held out of
+        # training and evaluated on, to choose hyperparameters without dev.
+        heldout_fraction=0.1))
 
     epochs = 3
     config.train = ml_collections.ConfigDict(dict(

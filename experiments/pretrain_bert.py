@@ -53,6 +53,42 @@ Variants:
              128, 85.7 minutes for both on a 2-core AMD EPYC with avx512_bf16, alone
              (docs/RESULTS.md, "Transfer"). Without bfloat16 in hardware it would take
              about two and a half hours: use cpu_phase1/2 there.
+  cpu_wiki_phase1, cpu_wiki_phase2
+             cpu_phase1/2 (the same model, vocabulary size, phases and steps) on
+             English Wikipedia instead of Reuters: ../shared/data/pretrain/
+             enwiki_wikiextractor_docs.txt.gz (52.0M words, 20,755 articles, read
+             as a gzip stream, one paragraph a line cut into sentences: format
+             'paragraphs'), 500 articles held out. Two hours see about 12M of
+             its 65M tokens, and cutting all of it into instances would take a
+             third of them (the build writes about 0.4 MB/s here), so each phase
+             cuts an eighth of the articles into instances (`data.document_sample`,
+             chosen by hash, spread over the file, another eighth for each
+             sequence length): about as many instances as the phase trains on,
+             each article once (dupe_factor 1: masks are drawn afresh every step
+             anyway), in shards of 1,000 articles. The vocabulary (8,192
+             WordPiece tokens) is trained on a fifth of the articles
+             (`data.vocab_sample`; about 10M words, 3.5 times the Reuters corpus).
+             Times and results: docs/RESULTS.md ("Pretrained on breadth").
+               python launch/train.py --config=experiments/pretrain_bert.py:cpu_wiki_phase1 --workdir=W1
+               python launch/train.py --config=experiments/pretrain_bert.py:cpu_wiki_phase2 \
+                   --config.init_from=W1 --workdir=W2
+  cpu_wiki_imdb_phase1, cpu_wiki_imdb_phase2
+             the same with the 50,000 unlabelled IMDb reviews beside Wikipedia
+             (imdb_unsup_docs.txt.gz, 11.5M words): both files whole, so the mix
+             is their sizes, 82% Wikipedia and 18% reviews by words; the
+             vocabulary's sample is a fifth of each. A domain-adaptive arm for
+             movie-review tasks, reported beside cpu_wiki, never instead of it.
+  in_task_mlm
+             in-task masked-LM pretraining (task-adaptive pretraining, Gururangan
+             et al. 2020, arXiv 2004.10964): the masked LM continues from a
+             checkpoint (`init_from`, whose architecture and vocabulary it keeps)
+             on a task's training text without labels. launch/transfer_study.py
+             runs it for a backbone `NAME=in_task_mlm:PATH`, giving the text as
+             `corpus_files`. Phase 2's shape (sequence 128, batch 32), masked LM
+             only (no NSP: consecutive examples packed into one segment), 400
+             steps at lr 2e-4 (phase 2's peak is 5e-4: the checkpoint is
+             trained already), 20 documents of 16 examples held out; the time on
+             this CPU is in docs/RESULTS.md.
   base_2018, large_2018
              the paper's recipe (Devlin et al. 2018, section A.2): batch 256,
              AdamW lr 1e-4, warmup 10k, 1M steps, sequence 128 (90% of the steps;
@@ -99,8 +135,11 @@ SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..
 # Steps of the two phases that fill two hours of a 2-core CPU, data build included
 # (the module docstring): float32 compute (AVX2 only) or bfloat16 (avx512_bf16).
 CPU_STEPS = {"cpu_phase1": 2000, "cpu_phase2": 1000, "cpu_bf16_phase1": 5000,
-             "cpu_bf16_phase2": 2500}
-VARIANTS = ("default", "corpus", "corpus_phase1", "corpus_phase2", *CPU_STEPS,
+             "cpu_bf16_phase2": 2500, "cpu_wiki_phase1": 2000, "cpu_wiki_phase2": 1000,
+             "cpu_wiki_imdb_phase1": 2000, "cpu_wiki_imdb_phase2": 1000}
+# The larger corpora of the cpu_wiki variants (../shared/data/README.md), gzip.
+WIKIPEDIA, IMDB = "enwiki_wikiextractor_docs.txt.gz", "imdb_unsup_docs.txt.gz"
+VARIANTS = ("default", "corpus", "corpus_phase1", "corpus_phase2", *CPU_STEPS, "in_task_mlm",
             "base_2018", "large_2018",
             "base_lamb_phase1", "base_lamb_phase2", "large_lamb_phase1", "large_lamb_phase2")
 
@@ -138,6 +177,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         beam_options="",           # Beam flags of the dataset build ('' = local, one worker a core)
         vocab_file="",             # '' = train a WordPiece vocabulary on the corpus
         vocab_size=1000, lowercase=True,
+        vocab_sample=1.0,          # the fraction of documents the vocabulary is trained on
+        document_sample=1.0,       # the fraction of training documents cut into instances
         max_seq_length=128, short_seq_prob=0.1, dupe_factor=5,
         next_sentence_prediction=True,  # False: single segments, masked LM only
         eval_documents=200, eval_split="validation", eval_examples=1024,
@@ -166,12 +207,27 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # multi-slice), data-parallel by default. -1 takes the remaining devices.
     config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1), dcn_shape=(-1, 1, 1)))
 
+    if variant == "in_task_mlm":   # corpus_files: the task's text (the module docstring)
+        config = get_config("corpus_phase2")
+        config.data.update(dict(corpus_files=(), next_sentence_prediction=False,
+                                dupe_factor=1, eval_documents=20, eval_examples=512))
+        config.train.update(dict(num_steps=400, log_every=50, eval_every=200,
+                                 checkpoint_every=200))
+        config.optimizer.update(dict(learning_rate=2e-4, warmup_steps=40))
+        return config
     if variant in CPU_STEPS:  # corpus_phase1/2, shorter (the module docstring)
         phase2 = variant.endswith("2")
         config = get_config("corpus_phase2" if phase2 else "corpus_phase1")
         config.train.update(dict(num_steps=CPU_STEPS[variant],
                                  eval_every=500 if phase2 else 1000,
                                  checkpoint_every=500 if phase2 else 1000))
+        if "_wiki" in variant:
+            names = (WIKIPEDIA, IMDB) if "_imdb" in variant else (WIKIPEDIA,)
+            config.data.update(dict(
+                corpus_files=tuple(os.path.join(SHARED_DATA, "pretrain", n) + ":paragraphs"
+                                   for n in names),
+                dupe_factor=1, documents_per_shard=1000, vocab_sample=0.2,
+                document_sample=0.125))
         return config
     if variant.startswith("corpus"):
         pretrain = os.path.join(SHARED_DATA, "pretrain")

@@ -10,7 +10,12 @@ every seed and training-set size, then tabulates and plots.
 
 A backbone is NAME=PATH: a bert_jax workdir, a Hugging Face BERT folder, a
 bert_jax pretrained folder, `package:NAME`, or '' (random weights of the first
-pretrained backbone's architecture, with its vocabulary). Every --task runs
+pretrained backbone's architecture, with its vocabulary); `in_task_mlm:PATH`
+is PATH after masked-LM pretraining on each task's training text without its
+labels (--in_task_config, default experiments/pretrain_bert.py:in_task_mlm;
+--in_task_steps changes its steps). --lr_grid=5e-5,1e-4,2e-4 first chooses each
+backbone's learning rate per task and size on a held-out tenth of the training
+subset (DIR/lr_selection.json), then trains the runs at it. Every --task runs
 every backbone at every --seeds and --train_examples (0: the whole split);
 --study takes the groups from a file's `get_study()` instead (some tasks at
 more sizes, some backbones at fewer seeds). Tasks are arguments of --config
@@ -33,8 +38,9 @@ import common_flags as launch_flags  # noqa: E402
 from bert_jax.analysis import transfer  # noqa: E402
 from bert_jax.errors import ConfigError  # noqa: E402
 
-FINETUNE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "experiments", "finetune.py")
+EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "experiments")
+FINETUNE = os.path.join(EXPERIMENTS, "finetune.py")
 flags.mark_flags_as_required(["workdir"])
 BACKBONE = flags.DEFINE_multi_string(
     "backbone", [], "NAME=PATH, repeated: a workdir, a Hugging Face BERT folder, a bert_jax "
@@ -51,8 +57,25 @@ METRIC = flags.DEFINE_multi_string("metric", [], "KEY or TASK=KEY, repeated (def
 DRY_RUN = flags.DEFINE_bool("dry_run", False, "List the runs and their estimated time; "
                             "train and write nothing.")
 REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Train nothing: tabulate and plot DIR.")
+LR_GRID = flags.DEFINE_list(
+    "lr_grid", [], "Learning rates, the same for every backbone: each backbone's rate per "
+    "task and size is chosen among them on a tenth of the training subset held out "
+    "(seed 0), never on dev or test; the runs then train at it.")
+IN_TASK_CONFIG = flags.DEFINE_string(
+    "in_task_config", os.path.join(EXPERIMENTS, "pretrain_bert.py:in_task_mlm"),
+    "Config (path.py:ARG) of the masked-LM runs of the in_task_mlm:PATH backbones.")
+IN_TASK_STEPS = flags.DEFINE_integer("in_task_steps", None, "Steps of those runs (default: "
+                                     "--in_task_config's).")
 STOP_ON_ERROR = flags.DEFINE_bool("stop_on_error", False, "Stop at the first failed run "
                                   "(default: record it in its run.json and go on).")
+
+
+def parse_rates(texts) -> list[float]:
+    try:
+        return [float(text) for text in texts]
+    except ValueError:
+        raise ConfigError(f"--lr_grid={','.join(texts)}: give numbers, e.g. "
+                          "5e-5,1e-4,2e-4") from None
 
 
 def main(argv):
@@ -80,7 +103,11 @@ def main(argv):
         study = transfer.Study(workdir, transfer.parse_backbones(BACKBONE.value), groups,
                                config_file=config_file,
                                base_overrides=dict(config_flags.get_override_values(
-                                   config_flag)))
+                                   config_flag)),
+                               in_task_config=IN_TASK_CONFIG.value,
+                               in_task_overrides={} if IN_TASK_STEPS.value is None else {
+                                   "train.num_steps": IN_TASK_STEPS.value},
+                               lr_grid=parse_rates(LR_GRID.value))
         if DRY_RUN.value:
             print(study.dry_run(), end="")
             return 0

@@ -1,5 +1,6 @@
 """BERT pretraining: the tfds builder, the task's masking pipeline, the loss."""
 
+import gzip
 import importlib.util
 import json
 import os
@@ -26,6 +27,7 @@ from bert_jax.training import evaluation, trainer
 from bert_jax.modeling.losses import bert_pretraining_sums, sums_to_means
 from bert_jax.training.workdir import read_metrics
 from tiny_models import BERT, random_variables
+from helpers import finish, launch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "pretrain_bert.py"
@@ -462,6 +464,27 @@ def examples_of(builder):
             for split in ("train", "validation") for source in [load_source(builder, split)]}
 
 
+def test_a_document_sample_cuts_only_its_documents_and_keeps_the_held_out_ones(tmp_path):
+    vocab, whole = numbered_builder(tmp_path, "whole")
+    _, sampled = numbered_builder(tmp_path, "half", document_sample=0.5)
+    train = load_source(sampled, "train")
+    seen = {d for i in range(len(train)) for d in document_numbers(vocab, train[i])
+            if d is not None}
+    held_out = {d for example in examples_of(whole)["validation"]
+                for d in document_numbers(vocab, example) if d is not None}
+    corpus = str(tmp_path / "corpus.txt")
+    chosen = {d for d in range(30) if d not in held_out and bert_pretraining.in_sample(
+        0.5, 1, "train/32", corpus, d)}
+    assert seen == chosen and 5 < len(chosen) < 20
+    assert examples_of(sampled)["validation"] == examples_of(whole)["validation"]
+    metadata = sampled.info.metadata["corpus"]
+    assert metadata["document_sample"] == 0.5
+    assert metadata["train_documents"] == len(chosen)
+    # Another sequence length draws other documents (two phases read more text).
+    assert chosen != {d for d in range(30) if d not in held_out and bert_pretraining.in_sample(
+        0.5, 1, "train/128", corpus, d)}
+
+
 def test_one_and_two_workers_build_the_same_dataset(tmp_path):
     _, one = numbered_builder(tmp_path, "one")
     _, two = numbered_builder(tmp_path, "two", beam_options=TWO_WORKERS)
@@ -471,6 +494,50 @@ def test_one_and_two_workers_build_the_same_dataset(tmp_path):
     _, other_shards = numbered_builder(tmp_path, "other", documents_per_shard=12)
     validation = examples_of(other_shards)["validation"]
     assert validation == examples_of(one)["validation"]
+
+
+def test_a_gzip_corpus_gives_the_instances_of_the_same_text(tmp_path):
+    """Read as a stream everywhere: the vocabulary's text, the shard scan and
+    each shard's resumption from its offset (4 shards of 8 documents)."""
+    _, plain = numbered_builder(tmp_path, "plain")
+    packed = tmp_path / "packed" / "corpus.txt.gz"
+    packed.parent.mkdir()
+    packed.write_bytes(gzip.compress((tmp_path / "corpus.txt").read_bytes()))
+    compressed = BertPretraining(files=[str(packed)],
+                                 vocab_file=plain.builder_config.vocab_file,
+                                 max_seq_length=32, eval_documents=5, dupe_factor=2, seed=1,
+                                 documents_per_shard=8, beam_options=IN_PROCESS,
+                                 data_dir=str(tmp_path / "gz"))
+    assert examples_of(compressed) == examples_of(plain)
+    assert compressed.info.metadata["corpus"]["shards"] == 4
+    lines = list(bert_pretraining.corpus_lines([str(tmp_path / "corpus.txt")], 0.5, seed=3))
+    assert 0 < len(lines) < 180
+    assert list(bert_pretraining.corpus_lines([str(packed)], 0.5, seed=3)) == lines
+
+
+def test_a_truncated_or_damaged_gzip_is_one_line_naming_the_file(tmp_path):
+    corpus, _, vocab_file = numbered_corpus(tmp_path)
+    whole = gzip.compress(pathlib.Path(corpus).read_bytes())
+    damaged = bytearray(whole)
+    damaged[len(whole) // 2] ^= 0xFF
+    bad = {"cut.txt.gz": whole[:len(whole) // 2], "flipped.txt.gz": bytes(damaged),
+           "plain.txt.gz": pathlib.Path(corpus).read_bytes()}
+    for name, content in bad.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(DataError, match="damaged or truncated gzip") as error:
+            list(pretraining_data.iter_documents(str(tmp_path / name)))
+        assert error.value.path == str(tmp_path / name)
+    builder = BertPretraining(files=[str(tmp_path / "cut.txt.gz")], vocab_file=vocab_file,
+                              beam_options=IN_PROCESS, data_dir=str(tmp_path / "tfds"))
+    with pytest.raises(DataError, match="cut.txt.gz: damaged or truncated gzip"):
+        load_source(builder, "train")
+    # Through the command line, where the vocabulary is trained on it first.
+    code, out = finish(launch("train.py", tmp_path / "run", {
+        "data.synthetic_documents": 0, "data.corpus_files": (str(tmp_path / "cut.txt.gz"),),
+        "data.data_dir": str(tmp_path / "tfds")}, config="pretrain_bert.py"))
+    assert code == 2 and "Traceback" not in out, out
+    assert out.splitlines()[-1].startswith(
+        f"error: {tmp_path / 'cut.txt.gz'}: damaged or truncated gzip"), out
 
 
 def test_builder_rejects_bad_parameters(tmp_path):

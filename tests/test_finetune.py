@@ -19,7 +19,7 @@ from bert_jax.evaluation import evaluators, squad
 from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax.tasks.bert_backbone import resolve_backbone
-from bert_jax.tasks.finetune import training_subset, truncate_pair
+from bert_jax.tasks.finetune import ROW, carve_heldout, training_subset, truncate_pair
 from bert_jax.training import evaluation, trainer
 from bert_jax.training.validation import check_training_config
 from helpers import REPO, finish, launch
@@ -395,6 +395,30 @@ def test_the_training_subset_is_the_same_for_every_backbone_and_seed(glue_dirs, 
     assert subset == [e for e in first.read_examples("train") if e in subset]  # in order
     assert task(120, subset_seed=1).examples("train") != subset
     assert len(first.examples("validation")) == len(first.rows("validation")) == 24
+
+
+def test_the_heldout_split_is_carved_from_the_training_subset(glue_dirs, tmp_path):
+    """eval_split='heldout': a tenth of the subset is evaluated on and never
+    trained on; the rest trains. Without it the split does not exist."""
+    config = experiment("sst2", glue_dirs["sst2"], tmp_path, vocab_size=120,
+                        train_examples=40, eval_split="heldout")
+    task = build_task(config, str(tmp_path / "heldout"))
+    train, heldout = task.examples("train"), task.examples("heldout")
+    assert (len(train), len(heldout)) == (36, 4)
+    subset = training_subset(task.read_examples("train"), 40, 0)
+    assert sorted(e["line"] for e in train + heldout) == [e["line"] for e in subset]
+    rows = task.rows("heldout")
+    assert len(rows) == 4 and {int(r["label"]) for r in rows} <= {0, 1}
+    decoded = task.decode_predictions("heldout", {int(r[ROW]): {"prediction": 0} for r in rows})
+    assert decoded["labels"].tolist() == [e["label"] for e in heldout]
+    config.data.eval_split = "validation"
+    plain = build_task(config, str(tmp_path / "plain"))
+    assert plain.examples("train") == subset
+    with pytest.raises(ConfigError, match="eval_split='heldout'"):
+        plain.examples("heldout")
+    for fraction in (0.0, 1.0):
+        with pytest.raises(ConfigError, match="heldout_fraction"):
+            carve_heldout(subset, fraction, 0)
 
 
 def test_squad_subsets_questions_and_their_windows_follow(tmp_path):

@@ -23,6 +23,7 @@ from bert_jax.data.pretraining_data import (
     iter_documents,
     masking_rng,
     read_documents,
+    split_sentences,
     tokenize_documents,
     truncate_seq_pair,
 )
@@ -57,6 +58,28 @@ def test_read_documents_blank_lines(tmp_path):
     text = "\n  first line.  \nsecond line\n\n\n\nalone\n \t \nx\ny\r\nz\n"
     path = _write(tmp_path, "c.txt", text)
     assert read_documents(path) == [["first line.", "second line"], ["alone"], ["x", "y", "z"]]
+
+
+@pytest.mark.parametrize("paragraph, sentences", [
+    ("Johann S. Bach was born in 1685. He wrote music, e.g. the Mass in B minor.",
+     ["Johann S. Bach was born in 1685.", "He wrote music, e.g. the Mass in B minor."]),
+    ('Mr. Smith said "Hello!" Then he left. The U.S. Army won? Yes.',
+     ['Mr. Smith said "Hello!"', "Then he left.", "The U.S. Army won?", "Yes."]),
+    ("This film is great. (Really.) 10 out of 10... and more", [
+        "This film is great.", "(Really.)", "10 out of 10... and more"]),
+    ("no capital after the stop. so one sentence", ["no capital after the stop. so one sentence"]),
+])
+def test_split_sentences(paragraph, sentences):
+    assert split_sentences(paragraph) == sentences
+
+
+def test_paragraphs_are_documents_of_sentences(tmp_path):
+    text = "First one. Second one.\nThird one.\n\nAlone. Really alone.\n"
+    path = _write(tmp_path, "c.txt", text)
+    assert read_documents(path, "paragraphs") == [
+        ["First one.", "Second one.", "Third one."], ["Alone.", "Really alone."]]
+    assert ([d.start for d in iter_documents(path, "paragraphs")]
+            == [d.start for d in iter_documents(path)])
 
 
 def test_read_documents_wikitext(tmp_path):

@@ -258,6 +258,61 @@ def test_the_study_file_and_flags_give_groups(tmp_path):
             transfer.parse_backbones(bad)
 
 
+class RateTrainer(FakeTrainer):
+    """Scores a run by its learning rate: the pretrained backbone does best at
+    5e-5, scratch at 2e-4 (a tie at 1e-4 for the pretrained one: the smaller rate
+    wins)."""
+
+    def __call__(self, config, workdir):
+        super().__call__(config, workdir)
+        best = 5e-5 if config.init_from else 2e-4
+        score = 90.0 - abs(np.log2(config.optimizer.learning_rate / best))
+        with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"step": int(config.train.num_steps),
+                                "eval/accuracy": score}) + "\n")
+
+
+@pytest.mark.slow
+def test_the_learning_rate_is_chosen_on_held_out_training_examples(sst2, backbone, tmp_path,
+                                                                    monkeypatch):
+    monkeypatch.setattr(sweeps.runner, "count_parameters", lambda config, workdir: 1000)
+    fake = RateTrainer()
+    grid = (2.5e-5, 1e-4, 2e-4)
+    outcome = transfer.Study(
+        str(tmp_path), {"pre": backbone, "scratch": ""},
+        [{"tasks": (TASK,), "seeds": (0, 1), "train_examples": (20,)}], config_file=FINETUNE,
+        base_overrides=base_overrides(sst2), train_fn=fake, log=lambda line: None,
+        lr_grid=grid).run()
+    selection = [name for name in outcome if name.startswith("lr_selection/")]
+    assert len(selection) == 2 * len(grid) and len(outcome) == len(selection) + 4
+    assert fake.calls[:6] == [(f"backbone={b},lr={lr!r},n=20", 0)
+                              for b in ("pre", "scratch") for lr in grid]
+    for name in selection:    # selection never reads dev: the held-out tenth, seed 0
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        assert config["data"]["eval_split"] == "heldout" and config["seed"] == 0
+    chosen = json.loads((tmp_path / transfer.LR_FILE).read_text())
+    assert chosen["grid"] == list(grid)
+    assert {(c["backbone"], c["learning_rate"]) for c in chosen["chosen"]} == {
+        ("pre", 2.5e-5), ("scratch", 2e-4)}
+    for b, lr in (("pre", 2.5e-5), ("scratch", 2e-4)):
+        for seed in (0, 1):
+            config = json.loads((tmp_path / TASK / f"backbone={b},n=20,seed={seed}" /
+                                 "config.json").read_text())
+            assert config["optimizer"]["learning_rate"] == lr
+            assert config["data"]["eval_split"] == "validation"
+    # A second launch reuses every run and the same choice.
+    again = RateTrainer()
+    transfer.Study(str(tmp_path), {"pre": backbone, "scratch": ""},
+                   [{"tasks": (TASK,), "seeds": (0, 1), "train_examples": (20,)}],
+                   config_file=FINETUNE, base_overrides=base_overrides(sst2), train_fn=again,
+                   log=lambda line: None, lr_grid=grid).run()
+    assert again.calls == []
+    with pytest.raises(transfer.ConfigError, match="lr_grid"):
+        transfer.Study(str(tmp_path), {"pre": backbone}, [{"tasks": (TASK,)}],
+                       config_file=FINETUNE, base_overrides=base_overrides(sst2),
+                       lr_grid=(1e-4, 1e-4))
+
+
 # -- end to end ---------------------------------------------------------------------------
 
 
@@ -313,3 +368,68 @@ def test_a_tiny_study_end_to_end(sst2, tmp_path):
     restored = json.loads((runs / "backbone=pt,n=0,seed=0" / "init_from.json").read_text())
     assert len(restored["restored"]) > 10
     assert not (runs / "backbone=scratch,n=0,seed=0" / "init_from.json").exists()
+
+
+@pytest.mark.slow
+def test_in_task_masked_lm_reads_the_text_never_the_labels(sst2, tmp_path):
+    """`in_task_mlm:PATH`: the masked LM continues from PATH on the whole
+    training split's text, then fine-tuning starts from the result. While it
+    runs, every training label is '?' (reading one is a DataError), so the
+    in-task run would fail if it read a label; the labelled split comes back
+    for fine-tuning, and the finished in-task run is reused, not rerun."""
+    from test_bert_pretraining import IN_PROCESS, experiment_config
+
+    pretraining = experiment_config(tmp_path / "tfds", synthetic_documents=24, eval_documents=4,
+                                    dupe_factor=1)
+    pretraining.update_from_flattened_dict({
+        "train.num_steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2,
+        "train.log_every": 2, "optimizer.warmup_steps": 1, "peak_flops": 1e12})
+    trainer.train_and_evaluate(pretraining, str(tmp_path / "pt"))
+
+    glue = tmp_path / "SST-2"
+    glue.mkdir()
+    (glue / "dev.tsv").write_text((sst2 / "dev.tsv").read_text())
+    labelled = (sst2 / "train.tsv").read_text()
+    rows = [line.split("\t") for line in labelled.splitlines()[1:]]
+    (glue / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t?\n" for t, _ in rows))
+
+    calls = []
+
+    def train(config, workdir):
+        calls.append(os.path.relpath(workdir, tmp_path))
+        return trainer.train_and_evaluate(config, workdir)
+
+    in_task = {"train.num_steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2,
+               "train.log_every": 2, "train.batch_size": 8, "optimizer.warmup_steps": 1,
+               "data.max_seq_length": 32, "data.max_predictions_per_seq": 5,
+               "data.eval_documents": 2, "data.beam_options": IN_PROCESS, "peak_flops": 1e12}
+
+    def run_study():
+        return transfer.Study(
+            str(tmp_path / "study"), transfer.parse_backbones([f"itm=in_task_mlm:{tmp_path}/pt"]),
+            [{"tasks": (TASK,)}], config_file=FINETUNE,
+            base_overrides={**base_overrides(glue), "data.length_buckets": ()},
+            train_fn=train, log=lambda line: None,
+            in_task_config=str(REPO / "experiments" / "pretrain_bert.py:in_task_mlm"),
+            in_task_overrides=in_task).run()
+
+    run = f"{TASK}/backbone=itm,n=0,seed=0"
+    assert run_study() == {run: "failed"}    # fine-tuning needs the labels
+    mlm = tmp_path / "study" / "in_task_mlm" / TASK / "backbone=itm"
+    assert calls == [os.path.relpath(mlm, tmp_path), f"study/{run}"]
+    assert (mlm / "checkpoints" / "2").is_dir()
+    text = (mlm.parent / transfer.IN_TASK_TEXT).read_text()
+    assert text.split() == [w for t, _ in rows for w in t.split()]   # every example, no label
+    assert text.count("\n\n") == -(-TRAIN_LINES // transfer.EXAMPLES_PER_DOCUMENT)
+    saved = json.loads((mlm / "config.json").read_text())
+    assert saved["init_from"] == str(tmp_path / "pt")
+    assert saved["data"]["next_sentence_prediction"] is False
+
+    (glue / "train.tsv").write_text(labelled)
+    calls.clear()
+    assert run_study() == {run: "done"}
+    assert calls == [f"study/{run}"]          # the in-task run is reused
+    finetuned = tmp_path / "study" / run
+    assert json.loads((finetuned / "config.json").read_text())["init_from"] == str(mlm)
+    restored = json.loads((finetuned / "init_from.json").read_text())["restored"]
+    assert len(restored) > 10

@@ -19,7 +19,22 @@ their many overrides:
 A backbone is a name and an `init_from` (a bert_jax workdir, a Hugging Face
 BERT folder, a bert_jax pretrained folder, `package:NAME`) or '': random
 weights of the first pretrained backbone's architecture with its vocabulary
-(`scratch_overrides`), so that only the weights differ. The runs go seed by
+(`scratch_overrides`), so that only the weights differ. `in_task_mlm:PATH` is
+PATH after in-task masked-LM pretraining (task-adaptive pretraining,
+Gururangan et al. 2020, arXiv 2004.10964): per task, the masked-LM objective
+continues from PATH on the text of the task's whole training split, read
+without its labels (`FinetuneTask.unlabelled_texts`; also when a run uses
+only K of the labels), for the fixed steps of `in_task_config`
+(experiments/pretrain_bert.py:in_task_mlm); its runs then fine-tune from the
+result. The text and that run live in DIR/in_task_mlm/<task>/ (a sweep of one
+run a backbone), made before the task's first run from it and then reused.
+
+A learning-rate grid (`lr_grid`, the same for every backbone) chooses each
+backbone's rate per task and size without the dev set: seed 0 trains at each
+rate on the size's subset less a held-out tenth and is scored on that tenth
+(`data.eval_split='heldout'`, `finetune.carve_heldout`), in
+DIR/lr_selection/<task>/; the rate of the best main metric is written to
+DIR/lr_selection.json and the study's runs train with it on the whole subset. The runs go seed by
 seed (every task, size and backbone at seed 0 first: a study stopped half-way
 already fills the table), smaller sizes first; a finished run is skipped and
 an interrupted one resumed (the sweep's). Size 0 is tabulated and drawn at the
@@ -42,15 +57,25 @@ from bert_jax.analysis.sweeps.points import (
     apply_overrides, load_config, load_module)
 from bert_jax.analysis.sweeps.results import (
     collect as collect_runs, human_seconds, markdown_table, number, write_csv)
-from bert_jax.analysis.sweeps.runner import SWEEP_FILE, Sweep, read_record
+from bert_jax.analysis.sweeps.runner import SWEEP_FILE, Sweep, is_finished, read_record
 from bert_jax.convert.pretrained import PACKAGE_PREFIX, checkpoint_path
 from bert_jax.errors import ConfigError, UserError
 from bert_jax.file_io import jsonable, write_json
 from bert_jax.modeling import BertConfig
 from bert_jax.tasks import bert_backbone
 from bert_jax.tasks.bert_backbone import RUNTIME_FIELDS
+from bert_jax.tasks.finetune import HELDOUT
 
 STUDY_FILE = "study.json"
+LR_DIR = "lr_selection"
+LR_FILE = "lr_selection.json"
+LR_KEY = "optimizer.learning_rate"
+IN_TASK_PREFIX = "in_task_mlm:"
+IN_TASK_DIR = "in_task_mlm"
+IN_TASK_TEXT = "text.txt"
+# The in-task text's documents are runs of this many consecutive examples: a
+# document bounds how many short examples one 128-token instance packs.
+EXAMPLES_PER_DOCUMENT = 16
 CSV_FILE = "results.csv"
 MARKDOWN_FILE = "results.md"
 FIGURE_FILE = "learning_curves.png"
@@ -133,7 +158,8 @@ def load_study(path: str) -> list[Group]:
 
 def parse_backbones(specs: Iterable[str]) -> dict[str, str]:
     """`NAME=PATH` texts -> {name: init_from}, in order; PATH '' (or `''`) is
-    from scratch; a directory is made absolute (runs compare their overrides)."""
+    from scratch; a directory is made absolute (runs compare their overrides);
+    `in_task_mlm:PATH` keeps its prefix."""
     backbones: dict[str, str] = {}
     for spec in specs or ():
         name, equals, path = spec.partition("=")
@@ -143,9 +169,14 @@ def parse_backbones(specs: Iterable[str]) -> dict[str, str]:
         if name in backbones:
             raise ConfigError(f"--backbone: the name {name!r} is given twice")
         path = "" if path in ("''", '""') else path
+        prefix = IN_TASK_PREFIX if path.startswith(IN_TASK_PREFIX) else ""
+        path = path.removeprefix(prefix)
+        if prefix and not path:
+            raise ConfigError(f"--backbone={spec}: in-task masked-LM pretraining starts from a "
+                              f"checkpoint: write {name}={IN_TASK_PREFIX}PATH")
         if path and not path.startswith(PACKAGE_PREFIX):
             path = os.path.abspath(os.path.expanduser(path))
-        backbones[name] = path
+        backbones[name] = prefix + path
     if not backbones:
         raise ConfigError("give the backbones: --backbone=NAME=PATH (PATH '' for random "
                           "weights of the first pretrained backbone's architecture)")
@@ -198,6 +229,29 @@ def task_directory(task: str) -> str:
     return task   # `_TASK` characters only (Group): a safe directory name as it is
 
 
+def write_in_task_text(config: Any, path: str) -> int:
+    """Writes the text of the whole training split of the fine-tuning task of
+    `config`, without labels, as a pretraining corpus (one text a line, a
+    blank line after every `EXAMPLES_PER_DOCUMENT` examples) to `path`,
+    atomically; returns the number of examples."""
+    from bert_jax.tasks import build_task
+
+    if SIZE_KEY.split(".")[1] in config.data:   # the whole split, whatever the runs use
+        config = apply_overrides(config, {SIZE_KEY: 0})
+    with tempfile.TemporaryDirectory() as workdir:
+        texts = build_task(config, workdir).unlabelled_texts()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=os.path.dirname(path),
+                                     delete=False) as f:
+        for start in range(0, len(texts), EXAMPLES_PER_DOCUMENT):
+            lines = [" ".join(t.split()) for example in texts[start:start +
+                                                             EXAMPLES_PER_DOCUMENT]
+                     for t in example]
+            f.write("\n".join(line for line in lines if line) + "\n\n")
+    os.replace(f.name, path)
+    return len(texts)
+
+
 def train_split_size(config: Any) -> int:
     """The training split's number of examples as the task reads it (with
     `data.train_examples` 0), from a fine-tuning config."""
@@ -216,70 +270,210 @@ class Study:
     """The runs of `groups` (see `Group`) with `backbones` ({name: init_from},
     `parse_backbones`): a `Sweep` a task of `config_file` (experiments/finetune.py,
     `path.py:TASK` each) in DIR/<task>/, `base_overrides` applied to every run.
-    `train_fn(config, workdir)` and `log(line)` go to the sweeps."""
+    `train_fn(config, workdir)` and `log(line)` go to the sweeps. The
+    `in_task_mlm:` backbones' masked-LM runs use `in_task_config`
+    (`path.py:ARG`) with `in_task_overrides`."""
 
     def __init__(self, directory: str, backbones: dict[str, str],
                  groups: Iterable[Group | dict], *, config_file: str,
                  base_overrides: dict[str, Any] | None = None,
                  train_fn: Callable[[Any, str], Any] | None = None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None,
+                 in_task_config: str | None = None,
+                 in_task_overrides: dict[str, Any] | None = None,
+                 lr_grid: Sequence[float] = ()):
         self.directory = directory
+        self.lr_grid = tuple(float(lr) for lr in lr_grid)
+        if any(not lr > 0 for lr in self.lr_grid) or len(set(self.lr_grid)) < len(
+                self.lr_grid):
+            raise ConfigError(f"lr_grid={lr_grid}: give distinct positive learning rates")
         self.backbones = dict(backbones)
         self.groups = as_groups(groups)
         self.config_file = config_file
         self.base_overrides = dict(base_overrides or {})
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.train_fn = train_fn
         for group in self.groups:
             unknown = [b for b in group.backbones or () if b not in self.backbones]
             if unknown:
                 raise ConfigError(f"study group of {', '.join(group.tasks)} names backbones "
                                   f"{unknown} that --backbone does not give (given: "
                                   f"{', '.join(self.backbones)})")
-        pretrained = [path for path in self.backbones.values() if path]
+        # name -> the checkpoint in-task masked-LM pretraining starts from
+        self.in_task = {name: path.removeprefix(IN_TASK_PREFIX)
+                        for name, path in self.backbones.items()
+                        if path.startswith(IN_TASK_PREFIX)}
+        starts = {name: self.in_task.get(name, path) for name, path in self.backbones.items()}
+        pretrained = [path for path in starts.values() if path]
         if not pretrained:
             raise ConfigError("a scratch backbone takes the architecture and vocabulary of the "
                               "first pretrained backbone: give one")
         first = pretrained[0]
         self.architectures = {}
-        for name, path in self.backbones.items():
+        for name, path in starts.items():
             try:
                 self.architectures[name] = architecture_key(path or first)
             except UserError as e:
                 raise ConfigError(f"--backbone={name}={path or first}: {e}") from e
         self.tasks = list(dict.fromkeys(t for g in self.groups for t in g.tasks))
-        names = list(self.backbones)
-        self.sweeps: dict[str, Sweep] = {}
+        self.configs, self.overrides = {}, {}   # per task: its config, each backbone's
+        self.in_task_sweeps: dict[str, Sweep] = {}
+        self.selection_sweeps: dict[str, Sweep] = {}
         for task in self.tasks:
             config = apply_overrides(load_config(f"{config_file}:{task}"), self.base_overrides)
             overrides = {name: {"init_from": path} if path else scratch_overrides(first, config)
                          for name, path in self.backbones.items()}
-            runs = sorted({(seed, size, names.index(name))
-                           for g in self.groups if task in g.tasks
-                           for seed in g.seeds for size in g.train_examples
-                           for name in (g.backbones or names)},
-                          key=lambda r: (r[0], r[1] or math.inf, r[2]))   # 0: the whole split
+            if self.in_task:
+                in_task = self._in_task_sweep(task, in_task_config, in_task_overrides or {})
+                self.in_task_sweeps[task] = in_task
+                overrides.update({run.labels["backbone"]: {"init_from": run.workdir}
+                                  for run in in_task.runs})
+            self.configs[task], self.overrides[task] = config, overrides
+            if self.lr_grid:
+                self.selection_sweeps[task] = self._selection_sweep(task)
+        self._build_sweeps()
+
+    def _runs(self, task: str) -> list[tuple[int, int, str]]:
+        """(seed, size, backbone) of the task's runs: seed by seed, smaller sizes
+        first (0: the whole split), backbones in their order."""
+        names = list(self.backbones)
+        runs = {(seed, size, names.index(name)) for g in self.groups if task in g.tasks
+                for seed in g.seeds for size in g.train_examples
+                for name in (g.backbones or names)}
+        return [(seed, size, names[b]) for seed, size, b in
+                sorted(runs, key=lambda r: (r[0], r[1] or math.inf, r[2]))]
+
+    def _build_sweeps(self) -> None:
+        """The study's sweeps, a task each, with the learning rates chosen so far."""
+        self.chosen = self._chosen_rates() if self.lr_grid else {}
+        self.sweeps: dict[str, Sweep] = {}
+        for task in self.tasks:
+            runs = self._runs(task)
+            rates = [self.chosen.get((task, name, size)) for _, size, name in runs]
             self.sweeps[task] = Sweep(
-                config, os.path.join(directory, task_directory(task)),
-                [{**overrides[names[b]], "seed": seed, SIZE_KEY: size} for seed, size, b in runs],
-                labels=[{"backbone": names[b], "n": size, "seed": seed}
-                        for seed, size, b in runs],
-                config_file=f"{config_file}:{task}", base_overrides=self.base_overrides,
-                train_fn=train_fn, log=self.log)
+                self.configs[task], os.path.join(self.directory, task_directory(task)),
+                [{**self.overrides[task][name], "seed": seed, SIZE_KEY: size,
+                  **({LR_KEY: rate} if rate else {})}
+                 for (seed, size, name), rate in zip(runs, rates)],
+                labels=[{"backbone": name, "n": size, "seed": seed} for seed, size, name in runs],
+                config_file=f"{self.config_file}:{task}", base_overrides=self.base_overrides,
+                train_fn=self.train_fn, log=self.log)
         # Seed by seed across the tasks; each sweep's runs are in (seed, size, backbone) order.
         self.order = sorted(((task, sweep, run) for task, sweep in self.sweeps.items()
                              for run in sweep.runs),
                             key=lambda item: (item[2].labels["seed"], self.tasks.index(item[0]),
                                               item[2].index))
 
+    def _selection_sweep(self, task: str) -> Sweep:
+        """The learning-rate selection runs of `task`: seed 0 of every backbone
+        and size of its runs at every rate of `lr_grid`, scored on the held-out
+        part of the training subset (module docstring)."""
+        pairs = list(dict.fromkeys((size, name) for _, size, name in self._runs(task)))
+        points = [{**self.overrides[task][name], "seed": 0, SIZE_KEY: size,
+                   "data.eval_split": HELDOUT, LR_KEY: lr}
+                  for size, name in pairs for lr in self.lr_grid]
+        return Sweep(self.configs[task], os.path.join(self.directory, LR_DIR,
+                                                      task_directory(task)),
+                     points, labels=[{"backbone": name, "n": size, "lr": lr}
+                                     for size, name in pairs for lr in self.lr_grid],
+                     config_file=f"{self.config_file}:{task}",
+                     base_overrides=self.base_overrides, train_fn=self.train_fn, log=self.log)
+
+    def _chosen_rates(self) -> dict[tuple[str, str, int], float]:
+        """{(task, backbone, size): the rate of the best held-out main metric}
+        for the selections whose runs have all finished (ties: the smaller rate)."""
+        chosen = {}
+        for task, sweep in self.selection_sweeps.items():
+            scores = collections.defaultdict(dict)
+            for row in collect_runs(sweep.directory):
+                labels = row["labels"]
+                key = main_metric(row["config"], row["metrics"])
+                if row["status"] == "done" and key and labels.get("lr") in self.lr_grid:
+                    scores[(labels["backbone"], labels["n"])][labels["lr"]] = row["metrics"][key]
+            for (name, size), by_rate in scores.items():
+                if len(by_rate) == len(self.lr_grid):
+                    chosen[(task, name, size)] = max(sorted(by_rate), key=by_rate.__getitem__)
+        return chosen
+
+    def _select_rates(self, stop_on_error: bool) -> dict[str, str]:
+        """Trains the selection runs, then writes DIR/lr_selection.json and
+        rebuilds the study's sweeps with the chosen rates."""
+        outcome = {}
+        for task, sweep in self.selection_sweeps.items():
+            sweep.prepare()
+            for run in sweep.runs:
+                outcome[f"{LR_DIR}/{task}/{run.name}"] = self._run_one(task, sweep, run,
+                                                                      stop_on_error)
+                if outcome[f"{LR_DIR}/{task}/{run.name}"] == "interrupted":
+                    return outcome
+        self._build_sweeps()
+        write_json(os.path.join(self.directory, LR_FILE), {
+            "grid": list(self.lr_grid), "split": f"data.eval_split={HELDOUT}, seed 0",
+            "chosen": [{"task": task, "backbone": name, "n": size, "learning_rate": rate}
+                       for (task, name, size), rate in sorted(self.chosen.items())]})
+        for (task, name, size), rate in sorted(self.chosen.items()):
+            self.log(f"lr selection: {task} {name} n={size or 'all'}: {rate:g}")
+        return outcome
+
+    def _in_task_sweep(self, task: str, config_file: str | None,
+                       overrides: dict[str, Any]) -> Sweep:
+        """The in-task masked-LM runs of `task`, one an `in_task_mlm:` backbone,
+        in DIR/in_task_mlm/<task>/ (their corpus: its `IN_TASK_TEXT`)."""
+        if not config_file:
+            raise ConfigError(f"the {IN_TASK_PREFIX} backbones need the config of their "
+                              "masked-LM runs: give in_task_config "
+                              "(experiments/pretrain_bert.py:in_task_mlm)")
+        directory = os.path.join(self.directory, IN_TASK_DIR, task_directory(task))
+        corpus = {"data.corpus_files": (os.path.join(directory, IN_TASK_TEXT),),
+                  "data.synthetic_documents": 0,
+                  "data.data_dir": os.path.join(self.directory, IN_TASK_DIR, "tfds")}
+        names = list(self.in_task)
+        return Sweep(apply_overrides(load_config(config_file), {**corpus, **overrides}),
+                     directory, [{"init_from": self.in_task[name]} for name in names],
+                     labels=[{"backbone": name} for name in names], config_file=config_file,
+                     base_overrides={**corpus, **overrides}, train_fn=self.train_fn,
+                     log=self.log)
+
+    def _in_task_run(self, task: str, backbone: str) -> str:
+        """Makes `backbone`'s in-task masked-LM checkpoint for `task` (its text
+        first, if missing); its sweep's outcome ('skipped' when already made)."""
+        sweep = self.in_task_sweeps[task]
+        run = next(r for r in sweep.runs if r.labels["backbone"] == backbone)
+        text = sweep.config.data.corpus_files[0]
+        if not os.path.isfile(text):
+            config = apply_overrides(self.sweeps[task].config,
+                                     {"init_from": self.in_task[backbone]})
+            count = write_in_task_text(config, text)
+            self.log(f"in-task MLM: {task}: wrote the text of {count:,} training examples, "
+                     f"without labels, to {text}")
+        return sweep.run_one(run, stop_on_error=True)
+
+    def _run_one(self, task: str, sweep: Sweep, run, stop_on_error: bool) -> str:
+        """`sweep.run_one(run)`, after its backbone's in-task masked-LM run for
+        `task` when it has one and `run` is not finished."""
+        backbone = run.labels["backbone"]
+        if backbone in self.in_task and not is_finished(run.workdir, sweep.num_steps(run)):
+            status = self._in_task_run(task, backbone)
+            if status == "interrupted":
+                return status
+        return sweep.run_one(run, stop_on_error=stop_on_error)
+
     def run(self, *, stop_on_error: bool = False) -> dict[str, str]:
-        """Trains every unfinished run here, stopping after a preempted one.
-        Returns {'<task>/<run>': 'skipped' | 'done' | 'failed' | 'interrupted'}."""
+        """Trains every unfinished run here, stopping after a preempted one: the
+        learning-rate selection first, an in-task backbone's masked-LM run
+        before its task's first run. Returns {'<task>/<run>' (a selection run:
+        'lr_selection/<task>/<run>'): 'skipped' | 'done' | 'failed' |
+        'interrupted'}."""
+        for sweep in self.in_task_sweeps.values():
+            sweep.prepare()
+        outcome = self._select_rates(stop_on_error) if self.lr_grid else {}
+        if "interrupted" in outcome.values():
+            return outcome
         for sweep in self.sweeps.values():
             sweep.prepare()
         self._record()
-        outcome = {}
         for task, sweep, run in self.order:
-            outcome[f"{task}/{run.name}"] = sweep.run_one(run, stop_on_error=stop_on_error)
+            outcome[f"{task}/{run.name}"] = self._run_one(task, sweep, run, stop_on_error)
             if outcome[f"{task}/{run.name}"] == "interrupted":
                 break
         return outcome

@@ -28,7 +28,9 @@ SHA-256 of (seed, file name, position) (one pass, no corpus in memory),
 paired among themselves with seed + 1, so none is seen in training.
 
 `beam_options` are Beam's flags (any `--runner`: docs/PRETRAINING_DATA.md).
-Files are `path` or `path:format` (`pretraining_data.DOCUMENT_FORMATS`).
+Files are `path` or `path:format` (`pretraining_data.DOCUMENT_FORMATS`); a
+path ending in `.gz` is read as a gzip stream (`text_files.utf8_lines`) and
+gives the instances of the same text uncompressed (`file_key`).
 Empty files and shards left with fewer than 2 documents are skipped and
 recorded, with the other statistics, in `builder.info.metadata["corpus"]`.
 The config name ends in a hash of the parameters, the vocabulary and each
@@ -80,6 +82,7 @@ class BertPretrainingConfig(tfds.core.BuilderConfig):
     seed: int = 12345
     documents_per_shard: int = 10_000
     next_sentence_prediction: bool = True   # False: single segments, no random next
+    document_sample: float = 1.0   # the fraction of training documents cut into instances
 
 
 def parse_file_spec(spec: str) -> tuple[str, str]:
@@ -99,7 +102,8 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
                        max_seq_length: int = 128, short_seq_prob: float = 0.1,
                        dupe_factor: int = 5, eval_documents: int = 0,
                        seed: int = 12345, documents_per_shard: int = 10_000,
-                       next_sentence_prediction: bool = True) -> BertPretrainingConfig:
+                       next_sentence_prediction: bool = True,
+                       document_sample: float = 1.0) -> BertPretrainingConfig:
     """The validated, fingerprinted, interned config (see module docstring)."""
     if isinstance(files, str) or not files:
         raise ConfigError(f"bert_pretraining: files={files!r}; give a non-empty list of "
@@ -114,7 +118,9 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
             ("eval_documents", eval_documents, eval_documents == 0 or eval_documents >= 2,
              "0, or at least 2 for random-next pairs"),
             ("documents_per_shard", documents_per_shard, documents_per_shard >= 2,
-             "at least 2")):
+             "at least 2"),
+            ("document_sample", document_sample, 0 < document_sample <= 1,
+             "a fraction in (0, 1]")):
         if not ok:
             raise ConfigError(f"bert_pretraining: {name}={value}; use {todo}")
     fingerprint = {
@@ -129,6 +135,8 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
         "version": str(BertPretraining.VERSION)}
     if not next_sentence_prediction:   # only then: the names of pair datasets stay as built
         fingerprint["next_sentence_prediction"] = False
+    if document_sample != 1:           # likewise
+        fingerprint["document_sample"] = document_sample
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     stem = re.sub(r"[^A-Za-z0-9]+", "_", os.path.basename(parsed[0][0]).split(".")[0])
     name = f"{stem.strip('_').lower() or 'corpus'}_{digest[:12]}"
@@ -138,13 +146,43 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
         lowercase=bool(lowercase), max_seq_length=max_seq_length,
         short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
         eval_documents=eval_documents, seed=seed, documents_per_shard=documents_per_shard,
-        next_sentence_prediction=bool(next_sentence_prediction)))
+        next_sentence_prediction=bool(next_sentence_prediction),
+        document_sample=float(document_sample)))
+
+
+def file_key(path: str) -> str:
+    """The name of a corpus file in the keys of its random choices: its base
+    name without `.gz`, so a compressed file gives the same instances."""
+    return os.path.basename(path).removesuffix(".gz")
 
 
 def _derived_int(*parts) -> int:
     """A non-negative 63-bit integer of `parts` (SHA-256 of their repr): the
     same in every process, on every machine."""
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "big") >> 1
+
+
+def in_sample(fraction: float, seed: int, purpose: str, path: str, position: int) -> bool:
+    """Whether the document at `position` of the corpus file `path` is in the
+    `fraction` of documents sampled for `purpose`: its hash of (seed, purpose,
+    file, position) decides, so a sample is spread evenly over the corpus and
+    the same on every machine."""
+    return fraction == 1 or _derived_int(seed, purpose, file_key(path), position) < (
+        fraction * 2 ** 63)
+
+
+def corpus_lines(files: Sequence[str], sample: float = 1.0, seed: int = 0):
+    """The lines of the corpus `files` ('path' or 'path:format'), streamed, for
+    training a vocabulary: with `sample` < 1, only the documents `in_sample`
+    (each file is still read whole: the sample saves the trainer's time, not
+    the reading)."""
+    if not 0 < sample <= 1:
+        raise ConfigError(f"config.data.vocab_sample={sample}; use a fraction in (0, 1]")
+    for spec in files:
+        path, fmt = parse_file_spec(spec)
+        for position, document in enumerate(pretraining_data.iter_documents(path, fmt)):
+            if in_sample(sample, seed, "vocab", path, position):
+                yield from document.lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +201,7 @@ def scan_file(indexed_file: tuple[int, tuple[str, str]], cfg: BertPretrainingCon
     """Pass 1 over one file, streaming: its `Shard`s (tagged "shards"), each
     document's held-out key (tagged "candidates") and its statistics."""
     file_index, (path, fmt) = indexed_file
-    name, per_shard = os.path.basename(path), cfg.documents_per_shard
+    name, per_shard = file_key(path), cfg.documents_per_shard
     starts, stats = [], {"documents": 0, "lines": 0, "one_line_documents": 0}
     for position, document in enumerate(pretraining_data.iter_documents(path, fmt)):
         if position % per_shard == 0:
@@ -247,15 +285,21 @@ def write_part(parts_dir: str, split: str, name: str, instances) -> dict:
 def build_shard(shard: Shard, cfg: BertPretrainingConfig, held_out: list[tuple[int, int]],
                 parts_dir: str):
     """Pass 2 over one shard: the held-out documents out (tagged "held_out"),
-    the others' instances written as a part of `train` (seeded by (seed, file
-    name, shard)); the shard's statistics (the main output)."""
+    the others' instances (of the `document_sample`, drawn per sequence length,
+    so two phases read different documents) written as a part of `train`
+    (seeded by (seed, file name, shard)); the shard's statistics (the main
+    output)."""
     path, fmt = cfg.files[shard.file_index]
-    documents = [d.lines for d in itertools.islice(
-        pretraining_data.iter_documents(path, fmt, shard.start), shard.num_documents)]
-    ids = iter(_vocabulary(cfg.vocab_file, cfg.lowercase).encode_batch(
-        [line for lines in documents for line in lines]))
     held_out, kept = set(held_out), []
-    for position, lines in enumerate(documents, start=shard.first_document):
+    documents = [(position, d.lines) for position, d in enumerate(itertools.islice(
+        pretraining_data.iter_documents(path, fmt, shard.start), shard.num_documents),
+        start=shard.first_document)
+        if (shard.file_index, position) in held_out
+        or in_sample(cfg.document_sample, cfg.seed, f"train/{cfg.max_seq_length}", path,
+                     position)]
+    ids = iter(_vocabulary(cfg.vocab_file, cfg.lowercase).encode_batch(
+        [line for _, lines in documents for line in lines]))
+    for position, lines in documents:
         segments = [s for s in (next(ids) for _ in lines) if s]
         if (shard.file_index, position) in held_out:
             yield beam.pvalue.TaggedOutput("held_out", ((shard.file_index, position), segments))
@@ -270,7 +314,7 @@ def build_shard(shard: Shard, cfg: BertPretrainingConfig, held_out: list[tuple[i
                         "training (%d); skipped.", shard.index, path, len(kept))
         yield stats
         return
-    seed = _derived_int(cfg.seed, os.path.basename(path), shard.index)
+    seed = _derived_int(cfg.seed, file_key(path), shard.index)
     instances = _create_instances(kept, cfg, dupe_factor=cfg.dupe_factor, seed=seed)
     yield {**stats, **write_part(parts_dir, "train", f"{shard.file_index}/{shard.index}",
                                  instances)}
@@ -303,6 +347,7 @@ def corpus_metadata(stats: dict, cfg: BertPretrainingConfig) -> dict:
             "documents", "one_line_documents", "lines", "train_documents",
             "shards", "unpaired_documents")},
         "eval_documents": cfg.eval_documents, "documents_per_shard": cfg.documents_per_shard,
+        "document_sample": cfg.document_sample,
         "instances": {s: stats.get(f"{s}_instances", 0) for s in splits},
         "random_next": {s: stats.get(f"{s}_random_next", 0) / max(1, stats.get(
             f"{s}_instances", 0)) for s in splits}}

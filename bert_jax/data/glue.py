@@ -18,7 +18,9 @@ kept as text); text fields and labels are stripped. Files with a header row
 name their columns there; header-less files (CoLA's train/dev) use 0-based
 indices. Rows may have more fields than the header, not fewer than the columns
 used. With `labels_required=False` (GLUE's `test.tsv`), an absent label gives
--1 (classification) or NaN (regression). A file that cannot be read so raises a
+-1 (classification) or NaN (regression); with `text_only=True` the label
+column is never looked at and the examples have no "label" (the unlabelled
+text of in-task pretraining). A file that cannot be read so raises a
 `DataError` naming file:line[:column] and the bad field.
 """
 
@@ -169,7 +171,7 @@ def get_task(task: str | GlueTaskSpec) -> GlueTaskSpec:
 
 
 def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
-             labels_required: bool = True) -> list[dict[str, Any]]:
+             labels_required: bool = True, text_only: bool = False) -> list[dict[str, Any]]:
     """The examples of one TSV file of a task, in file order:
     `{"text_a", "text_b" ("" for one sentence), "label", "line"}`, the label
     an index in `spec.labels` (a float for regression), `line` 1-based."""
@@ -179,7 +181,8 @@ def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
         raise MissingFileError(f"{path}: no such file; pass a file of task {spec.name} "
                                f"({', '.join(sorted(set(spec.splits.values())))})")
     rows = _rows(path)
-    wanted = {"text_a": spec.text_a, "text_b": spec.text_b, "label": spec.label_column}
+    wanted = {"text_a": spec.text_a, "text_b": spec.text_b,
+              **({} if text_only else {"label": spec.label_column})}
     index = dict(wanted)
     if spec.has_header:
         header = next(rows, (1, None))[1]
@@ -211,6 +214,9 @@ def read_tsv(path: str | os.PathLike, spec: str | GlueTaskSpec,
             if i is not None and not example[key]:
                 raise DataError(path, f"empty {key}", "fix or remove the line", line=lineno,
                                 column=char_column(row, i))
+        if text_only:
+            examples.append(example)
+            continue
         i = index["label"]
         value = row[i].strip() if i is not None and i < len(row) else ""
         if not value and not labels_required:
@@ -291,8 +297,8 @@ def task_directory(path: str | os.PathLike, spec: GlueTaskSpec) -> str:
                            f"nor a {spec.directory} folder; pass the task's directory")
 
 
-def read_split(path: str | os.PathLike, spec: str | GlueTaskSpec, split: str
-               ) -> list[dict[str, Any]]:
+def read_split(path: str | os.PathLike, spec: str | GlueTaskSpec, split: str,
+               text_only: bool = False) -> list[dict[str, Any]]:
     """`read_tsv` of the file of `split` in the task directory (or GLUE
     root) `path`; a split without examples is an error."""
     spec = get_task(spec)
@@ -300,7 +306,8 @@ def read_split(path: str | os.PathLike, spec: str | GlueTaskSpec, split: str
         raise DataError(f"glue {spec.name}", f"no split {split!r}",
                         f"the task has {sorted(spec.splits)}")
     file = os.path.join(task_directory(path, spec), spec.splits[split])
-    examples = read_tsv(file, spec, labels_required=split not in spec.unlabeled_splits)
+    examples = read_tsv(file, spec, labels_required=split not in spec.unlabeled_splits,
+                        text_only=text_only)
     if not examples:
         raise DataError(file, "no examples", "add some or evaluate another split")
     return examples

@@ -6,9 +6,13 @@ statically (once per example, as the original) or dynamically (fresh masks
 every step, as RoBERTa), e.g. `Masker(...)(tokens, masking_rng(seed, step, row))`.
 
 1. Reading (`iter_documents`): the original's format, one sentence (or
-   paragraph) a line and a blank line between documents; or WikiText raw,
-   where ` = Title = ` starts an article and ` = = Heading = = ` lines are
-   dropped. Documents never span files.
+   paragraph) a line and a blank line between documents; 'paragraphs', the
+   same with one paragraph a line, each cut into sentences (`split_sentences`:
+   the original wants "one sentence per line ... not entire paragraphs",
+   google-research/bert README, "Pre-training with BERT"; a paragraph taken
+   whole is one segment, and at sequence 32 all but its first tokens are cut
+   off); or WikiText raw, where ` = Title = ` starts an article and
+   ` = = Heading = = ` lines are dropped. Documents never span files.
 
 2. Sentence pairs (`create_instances_from_document`, `create_instances`).
    Per document a target length is drawn: `max_seq_length - 3`, or with
@@ -54,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import re
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -61,7 +66,7 @@ import numpy as np
 from bert_jax.data.text_files import utf8_lines
 from bert_jax.errors import MissingFileError
 
-DOCUMENT_FORMATS = ("blank_lines", "wikitext")
+DOCUMENT_FORMATS = ("blank_lines", "paragraphs", "wikitext")
 PAD_ID = 0  # padding id (always treated as special)
 MASKING_PURPOSE = 0x6D61736B  # "mask": separates masking streams from other uses of `seed`
 
@@ -74,17 +79,44 @@ class Document:
     start: tuple[int, int]
 
 
+# A sentence ends at . ! or ? (closing quotes and brackets after it), before
+# white space and an opening quote, bracket, capital or digit...
+_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+# ...unless the word it ends is an abbreviation or an initial ("J. S. Bach").
+_ABBREVIATIONS = frozenset(
+    "mr mrs ms dr prof st jr sr vs etc e.g i.e u.s u.k no nos fig inc ltd co corp gen col "
+    "lt sgt capt rev mt ft approx ca jan feb mar apr jun jul aug sep sept oct nov dec".split())
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """The sentences of one paragraph, by the rule of `_SENTENCE_END` (a
+    heuristic: about what a rule-based splitter does on encyclopedic and
+    review text, at regex speed)."""
+    sentences, start = [], 0
+    for end in _SENTENCE_END.finditer(paragraph):
+        word = paragraph[start:end.start() + 1].rsplit(None, 1)[-1].rstrip(".").lower()
+        if paragraph[end.start()] == "." and (word in _ABBREVIATIONS or
+                                              len(word) == 1 and word.isalpha()):
+            continue
+        sentences.append(paragraph[start:end.end()].strip())
+        start = end.end()
+    sentences.append(paragraph[start:].strip())
+    return [sentence for sentence in sentences if sentence]
+
+
 def iter_documents(path: str, document_format: str = "blank_lines",
                    start: tuple[int, int] = (0, 1)) -> Iterator[Document]:
     """The documents of one file, streamed, from its beginning or from the
     `start` of one of its documents. 'blank_lines': several blank lines count
-    as one; 'wikitext': the title line is not text, blank lines are ignored.
+    as one ('paragraphs' too, its lines cut into sentences); 'wikitext': the
+    title line is not text, blank lines are ignored.
     A file without text gives no document (the caller records it)."""
     if document_format not in DOCUMENT_FORMATS:
         raise ValueError(f"document_format={document_format!r}; use one of {DOCUMENT_FORMATS}")
     if not os.path.isfile(path):
         raise MissingFileError(f"{path}: no such corpus file; check the path")
     wikitext = document_format == "wikitext"
+    sentences = document_format == "paragraphs"
     lines: list[str] = []
     first = start
     for offset, lineno, text in utf8_lines(path, start):
@@ -98,7 +130,10 @@ def iter_documents(path: str, document_format: str = "blank_lines",
         elif line and not (wikitext and all(deep)):
             if not lines:
                 first = (offset, lineno)
-            lines.append(line)
+            if sentences:
+                lines.extend(split_sentences(line))
+            else:
+                lines.append(line)
     if lines:
         yield Document(lines, first)
 

@@ -51,7 +51,7 @@ import numpy as np
 
 from bert_jax.data import (
     pipeline, pretraining_data, sources, synthetic_documents, wordpiece)
-from bert_jax.data.bert_pretraining import BertPretraining, parse_file_spec
+from bert_jax.data.bert_pretraining import BertPretraining, corpus_lines
 from bert_jax.modeling.bert import BertForPreTraining
 from bert_jax.modeling.configs import BertConfig, ConfigError
 from bert_jax.tasks.base import Batch, Task, cached_method, register, written_by_process_zero
@@ -71,7 +71,9 @@ class BertPretrainingTask(Task):
     model_config_class = BertConfig
     supports_abstract = True
     evaluation_overrides = ("data.eval_examples", "data.next_sentence_prediction")
-    saved_defaults = types.MappingProxyType({"data.next_sentence_prediction": True})
+    saved_defaults = types.MappingProxyType({"data.next_sentence_prediction": True,
+                                             "data.vocab_sample": 1.0,
+                                             "data.document_sample": 1.0})
     model_keywords = ("position_ids",)
 
     def __init__(self, config, workdir, abstract=False):
@@ -129,10 +131,10 @@ class BertPretrainingTask(Task):
         return files
 
     def _corpus_texts(self):
-        for spec in self.corpus_files:
-            path, fmt = parse_file_spec(spec)
-            for document in pretraining_data.iter_documents(path, fmt):
-                yield from document.lines
+        """The vocabulary's training text: the corpus, or `data.vocab_sample` of
+        its documents (`bert_pretraining.corpus_lines`)."""
+        return corpus_lines(self.corpus_files, self.config.data.get(
+            "vocab_sample", self.saved_defaults["data.vocab_sample"]), self.config.seed)
 
     def dataset_builder(self) -> BertPretraining:
         data = self.config.data
@@ -142,6 +144,8 @@ class BertPretrainingTask(Task):
             dupe_factor=data.dupe_factor, eval_documents=data.eval_documents,
             seed=self.config.seed, documents_per_shard=data.documents_per_shard,
             next_sentence_prediction=self.next_sentence,
+            document_sample=data.get("document_sample", self.saved_defaults[
+                "data.document_sample"]),
             beam_options=data.beam_options, data_dir=data.data_dir or None)
 
     @cached_method

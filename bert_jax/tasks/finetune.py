@@ -23,7 +23,10 @@ Labelled-data size: `data.train_examples` (0: all) replaces the training split
 by `training_subset`, a sample without replacement seeded by `data.subset_seed`
 alone, so identical for every backbone and `config.seed`, and nested across
 sizes (learning curves); SQuAD samples questions, their windows follow. The
-evaluation splits stay whole. A vocabulary trained from scratch sees the
+evaluation splits stay whole. `data.eval_split='heldout'` evaluates on
+`data.heldout_fraction` of that subset instead, held out of training
+(`carve_heldout`): a split to choose hyperparameters on that is neither dev nor
+test, from the same labelled examples a run may use. A vocabulary trained from scratch sees the
 subset's texts only (k labelled examples and nothing else; a vocabulary shared
 by every size is `data.vocab_file`).
 
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import types
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -64,6 +68,7 @@ from bert_jax.tasks.base import Batch, Task, cached_method, register
 from bert_jax.tasks.bert_backbone import resolve_backbone
 
 ROW = "row"  # the row's index in its split's rows: predictions map back through it
+HELDOUT = "heldout"  # the evaluation split carved from the training subset
 
 
 def _buckets(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
@@ -95,6 +100,20 @@ def training_subset(examples: Sequence[Any], size: int, seed: int) -> Sequence[A
     return [examples[i] for i in chosen]
 
 
+def carve_heldout(examples: Sequence[Any], fraction: float, seed: int
+                  ) -> tuple[Sequence[Any], Sequence[Any]]:
+    """(training, held out): `fraction` of `examples` (at least one) drawn by
+    `seed`, both in their order."""
+    count = max(1, round(fraction * len(examples)))
+    if not 0 < fraction < 1 or count >= len(examples):
+        raise ConfigError(f"config.data.heldout_fraction={fraction}: it must leave examples "
+                          f"of the {len(examples)} for training and hold out at least one; "
+                          "use a fraction in (0, 1) and more training examples")
+    held = set(np.random.default_rng([seed, 1]).permutation(len(examples))[:count].tolist())
+    return ([e for i, e in enumerate(examples) if i not in held],
+            [e for i, e in enumerate(examples) if i in held])
+
+
 def tag_set(sentences: Iterable[dict], tag_column: str, fmt: str) -> tuple[str, ...]:
     """UPOS's fixed 17 tags for CoNLL-U's `upos` column, else every tag of `sentences`."""
     if fmt == "conllu" and (tag_column or "upos") == "upos":
@@ -108,6 +127,7 @@ class FinetuneTask(Task):
 
     model_config_class = BertConfig
     evaluation_overrides = ("data.path",)
+    saved_defaults = types.MappingProxyType({"data.heldout_fraction": 0.1})
 
     def __init__(self, config, workdir):
         super().__init__(config, workdir)
@@ -132,6 +152,14 @@ class FinetuneTask(Task):
     def training_texts(self) -> Iterator[str]:
         """Texts of `examples('train')` (to train a vocabulary from scratch)."""
 
+    def unlabelled_texts(self) -> list[list[str]]:
+        """The texts of every example of the whole training split (not only the
+        `data.train_examples` subset), read without their labels, one list an
+        example (a sentence, or a pair's two): the text of in-task masked-LM
+        pretraining (`analysis.transfer`, Gururangan et al. 2020)."""
+        raise ConfigError(f"in-task masked-LM pretraining reads the text of GLUE and "
+                          f"tagging tasks, not of task {self.config.task!r}")
+
     @abc.abstractmethod
     def featurize(self, split: str) -> list[Batch]:
         """The split's examples -> rows: `input_ids`, `token_type_ids`, labels."""
@@ -152,18 +180,27 @@ class FinetuneTask(Task):
 
     @cached_method
     def examples(self, split: str) -> Sequence[Any]:
-        """The split's examples; for 'train', its subset of `data.train_examples`."""
-        examples = self.read_examples(split)
-        if split != "train":
-            return examples
+        """The split's examples; for 'train', its subset of `data.train_examples`
+        (less the held-out part when `data.eval_split` is 'heldout'); for
+        'heldout', that part."""
         data = self.config.data
+        if split not in ("train", HELDOUT):
+            return self.read_examples(split)
+        examples = self.read_examples("train")
         size, seed = data.get("train_examples", 0), data.get("subset_seed", 0)
         subset = training_subset(examples, size, seed)
-        if size:
+        if size and split == "train":
             logging.info("%s: training on %d of the %d training examples "
                          "(config.data.train_examples, subset_seed=%d)",
                          type(self).__name__, len(subset), len(examples), seed)
-        return subset
+        if data.eval_split != HELDOUT:
+            if split == HELDOUT:
+                raise ConfigError("the 'heldout' split is evaluated only by the run that "
+                                  "held it out: train with config.data.eval_split='heldout'")
+            return subset
+        train, heldout = carve_heldout(subset, data.get(
+            "heldout_fraction", self.saved_defaults["data.heldout_fraction"]), seed)
+        return train if split == "train" else heldout
 
     @cached_method
     def rows(self, split: str) -> list[Batch]:
@@ -274,6 +311,16 @@ class GlueTask(FinetuneTask):
             if example["text_b"]:
                 yield example["text_b"]
 
+    def unlabelled_texts(self):
+        data = self.config.data
+        if data.path:
+            examples = glue.read_split(data.path, self.spec, "train", text_only=True)
+        else:   # the catalog's examples carry their label: dropped here
+            source = sources.load_source(self.spec.catalog, "train", data.data_dir or None)
+            examples = [glue.from_catalog(self.spec, source[i]) for i in range(len(source))]
+        return [[e["text_a"], e["text_b"]] if e["text_b"] else [e["text_a"]]
+                for e in examples]
+
     def featurize(self, split):
         examples = self.examples(split)
         a_ids = self.vocab.encode_batch([e["text_a"] for e in examples])
@@ -347,6 +394,9 @@ class TaggingTask(FinetuneTask):
     def training_texts(self):
         for example in self.examples("train"):
             yield " ".join(example["words"])
+
+    def unlabelled_texts(self):
+        return [[" ".join(sentence["words"])] for sentence in self.read_examples("train")]
 
     @property
     def sequence_keys(self):
