@@ -270,10 +270,11 @@ def test_two_phases_short_with_offsets_then_full_length(tmp_path):
     single = evaluation.evaluate_checkpoint(evaluation.evaluation_config(workdir, requested),
                                             workdir)
     assert "eval/mlm_accuracy" in single and "eval/nsp_accuracy" not in single
-    # A workdir written before the key existed reads as pairs, takes the override,
-    # and resumes under the config that now names the key.
+    # A workdir written before the keys existed reads as pairs, takes the override,
+    # and resumes under the config that now names the keys.
     saved = json.load(open(tmp_path / "p2" / "config.json"))
-    del saved["data"]["next_sentence_prediction"]
+    for key in ("next_sentence_prediction", "vocab_sample", "document_sample"):
+        del saved["data"][key]
     json.dump(saved, open(tmp_path / "p2" / "config.json", "w"))
     assert evaluation.saved_config(workdir).data.next_sentence_prediction is True
     assert evaluation.evaluation_config(

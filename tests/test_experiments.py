@@ -15,7 +15,9 @@ FINETUNE = ["sst2", "mrpc", "stsb", "cola", "rte", "qnli", "mnli", "upos", "ner"
 VARIANTS = {"translate.py": [None, "multi30k", "multi30k_en_de", "wmt_base", "wmt_big"],
             "tiny_translate.py": [None],
             "pretrain_bert.py": [None, "corpus", "corpus_phase1", "corpus_phase2", "cpu_phase1",
-                                 "cpu_phase2", "cpu_bf16_phase1", "cpu_bf16_phase2", "base_2018",
+                                 "cpu_phase2", "cpu_bf16_phase1", "cpu_bf16_phase2", "cpu_wiki_phase1",
+                                 "cpu_wiki_phase2", "cpu_wiki_imdb_phase1",
+                                 "cpu_wiki_imdb_phase2", "in_task_mlm", "base_2018",
                                  "large_2018", "base_lamb_phase1", "base_lamb_phase2",
                                  "large_lamb_phase1", "large_lamb_phase2"],
             "finetune.py": [None] + FINETUNE + ["sst2,steps=600", "squad,epochs=1"]}
@@ -70,6 +72,29 @@ def test_corpus_files_from_the_command_line():
     config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
     values(argv)
     assert tuple(values.config.data.corpus_files) == ("a.txt", "b.raw:wikitext")
+
+
+@pytest.mark.parametrize("phase", ["1", "2"])
+def test_the_wikipedia_variants_change_only_the_corpus(phase):
+    """cpu_wiki(_imdb)_phaseN is cpu_phaseN on the gzip Wikipedia (and IMDb)
+    files, cut into sentences, sampled (docs/RESULTS.md)."""
+    module = load("pretrain_bert.py")
+    reuters = module.get_config(f"cpu_phase{phase}").to_dict()
+    changed = ("corpus_files", "dupe_factor", "documents_per_shard", "vocab_sample",
+               "document_sample")
+    for arm, names in (("wiki", ["enwiki_wikiextractor_docs.txt.gz"]),
+                       ("wiki_imdb", ["enwiki_wikiextractor_docs.txt.gz",
+                                      "imdb_unsup_docs.txt.gz"])):
+        config = module.get_config(f"cpu_{arm}_phase{phase}").to_dict()
+        assert [spec.rsplit("/", 1)[1] for spec in config["data"]["corpus_files"]] == [
+            f"{name}:paragraphs" for name in names]
+        for section in reuters:
+            expected = reuters[section]
+            if section == "data":
+                expected = {k: v for k, v in expected.items() if k not in changed}
+                config[section] = {k: v for k, v in config[section].items()
+                                   if k not in changed}
+            assert config[section] == expected, section
 
 
 def test_every_experiment_file_is_covered():

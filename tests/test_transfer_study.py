@@ -404,17 +404,17 @@ def test_in_task_masked_lm_reads_the_text_never_the_labels(sst2, tmp_path):
                "data.max_seq_length": 32, "data.max_predictions_per_seq": 5,
                "data.eval_documents": 2, "data.beam_options": IN_PROCESS, "peak_flops": 1e12}
 
-    def run_study():
+    def study_here():
         return transfer.Study(
             str(tmp_path / "study"), transfer.parse_backbones([f"itm=in_task_mlm:{tmp_path}/pt"]),
             [{"tasks": (TASK,)}], config_file=FINETUNE,
             base_overrides={**base_overrides(glue), "data.length_buckets": ()},
             train_fn=train, log=lambda line: None,
             in_task_config=str(REPO / "experiments" / "pretrain_bert.py:in_task_mlm"),
-            in_task_overrides=in_task).run()
+            in_task_overrides=in_task)
 
     run = f"{TASK}/backbone=itm,n=0,seed=0"
-    assert run_study() == {run: "failed"}    # fine-tuning needs the labels
+    assert study_here().run() == {run: "failed"}    # fine-tuning needs the labels
     mlm = tmp_path / "study" / "in_task_mlm" / TASK / "backbone=itm"
     assert calls == [os.path.relpath(mlm, tmp_path), f"study/{run}"]
     assert (mlm / "checkpoints" / "2").is_dir()
@@ -426,8 +426,9 @@ def test_in_task_masked_lm_reads_the_text_never_the_labels(sst2, tmp_path):
     assert saved["data"]["next_sentence_prediction"] is False
 
     (glue / "train.tsv").write_text(labelled)
+    assert f"1 in-task masked-LM runs of {TASK} (2 steps each)" in study_here().dry_run()
     calls.clear()
-    assert run_study() == {run: "done"}
+    assert study_here().run() == {run: "done"}
     assert calls == [f"study/{run}"]          # the in-task run is reused
     finetuned = tmp_path / "study" / run
     assert json.loads((finetuned / "config.json").read_text())["init_from"] == str(mlm)

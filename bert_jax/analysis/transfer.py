@@ -29,16 +29,19 @@ only K of the labels), for the fixed steps of `in_task_config`
 result. The text and that run live in DIR/in_task_mlm/<task>/ (a sweep of one
 run a backbone), made before the task's first run from it and then reused.
 
+The runs go seed by seed (every task, size and backbone at seed 0 first: a
+study stopped half-way already fills the table), smaller sizes first; a
+finished run is skipped and an interrupted one resumed (the sweep's). Size 0
+is tabulated and drawn at the split's real number of examples
+(`train_split_size`).
+
 A learning-rate grid (`lr_grid`, the same for every backbone) chooses each
-backbone's rate per task and size without the dev set: seed 0 trains at each
-rate on the size's subset less a held-out tenth and is scored on that tenth
-(`data.eval_split='heldout'`, `finetune.carve_heldout`), in
-DIR/lr_selection/<task>/; the rate of the best main metric is written to
-DIR/lr_selection.json and the study's runs train with it on the whole subset. The runs go seed by
-seed (every task, size and backbone at seed 0 first: a study stopped half-way
-already fills the table), smaller sizes first; a finished run is skipped and
-an interrupted one resumed (the sweep's). Size 0 is tabulated and drawn at the
-split's real number of examples (`train_split_size`).
+backbone's rate per task and size without the dev set, before those runs:
+seed 0 trains at each rate on the size's subset less a held-out tenth and is
+scored on that tenth (`data.eval_split='heldout'`, `finetune.carve_heldout`),
+in DIR/lr_selection/<task>/; the rate of the best main metric (ties: the
+smaller) goes to DIR/lr_selection.json and the runs train at it on the whole
+subset.
 """
 
 from __future__ import annotations
@@ -190,15 +193,12 @@ def backbone_model(init_from: str) -> tuple[BertConfig, str, bool | None]:
     return bert_backbone.checkpoint_model(folder, bert_backbone.checkpoint_kind(folder))
 
 
-def scratch_overrides(init_from: str, config: Any) -> dict[str, Any]:
-    """Overrides of `config` (a fine-tuning config) that train from random
-    weights of the backbone `init_from`'s architecture and vocabulary (and
-    casing): `init_from=''`, `model.<ARCHITECTURE field>`, `data.vocab_file`
-    (`config.data.vocab_file` if set, as fine-tuning from it takes it),
-    `data.lowercase`."""
-    architecture, vocab_file, lowercase = backbone_model(init_from)
-    overrides: dict[str, Any] = {"init_from": ""}
-    lacking = []
+def architecture_overrides(init_from: str, config: Any, who: str) -> dict[str, Any]:
+    """`model.<ARCHITECTURE field>` overrides of `config` that write out the
+    architecture of the backbone `init_from` (for `who`, a scratch or in-task
+    backbone, in the error when the `model` section lacks a field)."""
+    architecture = backbone_model(init_from)[0]
+    overrides, lacking = {}, []
     for field in ARCHITECTURE:
         value = getattr(architecture, field)
         if field in config.model:
@@ -206,8 +206,19 @@ def scratch_overrides(init_from: str, config: Any) -> dict[str, Any]:
         elif value != BertConfig.__dataclass_fields__[field].default:
             lacking.append(f"{field}={value!r}")
     if lacking:
-        raise ConfigError(f"a scratch backbone copies {init_from}, whose {', '.join(lacking)} "
-                          "the fine-tuning config's `model` section cannot set; add the field")
+        raise ConfigError(f"a {who} backbone copies {init_from}, whose {', '.join(lacking)} "
+                          "its config's `model` section cannot set; add the field")
+    return overrides
+
+
+def scratch_overrides(init_from: str, config: Any) -> dict[str, Any]:
+    """Overrides of `config` (a fine-tuning config) that train from random
+    weights of the backbone `init_from`'s architecture and vocabulary (and
+    casing): `init_from=''`, `model.<ARCHITECTURE field>`, `data.vocab_file`
+    (`config.data.vocab_file` if set, as fine-tuning from it takes it),
+    `data.lowercase`."""
+    _, vocab_file, lowercase = backbone_model(init_from)
+    overrides = {"init_from": "", **architecture_overrides(init_from, config, "scratch")}
     vocab_file = config.data.get("vocab_file", "") or vocab_file
     if not vocab_file:
         raise ConfigError(f"a scratch backbone copies {init_from}, which has no vocab.txt: "
@@ -428,8 +439,13 @@ class Study:
                   "data.synthetic_documents": 0,
                   "data.data_dir": os.path.join(self.directory, IN_TASK_DIR, "tfds")}
         names = list(self.in_task)
-        return Sweep(apply_overrides(load_config(config_file), {**corpus, **overrides}),
-                     directory, [{"init_from": self.in_task[name]} for name in names],
+        config = apply_overrides(load_config(config_file), {**corpus, **overrides})
+        # The architecture written out, so the workdir's config.json is the
+        # model its checkpoints hold (fine-tuning reads it from there).
+        return Sweep(config, directory,
+                     [{"init_from": self.in_task[name],
+                       **architecture_overrides(self.in_task[name], config, "in-task")}
+                      for name in names],
                      labels=[{"backbone": name} for name in names], config_file=config_file,
                      base_overrides={**corpus, **overrides}, train_fn=self.train_fn,
                      log=self.log)
@@ -513,9 +529,11 @@ class Study:
             key = (task, self.architectures[run.labels["backbone"]])
             if key not in tasks and (key not in rates or task not in cached):
                 from bert_jax.tasks import build_task
+                overrides = {**run.overrides, SIZE_KEY: 0}
+                if run.labels["backbone"] in self.in_task:   # its checkpoint may not exist yet
+                    overrides["init_from"] = self.in_task[run.labels["backbone"]]
                 with tempfile.TemporaryDirectory() as workdir:
-                    tasks[key] = build_task(apply_overrides(
-                        sweep.config, {**run.overrides, SIZE_KEY: 0}), workdir)
+                    tasks[key] = build_task(apply_overrides(sweep.config, overrides), workdir)
             if key not in rates:
                 throughput = throughput or self._throughput(sweep.config)
                 flops = tasks[key].flops_per_step()
@@ -583,8 +601,15 @@ class Study:
         notes = "\ntime: a done run's wall time" + (
             "; '~' the estimated time left, from\n" + "".join(f"  {s}\n" for s in sources)
             if sources else "\n")
+        before = [f"{len(sweep.runs)} learning-rate selection runs of {task} (lr_grid="
+                  f"{','.join(f'{lr:g}' for lr in self.lr_grid)})"
+                  for task, sweep in self.selection_sweeps.items()]
+        before += [f"{len(sweep.runs)} in-task masked-LM runs of {task} "
+                   f"({sweep.num_steps(sweep.runs[0])} steps each)"
+                   for task, sweep in self.in_task_sweeps.items()]
+        before = "".join(f"before these, not timed: {line}\n" for line in before)
         return markdown_table(["task", "backbone", "examples", "seed", "steps", "status",
-                               "time"], body) + notes + summary + "\n"
+                               "time"], body) + notes + before + summary + "\n"
 
 
 # -- results --------------------------------------------------------------------------------

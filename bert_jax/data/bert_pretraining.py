@@ -228,11 +228,12 @@ def held_out_documents(smallest: list[tuple[int, int, int]], documents: int,
                        cfg: BertPretrainingConfig) -> list[tuple[int, int]]:
     """(file_index, position) of the `eval_documents` documents of smallest
     hash; raises when too few documents are left for training."""
-    if documents - len(smallest) < 2:
+    needed = 2 if cfg.next_sentence_prediction else 1
+    if documents - len(smallest) < needed:
         raise ConfigError(
             f"bert_pretraining: eval_documents={cfg.eval_documents} leaves "
-            f"{documents - len(smallest)} of {documents} documents for training; "
-            "lower it (next-sentence pairs need 2)")
+            f"{documents - len(smallest)} of {documents} documents for training; lower it"
+            + (" (next-sentence pairs need 2)" if needed == 2 else ""))
     return [(file_index, position) for _, file_index, position in smallest]
 
 
