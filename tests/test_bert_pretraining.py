@@ -471,8 +471,9 @@ def test_a_document_sample_cuts_only_its_documents_and_keeps_the_held_out_ones(t
     train = load_source(sampled, "train")
     seen = {d for i in range(len(train)) for d in document_numbers(vocab, train[i])
             if d is not None}
-    held_out = {d for example in examples_of(whole)["validation"]
-                for d in document_numbers(vocab, example) if d is not None}
+    validation = load_source(whole, "validation")
+    held_out = {d for i in range(len(validation))
+                for d in document_numbers(vocab, validation[i]) if d is not None}
     corpus = str(tmp_path / "corpus.txt")
     chosen = {d for d in range(30) if d not in held_out and bert_pretraining.in_sample(
         0.5, 1, "train/32", corpus, d)}

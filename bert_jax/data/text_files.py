@@ -8,7 +8,7 @@ offset (a pretraining shard) and its `DataError` can name `file:line[:column]`
 (`char_column` gives the column of a tab-separated field). A file whose name ends
 in `.gz` is read as a gzip stream, never unpacked to disk: its offsets count the
 uncompressed bytes, and resuming from one decompresses the stream up to it (gzip
-has no index; about a second per 300 MB here). A damaged or truncated gzip is a
+has no index). A damaged or truncated gzip is a
 `DataError` naming the file. `as_text` turns a
 tfds text feature (bytes, or a 0-d array of bytes) into a `str`.
 """
