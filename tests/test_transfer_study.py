@@ -316,10 +316,8 @@ def test_the_learning_rate_is_chosen_on_held_out_training_examples(sst2, backbon
 # -- end to end ---------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_a_tiny_study_end_to_end(sst2, tmp_path):
-    """A pretraining of 2 steps, then the launcher fine-tunes from it and from
-    scratch (same architecture, same vocabulary) and writes the results."""
+def pretrain_two_steps(tmp_path) -> None:
+    """A tiny pretraining of 2 steps into tmp_path/pt: a backbone workdir."""
     from test_bert_pretraining import experiment_config
 
     pretraining = experiment_config(tmp_path / "tfds", synthetic_documents=24, eval_documents=4,
@@ -328,6 +326,13 @@ def test_a_tiny_study_end_to_end(sst2, tmp_path):
         "train.num_steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2,
         "train.log_every": 2, "optimizer.warmup_steps": 1, "peak_flops": 1e12})
     trainer.train_and_evaluate(pretraining, str(tmp_path / "pt"))
+
+
+@pytest.mark.slow
+def test_a_tiny_study_end_to_end(sst2, tmp_path):
+    """A pretraining of 2 steps, then the launcher fine-tunes from it and from
+    scratch (same architecture, same vocabulary) and writes the results."""
+    pretrain_two_steps(tmp_path)
 
     directory = tmp_path / "study"
     # One length bucket: one compiled train step and one evaluation step a run.
@@ -377,14 +382,9 @@ def test_in_task_masked_lm_reads_the_text_never_the_labels(sst2, tmp_path):
     runs, every training label is '?' (reading one is a DataError), so the
     in-task run would fail if it read a label; the labelled split comes back
     for fine-tuning, and the finished in-task run is reused, not rerun."""
-    from test_bert_pretraining import IN_PROCESS, experiment_config
+    from test_bert_pretraining import IN_PROCESS
 
-    pretraining = experiment_config(tmp_path / "tfds", synthetic_documents=24, eval_documents=4,
-                                    dupe_factor=1)
-    pretraining.update_from_flattened_dict({
-        "train.num_steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2,
-        "train.log_every": 2, "optimizer.warmup_steps": 1, "peak_flops": 1e12})
-    trainer.train_and_evaluate(pretraining, str(tmp_path / "pt"))
+    pretrain_two_steps(tmp_path)
 
     glue = tmp_path / "SST-2"
     glue.mkdir()
