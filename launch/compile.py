@@ -11,12 +11,13 @@ GPUs `".[cuda12]"`); runs on a CPU machine. Prints compile seconds, per-device
 memory against the chip's, FLOPs, collectives and attention kernels, and the
 train step's time bound (`bert_jax/training/step_bound.py`: compute, memory and
 communication time at the chips' peak figures, the bottleneck, the MFU ceiling;
-JSON keys `step_time_bound`, `bottleneck`, `mfu_ceiling`); exits non-zero when a
-step does not fit. --fit_global_batch ranks the configurations that fit the
-global batch (micro-batch and accumulation, layers scanned or not, data-parallel
-or FSDP) by that bound, prints the best and the runner-up, the best one's
-train.py command, and the hours at `--mfu` of the chips' peak and at the bound:
-projections, not measurements.
+JSON keys `step_time_bound`, `bottleneck`, `mfu_ceiling`) and beside it the
+per-instruction roofline with its costliest instructions (`per_instruction_bound`);
+exits non-zero when a step does not fit. --fit_global_batch ranks the
+configurations that fit the global batch (micro-batch and accumulation, layers
+scanned or not, data-parallel or FSDP) by the step-total bound, prints the best
+and the runner-up, the best one's train.py command, and the hours at `--mfu` of
+the chips' peak and at the bound: projections, not measurements.
 """
 
 import dataclasses
@@ -149,7 +150,9 @@ def describe(found) -> str:
             f"{'scanned' if found.scan_layers else 'unscanned'}: "
             f"{found.report.train.total_bytes / aot.GiB:.2f} GiB; "
             + (f"bound {bound.bound_s * 1e3:.1f} ms ({bound.bottleneck}-bound, MFU at most "
-               f"{bound.mfu_ceiling:.0%})" if bound else "no bound (no figures for the chip)"))
+               f"{bound.mfu_ceiling:.0%})" if bound else "no bound (no figures for the chip)")
+            + (f", per instruction {bound.roofline.bound_s * 1e3:.1f} ms"
+               if bound and bound.roofline else ""))
 
 
 def fit_dict(found) -> dict:

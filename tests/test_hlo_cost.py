@@ -204,4 +204,99 @@ ENTRY %main (p: f32[1,2,128]) -> f32[1,2,128] {
 def test_transfers_between_tpu_slices_are_listed():
     cost = hlo_cost.program_cost(MEGASCALE)
     assert cost.devices == 4   # one slice's program
-    assert cost.dcn_transfers == [{"kind": "all-reduce", "bytes": 1024, "executions": 1.0}]
+    assert cost.dcn_transfers == [{"kind": "all-reduce", "name": "send-done", "bytes": 1024,
+                                   "executions": 1}]
+
+
+# libtpu allocates a scan's stacked buffer with a custom-call (here in HBM, as a
+# BERT step's are) that a layer's fusion then updates in place.
+ALLOCATE_BUFFER = """\
+HloModule m, is_scheduled=true
+
+ENTRY %main (x: f32[1,1024,1024], i: s32[]) -> f32[8,1024,1024] {
+  %x = f32[1,1024,1024]{2,1,0:T(8,128)} parameter(0)
+  %i = s32[]{:T(128)} parameter(1)
+  %zero = s32[]{:T(128)} constant(0)
+  %custom-call = f32[8,1024,1024]{2,1,0:T(8,128)} custom-call(), \
+    custom_call_target="AllocateBuffer", metadata={op_name="broadcast.1"}, \
+    backend_config={"flag_configs":[],"scoped_memory_configs":[],\
+"used_scoped_memory_configs":[{"memory_space":"1","offset":"0","size":"0"}],\
+"retry_config":{"retry_count":"0"},"aliasing_operands":{"lists":[]}}
+  ROOT %stacked = f32[8,1024,1024]{2,1,0:T(8,128)} \
+    dynamic-update-slice(%custom-call, %x, %i, %zero, %zero)
+}
+"""
+
+
+def test_an_allocate_buffer_moves_no_bytes():
+    """An `AllocateBuffer` custom-call is an allocation, not a write of its
+    32 MiB: the step moves only the layer's update (read and written)."""
+    cost = hlo_cost.program_cost(ALLOCATE_BUFFER)
+    allocation = next(i for i in cost.instructions if i.opcode == "custom-call")
+    assert allocation.bytes == 0
+    assert cost.bytes_accessed == 2 * 1024 * 1024 * 4
+
+
+# libtpu's asynchronous slices of a 64 MiB stack (the syntax of XLA's
+# memory_space_assignment tests): one 4 MiB slice into HBM, one into VMEM.
+ASYNC_SLICE = """\
+HloModule m, is_scheduled=true
+
+ENTRY %main (stack: f32[16,1024,1024]) -> (f32[1,1024,1024], f32[1,1024,1024]) {
+  %stack = f32[16,1024,1024]{2,1,0:T(8,128)} parameter(0)
+  %slice-start = ((f32[16,1024,1024]{2,1,0:T(8,128)}), f32[1,1024,1024]{2,1,0:T(8,128)}, \
+s32[]) slice-start(%stack), slice={[4:5], [0:1024], [0:1024]}
+  %slice-start.1 = ((f32[16,1024,1024]{2,1,0:T(8,128)}), \
+f32[1,1024,1024]{2,1,0:T(8,128)S(1)}, s32[]) slice-start(%stack), \
+    slice={[5:6], [0:1024], [0:1024]}
+  %slice-done = f32[1,1024,1024]{2,1,0:T(8,128)} slice-done(%slice-start)
+  %slice-done.1 = f32[1,1024,1024]{2,1,0:T(8,128)S(1)} slice-done(%slice-start.1)
+  ROOT %tuple = (f32[1,1024,1024]{2,1,0:T(8,128)}, f32[1,1024,1024]{2,1,0:T(8,128)S(1)}) \
+    tuple(%slice-done, %slice-done.1)
+}
+"""
+
+
+def test_an_async_slice_moves_its_slice_not_its_source():
+    """Each pair reads its 4 MiB slice out of the stack and writes it (to
+    VMEM: no HBM write); the 64 MiB source is not charged."""
+    cost = hlo_cost.program_cost(ASYNC_SLICE)
+    slice_bytes = 1024 * 1024 * 4
+    assert {i.name: i.bytes for i in cost.instructions if i.bytes} == {
+        "slice-done": 2 * slice_bytes, "slice-done.1": slice_bytes}
+    assert cost.bytes_accessed == 3 * slice_bytes
+
+
+# Vector work: an exponential and a sum fused, then a negation.
+VECTOR_WORK = """\
+HloModule m, is_scheduled=true
+
+%sum (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %add = f32[] add(%x, %y)
+}
+
+%exp_sum (p: f32[128,256]) -> f32[128] {
+  %p = f32[128,256]{1,0} parameter(0)
+  %e = f32[128,256]{1,0} exponential(%p)
+  %t = f32[256,128]{0,1} transpose(%e), dimensions={1,0}
+  %zero = f32[] constant(0)
+  ROOT %r = f32[128]{0} reduce(%t, %zero), dimensions={0}, to_apply=%sum
+}
+
+ENTRY %main (a: f32[128,256]) -> f32[128] {
+  %a = f32[128,256]{1,0} parameter(0)
+  %f = f32[128]{0} fusion(%a), kind=kLoop, calls=%exp_sum
+  ROOT %n = f32[128]{0} negate(%f)
+}
+"""
+
+
+def test_vector_work_is_one_operation_an_element():
+    """Elementwise: one per result element; a reduction: one per input
+    element (its reducer not again); a transpose moves data: none."""
+    cost = hlo_cost.program_cost(VECTOR_WORK)
+    assert [(i.name, i.vector_ops) for i in cost.instructions if i.vector_ops] == [
+        ("f", 2 * 128 * 256), ("n", 128)]
+    assert cost.flops == 0

@@ -1,20 +1,22 @@
 """The step-time bound (`step_bound`) on hand-made machines and collectives:
 each collective costs what the scaling book's ring formulas give on the links
-it crosses, and the bound is the largest of compute, memory and communication.
-No compiler runs here."""
+it crosses, and the bound is the largest of compute, memory and communication;
+the per-instruction roofline on hand-written programs. No compiler runs here."""
 
 from __future__ import annotations
 
 import pytest
 
-from bert_jax.training import aot, topologies
-from bert_jax.training.hlo_cost import ProgramCost
+from bert_jax.training import aot, hlo, topologies
+from bert_jax.training.hlo_cost import ProgramCost, program_cost
 from bert_jax.training.step_bound import (
     Interconnect, Machine, Place, collective_seconds, step_bound)
 
 B = 64 * 2**20          # bytes of one collective's result per device
 ICI = 4.5e10            # v5e: one ICI link, one way (scaling book, tpus.md)
 DCN = 3.125e9           # v5e: one chip's share of its host's DCN
+PEAK, HBM = 197e12, 8.1e11                   # v5e: bf16 FLOP/s, HBM bytes/s
+VECTOR = topologies.TPUS["v5e"].vector_flops   # its vector units' operations/s
 
 
 def tpu(grid=(4, 4), slices=1, wrap=(False, False, False)) -> Machine:
@@ -22,8 +24,8 @@ def tpu(grid=(4, 4), slices=1, wrap=(False, False, False)) -> Machine:
     torus = tuple(grid) + (1,) * (3 - len(grid))
     places = tuple(Place(s, (x, y, 0)) for s in range(slices)
                    for y in range(torus[1]) for x in range(torus[0]))
-    return Machine("v5e", 197e12, 8.1e11,
-                   Interconnect("ICI", ICI, "DCN", DCN, torus, tuple(wrap)), places)
+    return Machine("v5e", PEAK, HBM,
+                   Interconnect("ICI", ICI, "DCN", DCN, torus, tuple(wrap)), places, VECTOR)
 
 
 def gpus(nodes=1) -> Machine:
@@ -142,3 +144,80 @@ def test_a_slices_program_is_costed_within_its_slice_and_its_transfers_on_dcn():
     ici = collective_seconds(op("all-reduce", [[0, 1, 2, 3]]), two)[1]
     assert bound.communication_by_link == {"ICI": pytest.approx(ici),
                                            "DCN": pytest.approx(3 * 2 * B / 2 / DCN)}
+
+
+# A matmul (2 x 2048^3 FLOPs over three 16 MiB arrays: compute-bound on v5e)
+# and an add (three 16 MiB arrays, 2048^2 operations: memory-bound); between
+# them, per case, a 64 MiB all-reduce over the four chips.
+ARRAY = 2048 * 2048 * 4
+MATMUL_S = 2 * 2048**3 / PEAK   # 87.2 us (its bytes: 3 * ARRAY / HBM = 62.1 us)
+ADD_S = 3 * ARRAY / HBM         # 62.1 us (its 2048^2 operations at VECTOR: 0.7 us)
+ROOFLINE = """\
+HloModule m, is_scheduled=true, num_partitions=4
+
+%sum (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %add.0 = f32[] add(%x, %y)
+}
+
+ENTRY %main (a: f32[2048,2048], b: f32[2048,2048], g: f32[4096,4096]) -> f32[2048,2048] {
+  %a = f32[2048,2048]{1,0} parameter(0)
+  %b = f32[2048,2048]{1,0} parameter(1)
+  %g = f32[4096,4096]{1,0} parameter(2)
+  COLLECTIVE_START
+  %dot = f32[2048,2048]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  COLLECTIVE_DONE
+  ROOT %add = f32[2048,2048]{1,0} add(%dot, %b)
+}
+"""
+GROUPS = ("channel_id=1, replica_groups={{0,1,2,3}}, use_global_device_ids=true, "
+          "to_apply=%sum")
+SYNC = "%all-reduce = f32[4096,4096]{1,0} all-reduce(%g), " + GROUPS
+START = "%all-reduce-start = f32[4096,4096]{1,0} all-reduce-start(%g), " + GROUPS
+DONE = "%all-reduce-done = f32[4096,4096]{1,0} all-reduce-done(%all-reduce-start)"
+
+
+def module(start: str = "", done: str = "") -> str:
+    return ROOFLINE.replace("COLLECTIVE_START", start).replace("COLLECTIVE_DONE", done)
+
+
+def roofline(text: str):
+    cost = program_cost(text)
+    return step_bound(flops=cost.flops, bytes_accessed=cost.bytes_accessed,
+                      model_flops=cost.flops, collective_ops=hlo.collective_ops(text).ops,
+                      machine=tpu(grid=(2, 2)), instructions=cost.instructions)
+
+
+def test_the_per_instruction_roofline_sums_each_instructions_binding_limit():
+    """The matmul waits for the matrix units, the add for HBM: the step takes
+    at least the sum, more than the step-total bound (the larger of all
+    FLOPs at the peak and all bytes at the bandwidth)."""
+    bound = roofline(module())
+    per_instruction = bound.roofline
+    assert per_instruction.bound_s == pytest.approx(MATMUL_S + ADD_S)   # 149.3 us
+    assert bound.bound_s == pytest.approx(max(MATMUL_S, 2 * ADD_S))     # 124.3 us
+    assert bound.bound_s < per_instruction.bound_s
+    assert per_instruction.instructions_s == per_instruction.bound_s
+    assert per_instruction.by_limit_s == {"matrix": pytest.approx(MATMUL_S), "vector": 0.0,
+                                          "memory": pytest.approx(ADD_S), "communication": 0.0}
+    assert [(row["name"], row["limit"]) for row in per_instruction.top] == [
+        ("dot", "matrix"), ("add", "memory")]
+    assert per_instruction.mfu_ceiling == pytest.approx(MATMUL_S / (MATMUL_S + ADD_S))
+    report = bound.to_dict()["per_instruction_bound"]
+    assert report["bound_s"] == per_instruction.bound_s and report["top"][0]["name"] == "dot"
+
+
+def test_communication_is_exposed_where_nothing_runs_beside_it():
+    """An asynchronous all-reduce runs beside the matmul scheduled between its
+    start and its done: only the rest of its link time is exposed. A
+    synchronous one is exposed whole."""
+    sync = module(done=SYNC)
+    link = collective_seconds(hlo.collective_ops(sync).ops[0], tpu(grid=(2, 2)))[1]
+    assert link > MATMUL_S and link > 2 * 4096 * 4096 * 4 / HBM   # its links bind
+    exposed = roofline(sync).roofline
+    assert exposed.exposed_communication_s == pytest.approx(link)
+    assert exposed.bound_s == pytest.approx(MATMUL_S + ADD_S + link)
+    overlapped = roofline(module(start=START, done=DONE)).roofline
+    assert overlapped.exposed_communication_s == pytest.approx(link - MATMUL_S)
+    assert overlapped.bound_s == pytest.approx(link + ADD_S)

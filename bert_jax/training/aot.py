@@ -18,8 +18,9 @@ memory traffic with every loop unrolled (`hlo_cost`).
 `CompileReport.bound` is the train step's time bound (`step_bound`): compute,
 memory and communication time at the target's peak figures
 (`topologies.machine`), the largest of them, their sum, the bottleneck and the
-MFU ceiling it implies. `fit_global_batch` ranks the configurations that fit
-by it.
+MFU ceiling it implies; beside it the per-instruction roofline and its
+costliest instructions. `fit_global_batch` ranks the configurations that fit
+by the first.
 """
 
 from __future__ import annotations
@@ -105,9 +106,13 @@ class CompileReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report; the bound under `step_time_bound` (seconds: compute,
-        memory, communication, bound, sum), `bottleneck`, `mfu_ceiling`."""
+        memory, communication, bound, sum), `bottleneck`, `mfu_ceiling`,
+        `per_instruction_bound` (its costliest instructions, not all of them)."""
         report = dataclasses.asdict(self)
         del report["bound"]
+        for step in (report["train"], report["eval"]):
+            if step and step["program"]:
+                del step["program"]["instructions"]
         return {**report, "fits": self.fits, **(self.bound.to_dict() if self.bound else {})}
 
     def summary(self) -> str:
@@ -239,7 +244,7 @@ def bound_of(step: StepReport, hardware: Machine, model_flops_per_device: float
     return step_bound(
         flops=flops, bytes_accessed=program.bytes_accessed,
         model_flops=model_flops_per_device, collective_ops=ops,
-        machine=hardware, sources={
+        machine=hardware, instructions=program.instructions or None, sources={
             "flops": source,
             "bytes": "operands and results of the instructions run, loops unrolled (hlo_cost)",
             "collectives": "each op's executions and replica groups"

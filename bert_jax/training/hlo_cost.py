@@ -15,8 +15,8 @@ out and scanned, the model FLOPs of `bert_jax.modeling.flops`):
   FLOPs   2 per multiply-add of every `dot` and `convolution` (the
           matmuls, as TPUs write them: a convolution's taps are counted where
           they meet the input, not its padding, as XLA's HloCostAnalysis does),
-          inside fusions too. Elementwise work is not counted: it runs on the
-          vector units, below the matmul peak the bound divides by.
+          inside fusions too. Elementwise work is counted apart (vector,
+          below): it runs on the vector units, far below the matmul peak.
   bytes   for each instruction the program runs (a fusion as one), the bytes
           of its operands and of its result: what it reads from and writes to
           device memory (on a CPU program without loops, exactly XLA's count).
@@ -25,18 +25,34 @@ out and scanned, the model FLOPs of `bert_jax.modeling.flops`):
           slices; each result updated in place (`dynamic-update-slice`, beside
           the fusion's other results) the update. Counting the stacks instead
           would grow with the layers squared in a scanned step. Tuples,
-          bitcasts, parameters and constants move nothing; an asynchronous
-          pair (`-start`/`-done`) counts once; a computation run inside one
-          instruction (a fusion's, a reduction's `to_apply`, an async op's) is
-          that instruction's. Arrays libtpu keeps on the chip (VMEM, layout
-          memory space `S(1)`) count none: what is left is HBM traffic (a
-          model as small as that step lives mostly in VMEM: 1.4e7 bytes
-          against XLA's 1.1e8).
+          bitcasts, parameters, constants and libtpu's `AllocateBuffer`
+          custom-calls (which only allocate a scan's stacked buffers) move
+          nothing; an asynchronous pair (`-start`/`-done`) counts once, as
+          its operation would (an async `slice-start`/`slice-done`: its
+          slice, read and written, not its source); a computation run
+          inside one instruction (a fusion's, a reduction's `to_apply`, an
+          async op's) is that instruction's. Arrays libtpu keeps on the
+          chip (VMEM, layout memory space `S(1)`) count none: what is left
+          is HBM traffic (a model as small as that step lives mostly in
+          VMEM: 1.4e7 bytes against XLA's 1.1e8).
+  vector  one operation per element of the result of each elementwise
+          instruction (XLA's elementwise opcodes, `convert` and the random
+          number generators included), per element of the inputs of each
+          reduction (`reduce`, `reduce-window`; the reducer not counted
+          again), inside fusions too: the work of the vector units
+          (softmax, LayerNorm, dropout's random bits), a lower count than
+          the instructions they issue (an `exp` is several). Data movement
+          (copies, transposes, broadcasts, slices, gathers) counts none.
+
+`ProgramCost.instructions` gives the three per top-level instruction (a
+fusion with what it fuses) with its executions a step: the input of the
+per-instruction roofline of `bert_jax.training.step_bound`.
 
 Across TPU slices libtpu writes no collective: each slice runs its own
 program and hands the data-centre network's share to the host as a `send`
 (`is_host_transfer=true`, `_xla_megascale_transfer_type="ALL_REDUCE"`, ...);
-`dcn_transfers` lists them (kind, bytes sent per device, executions).
+`dcn_transfers` lists them (kind, bytes sent per device, executions, the
+`send-done` that completes each).
 A loop whose trip count cannot be read counts once and is listed in
 `unknown_loops`.
 """
@@ -60,9 +76,39 @@ _MEGASCALE = re.compile(r'_xla_megascale_transfer_type="(\w+)"')
 _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
                "call", "conditional", "after-all", "partition-id", "replica-id",
                "opt-barrier", "iota", "add-dependency", "send", "recv"}   # ...-done count
+_ALLOCATION = 'custom_call_target="AllocateBuffer"'   # libtpu: a buffer, no traffic
 _SLICES = {"dynamic-slice", "slice", "gather"}
 _ALIASED = "output_to_operand_aliasing={{}: (0, {})}"
 _CONTROL = {"while", "conditional", "call"}   # their callees are costed instruction by instruction
+# One vector operation per result element: XLA's elementwise opcodes
+# (HloInstruction::IsElementwise, less copy and bitcast-convert, which move
+# data) and the random-number generators.
+_ELEMENTWISE = frozenset("""
+    abs add and atan2 cbrt ceil clamp compare complex convert cosine count-leading-zeros
+    divide erf exponential exponential-minus-one floor imag is-finite log log-plus-one
+    logistic map maximum minimum multiply negate not or popcnt power real reduce-precision
+    remainder rng rng-bit-generator round-nearest-afz round-nearest-even rsqrt select
+    shift-left shift-right-arithmetic shift-right-logical sign sine sqrt stochastic-convert
+    subtract tan tanh xor""".split())
+_REDUCTIONS = {"reduce", "reduce-window"}   # one vector operation per input element
+
+
+@dataclasses.dataclass
+class InstructionCost:
+    """One execution of a top-level instruction (a fusion with what it fuses)
+    and its executions a step: what the per-instruction roofline of
+    `bert_jax.training.step_bound` costs. The list keeps each computation's
+    instructions in program order (the schedule)."""
+
+    name: str
+    opcode: str
+    computation: str
+    executions: int
+    flops: float                # matmul: dot and convolution, fused ones included
+    vector_ops: float           # elementwise and reduction operations (module docstring)
+    bytes: float                # HBM read and written
+    start: str = ""             # an asynchronous `-done`: the `-start` it completes
+    fused_collectives: tuple[str, ...] = ()   # collectives run inside it (fused)
 
 
 @dataclasses.dataclass
@@ -72,9 +118,11 @@ class ProgramCost:
     loops: dict[str, int]       # while instruction -> trip count used
     unknown_loops: list[str]    # whiles counted once: no count found
     dcn_transfers: list[dict] = dataclasses.field(default_factory=list)
-    # [{kind, bytes, executions}]: TPU host transfers between slices, per device
+    # [{kind, name, bytes, executions}]: TPU host transfers between slices, per
+    # device, each named by its `send-done`
     devices: int = 1            # the program's (num_partitions x replica_count):
                                 # one slice's on a multi-slice TPU
+    instructions: list[InstructionCost] = dataclasses.field(default_factory=list)
 
 
 def _hbm(shape_text: str) -> int:
@@ -85,8 +133,14 @@ def _shape(name: str, defined: dict[str, Instruction]) -> str:
     return defined[name].shape if name in defined else ""
 
 
+def _elements(shape_text: str) -> int:
+    """Elements of an array shape, or of each part of a tuple."""
+    return sum(math.prod(hlo.dimensions(part)) for part in hlo.tuple_parts(shape_text))
+
+
 def program_cost(hlo_text: str) -> ProgramCost:
-    """FLOPs and bytes per device of the program `hlo_text`, loops unrolled."""
+    """FLOPs and bytes per device of the program `hlo_text`, loops unrolled,
+    in total and per top-level instruction."""
     computations = hlo.parse(hlo_text)
     runs, loops = hlo.executions(computations)
     defined = {i.name: i for c in computations.values() for i in c.instructions}
@@ -95,25 +149,89 @@ def program_cost(hlo_text: str) -> ProgramCost:
         for instruction in computation.instructions:
             if computation.name in inside or instruction.opcode not in _CONTROL:
                 inside.update(name for _, name in instruction.callees())
-    flops = bytes_accessed = 0.0
+    work = _Work(computations, defined)
+    costs: list[InstructionCost] = []
     transfers: list[dict] = []
     for computation in computations.values():
         times = runs.get(computation.name, 0)
-        for instruction in computation.instructions if times else ():
-            if instruction.opcode in ("dot", "convolution"):
-                flops += times * _matmul_flops(instruction, defined)
-            if computation.name not in inside:
-                bytes_accessed += times * _traffic(instruction, defined, computations)
-            megascale = _MEGASCALE.search(instruction.text)
-            if instruction.opcode == "send" and megascale:
-                transfers.append({
-                    "kind": megascale.group(1).lower().replace("_", "-"),
-                    "bytes": hlo.array_bytes(_shape(instruction.operands[0], defined)),
-                    "executions": times})
-    return ProgramCost(flops, bytes_accessed,
+        if not times or computation.name in inside:
+            continue
+        for instruction in computation.instructions:
+            costs.append(work.cost(instruction, computation.name, times))
+            transfer = _dcn_transfer(instruction, defined)
+            if transfer:
+                transfers.append({**transfer, "executions": times})
+    return ProgramCost(sum(c.executions * c.flops for c in costs),
+                       sum(c.executions * c.bytes for c in costs),
                        {name: 1 if trips is None else trips for name, trips in loops.items()},
                        [name for name, trips in loops.items() if trips is None],
-                       transfers, hlo.device_count(hlo_text) or 1)
+                       transfers, hlo.device_count(hlo_text) or 1, costs)
+
+
+def _dcn_transfer(instruction: Instruction, defined: dict[str, Instruction]) -> dict | None:
+    """{kind, name, bytes} of a TPU host transfer between slices (a megascale
+    `send`) completed by the `send-done` `instruction`; None for anything else."""
+    send = (defined.get(instruction.operands[0])
+            if instruction.opcode == "send-done" and instruction.operands else None)
+    megascale = _MEGASCALE.search(send.text) if send is not None else None
+    if not megascale:
+        return None
+    return {"kind": megascale.group(1).lower().replace("_", "-"), "name": instruction.name,
+            "bytes": hlo.array_bytes(_shape(send.operands[0], defined))}
+
+
+class _Work:
+    """The matmul FLOPs, vector operations and collectives of instructions,
+    through the computations they fuse (each costed once, then remembered)."""
+
+    def __init__(self, computations: dict[str, Computation],
+                 defined: dict[str, Instruction]):
+        self.computations, self.defined = computations, defined
+        self.fused: dict[str, tuple[float, float, tuple[str, ...]]] = {}
+
+    def cost(self, instruction: Instruction, computation: str, times: int
+             ) -> InstructionCost:
+        """`instruction`, top-level in `computation` and run `times` a step."""
+        flops, vector, collectives = self.of(instruction)
+        start = instruction.operands[0] if (instruction.opcode.endswith("-done")
+                                            and instruction.operands) else ""
+        return InstructionCost(
+            instruction.name, instruction.opcode, computation, times, flops, vector,
+            _traffic(instruction, self.defined, self.computations), start,
+            tuple(name for name in collectives if name != instruction.name))
+
+    def of(self, instruction: Instruction) -> tuple[float, float, tuple[str, ...]]:
+        """(matmul FLOPs, vector operations, collectives) of one execution."""
+        opcode = instruction.opcode
+        flops = (_matmul_flops(instruction, self.defined)
+                 if opcode in ("dot", "convolution") else 0.0)
+        vector = _vector_ops(instruction, self.defined)
+        collectives = ((instruction.name,) if opcode.removesuffix("-done") in hlo.COLLECTIVES
+                       else ())
+        for attribute, callee in instruction.callees() if opcode not in _CONTROL else ():
+            if attribute != "to_apply" and callee in self.computations:   # not a reducer
+                inner = self._computation(callee)
+                flops, vector = flops + inner[0], vector + inner[1]
+                collectives += inner[2]
+        return flops, vector, collectives
+
+    def _computation(self, name: str) -> tuple[float, float, tuple[str, ...]]:
+        if name not in self.fused:
+            parts = [self.of(i) for i in self.computations[name].instructions]
+            self.fused[name] = (sum(p[0] for p in parts), sum(p[1] for p in parts),
+                                tuple(c for p in parts for c in p[2]))
+        return self.fused[name]
+
+
+def _vector_ops(instruction: Instruction, defined: dict[str, Instruction]) -> float:
+    """Vector-unit operations of one instruction: one per result element of
+    an elementwise one, one per input element of a reduction."""
+    if instruction.opcode in _ELEMENTWISE:
+        return float(_elements(instruction.shape))
+    if instruction.opcode in _REDUCTIONS:   # operands: the inputs, then their initial values
+        inputs = instruction.operands[:len(instruction.operands) // 2]
+        return float(sum(_elements(_shape(name, defined)) for name in inputs))
+    return 0.0
 
 
 def _matmul_flops(instruction: Instruction, defined: dict[str, Instruction]) -> float:
@@ -183,21 +301,30 @@ def _window(text: str) -> list[dict[str, int]]:
 def _traffic(instruction: Instruction, defined: dict[str, Instruction],
              computations: dict[str, Computation]) -> float:
     """Bytes one execution of a top-level `instruction` reads and writes."""
-    opcode = instruction.opcode
-    if opcode in _NO_TRAFFIC or opcode.endswith("-start"):
+    opcode, operands = instruction.opcode, instruction.operands
+    if (opcode in _NO_TRAFFIC or opcode.endswith("-start")
+            or opcode == "custom-call" and _ALLOCATION in instruction.text):
         return 0.0
-    operands = instruction.operands
-    if opcode.endswith("-done"):      # the pair's traffic: the start's operands, the result
-        operands = defined[operands[0]].operands if operands[0] in defined else []
-    elif opcode in _SLICES:
-        return 2 * _hbm(instruction.shape)
-    elif opcode == "dynamic-update-slice":
+    if opcode.endswith("-done"):   # the pair: its operation on the start's operands
+        start = defined.get(operands[0]) if operands else None
+        opcode, operands = opcode.removesuffix("-done"), start.operands if start else []
+    if opcode in _SLICES:
+        return _slice_traffic(instruction.shape, _shape(operands[0], defined) if operands
+                              else "")
+    if opcode == "dynamic-update-slice":
         return 2 * _hbm(_shape(operands[1], defined))
-    elif opcode == "fusion":
+    if opcode == "fusion":
         fusion = computations.get(dict(instruction.callees()).get("calls", ""))
         if fusion is not None:
             return _fusion_traffic(instruction, fusion, defined, computations)
     return _hbm(instruction.shape) + sum(_hbm(_shape(o, defined)) for o in operands)
+
+
+def _slice_traffic(result: str, source: str) -> float:
+    """Bytes a slice of `source` into `result` moves: its elements read, unless
+    the source is on the chip, and written, unless the result is."""
+    on_chip = hlo.array_bytes(source) > 0 and not _hbm(source)
+    return (0 if on_chip else hlo.array_bytes(result)) + _hbm(result)
 
 
 def _fusion_traffic(instruction: Instruction, fusion: Computation,

@@ -34,15 +34,37 @@ network, where the group's share of a node's network is its D_0 devices' own
 (each TPU chip's share of its host's DCN; each GPU's InfiniBand NIC).
 Latency (about 1 us a hop) is left out: small collectives take longer.
 
-Inputs are plain (`Machine`, the collective ops as dicts) so that the bound
-can be computed and tested without a compiler; `bert_jax.training.aot` feeds
-it a compiled step and `launch/benchmark.py` a measured CPU.
+Beside it, the roofline per instruction (`Roofline`, JSON
+`per_instruction_bound`), over the program's top-level instructions (a fusion
+as one, with what it fuses; `hlo_cost.InstructionCost`) in the order the
+compiler scheduled them. One execution of an instruction takes at least the
+largest of its matmul FLOPs / the matrix peak, its vector operations
+(elementwise and reduction work, as `hlo_cost` counts it) / the vector units'
+peak (`Machine.vector_flops`), its bytes / the memory bandwidth and, for a
+collective, its link time as above: `limit` names the one that binds.
+Instructions run one after another, so the step takes at least the sum of
+these times their executions. An asynchronous pair (`-start` ... `-done`:
+collectives, copies, slices, host transfers) runs beside the instructions
+scheduled between its start and its done: it adds only what its own time
+exceeds their added time by, the exposed part. The bound is the instructions'
+time plus the exposed communication (`instructions_s`,
+`exposed_communication_s`). A sum of maxima is at least the maximum of the
+sums, so this bound is the tighter one, but for the work it does not see:
+what asynchronous pairs hide, and the FLOPs of custom calls (cuDNN attention,
+Pallas kernels: their bytes are counted). Both are lower bounds.
+
+Inputs are plain (`Machine`, the collective ops as dicts, the instructions'
+costs) so that the bound can be computed and tested without a compiler;
+`bert_jax.training.aot` feeds it a compiled step and `launch/benchmark.py` a
+measured CPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+
+LIMITS = ("matrix", "vector", "memory", "communication")   # of one instruction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +96,30 @@ class Machine:
     memory_bandwidth: float         # per device (HBM; a CPU's measured copy)
     interconnect: Interconnect
     places: tuple[Place, ...]       # indexed by the program's device id
+    vector_flops: float = 0.0       # per device: the vector units' operations/s
+                                    # (0: unknown, vector work not bounded)
+
+
+@dataclasses.dataclass
+class Roofline:
+    """The per-instruction bound: seconds per step, per device."""
+
+    bound_s: float                  # instructions_s + exposed_communication_s
+    instructions_s: float           # instructions bound by matmuls, vector work or memory
+    exposed_communication_s: float  # bound by their links, less what overlapped them
+    by_limit_s: dict[str, float]    # the seconds, by the limit that binds (LIMITS)
+    mfu_ceiling: float              # model FLOPs utilization at bound_s
+    vector_flops: float             # the vector peak used (0: vector work not bounded)
+    top: list[dict]                 # the costliest instructions, each `name`, `opcode`,
+                                    # `seconds` (a step), `limit`, `executions`
+
+    def summary(self, count: int = 3) -> str:
+        costliest = ", ".join(f"{row['name']} ({row['opcode']}, {row['limit']}) "
+                              f"{row['seconds'] * 1e3:.2f} ms" for row in self.top[:count])
+        return (f"per-instruction roofline {self.bound_s * 1e3:.2f} ms (instructions "
+                f"{self.instructions_s * 1e3:.2f} ms + exposed communication "
+                f"{self.exposed_communication_s * 1e3:.2f} ms; MFU at most "
+                f"{self.mfu_ceiling:.1%}); costliest: {costliest or 'none'}")
 
 
 @dataclasses.dataclass
@@ -95,6 +141,7 @@ class StepBound:
     communication_by_link: dict[str, float]   # seconds, each op on its slowest link
     collective_ops: int             # ops costed (each counted once, run `executions` times)
     sources: dict[str, str]         # where flops, bytes and collectives came from
+    roofline: Roofline | None = None   # per instruction, when their costs were given
 
     def summary(self) -> str:
         links = ", ".join(f"{link} {seconds * 1e3:.2f} ms"
@@ -106,11 +153,14 @@ class StepBound:
                 f"{self.memory_s * 1e3:.2f} ms ({self.bytes_accessed:.3e} B at "
                 f"{self.memory_bandwidth:.3e} B/s), communication "
                 f"{self.communication_s * 1e3:.2f} ms" + (f" ({links})" if links else "")
-                + f"; no overlap {self.sum_s * 1e3:.2f} ms")
+                + f"; no overlap {self.sum_s * 1e3:.2f} ms"
+                + (f"; {self.roofline.summary()}" if self.roofline else ""))
 
     def to_dict(self) -> dict:
         """The JSON of `launch/compile.py`: `step_time_bound` (seconds),
-        `bottleneck`, `mfu_ceiling` and the inputs."""
+        `bottleneck`, `mfu_ceiling`, the inputs and `per_instruction_bound`."""
+        roofline = {"per_instruction_bound": dataclasses.asdict(self.roofline)
+                    } if self.roofline else {}
         return {"step_time_bound": {"compute_s": self.compute_s, "memory_s": self.memory_s,
                                     "communication_s": self.communication_s,
                                     "bound_s": self.bound_s, "sum_s": self.sum_s},
@@ -120,23 +170,30 @@ class StepBound:
                     self.bytes_accessed, "model_flops_per_device": self.model_flops,
                     "peak_flops": self.peak_flops, "memory_bandwidth": self.memory_bandwidth,
                     "communication_by_link_s": self.communication_by_link,
-                    "collective_ops": self.collective_ops, "sources": self.sources}}
+                    "collective_ops": self.collective_ops, "sources": self.sources},
+                **roofline}
 
 
 def step_bound(*, flops: float, bytes_accessed: float, model_flops: float,
                collective_ops: Iterable[Mapping], machine: Machine,
-               sources: Mapping[str, str] | None = None) -> StepBound:
+               sources: Mapping[str, str] | None = None,
+               instructions: Sequence[Any] | None = None) -> StepBound:
     """The bound of a step that runs `flops` and reads and writes `bytes_accessed`
     per device (loops' trip counts included), and the `collective_ops` (dicts:
-    `kind`, `bytes` of the result per device, optionally `operand_bytes`,
-    `executions` (default 1) and `replica_groups` (lists of device ids, indices
-    into `machine.places`; none: one group of every device)). `model_flops`:
-    per device, for the MFU ceiling."""
+    `kind`, `bytes` of the result per device, optionally `name` (the
+    instruction that completes it), `operand_bytes`, `executions` (default 1)
+    and `replica_groups` (lists of device ids, indices into `machine.places`;
+    none: one group of every device)). `model_flops`: per device, for the MFU
+    ceiling. With `instructions` (`hlo_cost.InstructionCost`s) the
+    per-instruction roofline too."""
     by_link: dict[str, float] = {}
+    by_name: dict[str, float] = {}   # one execution's link seconds, by instruction
     count = 0
     for op in collective_ops:
         link, seconds = collective_seconds(op, machine)
         by_link[link] = by_link.get(link, 0.0) + seconds * op.get("executions", 1)
+        name = op.get("name", "")
+        by_name[name] = by_name.get(name, 0.0) + seconds
         count += 1
     times = {"compute": flops / machine.peak_flops,
              "memory": bytes_accessed / machine.memory_bandwidth,
@@ -150,7 +207,65 @@ def step_bound(*, flops: float, bytes_accessed: float, model_flops: float,
         mfu_ceiling=model_flops / (machine.peak_flops * bound) if bound > 0 else 0.0,
         flops=flops, bytes_accessed=bytes_accessed, model_flops=model_flops,
         peak_flops=machine.peak_flops, memory_bandwidth=machine.memory_bandwidth,
-        communication_by_link=by_link, collective_ops=count, sources=dict(sources or {}))
+        communication_by_link=by_link, collective_ops=count, sources=dict(sources or {}),
+        roofline=(None if instructions is None else
+                  per_instruction_bound(instructions, by_name, machine, model_flops)))
+
+
+def per_instruction_bound(instructions: Sequence[Any], link_seconds: Mapping[str, float],
+                          machine: Machine, model_flops: float, top: int = 10) -> Roofline:
+    """The roofline of each of `instructions` (`hlo_cost.InstructionCost`s,
+    each computation's in program order) times its executions, summed;
+    `link_seconds`: one execution's link time of a collective, by the name of
+    the instruction that completes it. `top`: how many of the costliest to list."""
+    computations: dict[str, list] = {}
+    for instruction in instructions:
+        computations.setdefault(instruction.computation, []).append(instruction)
+    rows = [row for group in computations.values()
+            for row in _scheduled(group, link_seconds, machine)]
+    by_limit = dict.fromkeys(LIMITS, 0.0)
+    for seconds, limit, _ in rows:
+        by_limit[limit] += seconds
+    bound = sum(by_limit.values())
+    costliest = sorted(rows, key=lambda row: -row[0])[:top]
+    return Roofline(
+        bound_s=bound, instructions_s=bound - by_limit["communication"],
+        exposed_communication_s=by_limit["communication"], by_limit_s=by_limit,
+        mfu_ceiling=model_flops / (machine.peak_flops * bound) if bound > 0 else 0.0,
+        vector_flops=machine.vector_flops,
+        top=[{"name": i.name, "opcode": i.opcode, "seconds": seconds, "limit": limit,
+              "executions": i.executions} for seconds, limit, i in costliest if seconds > 0])
+
+
+def _scheduled(instructions: Sequence[Any], link_seconds: Mapping[str, float],
+               machine: Machine) -> list[tuple[float, str, Any]]:
+    """(seconds a step, binding limit, instruction) of one computation's
+    instructions in program order: each adds its own time, an asynchronous
+    `-done` only what its pair's own time exceeds the time added since its
+    `-start` by."""
+    rows, added, position = [], [0.0], {}
+    for instruction in instructions:
+        limit, own = _own_time(instruction, link_seconds, machine)
+        start = position.get(instruction.start)
+        overlapped = added[-1] - added[start + 1] if start is not None else 0.0
+        seconds = max(0.0, own - overlapped)
+        position[instruction.name] = len(added) - 1
+        added.append(added[-1] + seconds)
+        rows.append((seconds * instruction.executions, limit, instruction))
+    return rows
+
+
+def _own_time(instruction: Any, link_seconds: Mapping[str, float], machine: Machine
+              ) -> tuple[str, float]:
+    """(the limit that binds, seconds) of one execution of `instruction` alone."""
+    collectives = (instruction.name, *instruction.fused_collectives)
+    times = {"matrix": instruction.flops / machine.peak_flops,
+             "vector": (instruction.vector_ops / machine.vector_flops
+                        if machine.vector_flops else 0.0),
+             "memory": instruction.bytes / machine.memory_bandwidth,
+             "communication": sum(link_seconds.get(name, 0.0) for name in collectives)}
+    limit = max(times, key=times.get)
+    return limit, times[limit]
 
 
 def collective_seconds(op: Mapping, machine: Machine) -> tuple[str, float]:

@@ -61,6 +61,7 @@ class Target:
     memory_note: str = ""      # how memory_bytes follows from the chip, for reports
     memory_bandwidth: float = 0.0            # HBM bytes/s per chip
     interconnect: Interconnect | None = None  # its links (step_bound)
+    vector_flops: float = 0.0  # per chip: vector-unit operations/s (step_bound)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,20 @@ class TpuChip:
     dcn_bandwidth: float       # bytes/s per chip: its share of its host's network
     full_cube: bool            # wraparound links close an axis only in slices of
                                # whole 4x4x4 cubes (True), else on an axis of 16
+    mxus: int                  # matrix units a core, each mxu_side x mxu_side
+    mxu_side: int
+    vpu_alus: int              # vector ALUs in each of a core's 8 x 128 lanes
+
+    @property
+    def clock_hz(self) -> float:
+        """The clock the peak implies: a systolic array does mxu_side^2
+        multiply-adds a cycle."""
+        return self.peak_flops / (self.cores_per_chip * self.mxus * self.mxu_side**2 * 2)
+
+    @property
+    def vector_flops(self) -> float:
+        """Vector operations/s per chip: one per ALU, lane and cycle."""
+        return VPU_LANES * self.vpu_alus * self.cores_per_chip * self.clock_hz
 
 
 # Cloud TPU system-architecture pages: HBM per chip, peak bf16 FLOP/s per chip.
@@ -89,12 +104,24 @@ class TpuChip:
 # chips a host. Wraparound: tpus.md, "TPU Networking" (54e2c43): v4/v5p only in
 # multiples of a full 4x4x4 cube ("a 2x2x4 won't have any wraparounds"),
 # v5e/v6e on an axis of 16.
+# The vector units' peak: Google publishes none for any TPU (nor their clock),
+# so it is derived, per core, as lanes x ALUs x clock. The VPU is an (8, 128)
+# array of lanes with 2 ALUs each on v4 and 4 on v5 ("in v5 you can add 4
+# pairs of f32 values together from VREGs in each cycle"): the scaling book,
+# tpus.md, "VPU" (0819a7d). The clock follows from the bf16 peak and the
+# matrix units: MXUs a core and their side from JAX's Pallas TPU table
+# (jax/_src/pallas/mosaic/tpu_info.py, jax 0.10.2: v4, v5e, v5p 4 of 128,
+# v6e 2 of 256). That gives v4 1.05 GHz (4.3e12 operations/s), v5e 1.50 GHz
+# (6.2e12; the book: "5e13 bf16 FLOPs/s per MXU at 1.5GHz on TPU v5e"), v5p
+# 1.75 GHz (1.43e13). v6e: 3.5 GHz (1.43e13), v5's 4 ALUs assumed; if either
+# is high, its vector bound is only looser.
 TPUS = {
-    "v4": TpuChip("v4", 3, 2, 32 * GiB, 275e12, 1.2e12, 4.5e10, 6.25e9, True),
-    "v5p": TpuChip("v5", 3, 2, 95 * GiB, 459e12, 2.8e12, 9e10, 6.25e9, True),
-    "v5e": TpuChip("v5e", 2, 1, 16 * GiB, 197e12, 8.1e11, 4.5e10, 3.125e9, False),
-    "v6e": TpuChip("v6e", 2, 1, 32 * GiB, 918e12, 1.6e12, 9e10, 12.5e9, False),
+    "v4": TpuChip("v4", 3, 2, 32 * GiB, 275e12, 1.2e12, 4.5e10, 6.25e9, True, 4, 128, 2),
+    "v5p": TpuChip("v5", 3, 2, 95 * GiB, 459e12, 2.8e12, 9e10, 6.25e9, True, 4, 128, 4),
+    "v5e": TpuChip("v5e", 2, 1, 16 * GiB, 197e12, 8.1e11, 4.5e10, 3.125e9, False, 4, 128, 4),
+    "v6e": TpuChip("v6e", 2, 1, 32 * GiB, 918e12, 1.6e12, 9e10, 12.5e9, False, 2, 256, 4),
 }
+VPU_LANES = 8 * 128
 TORUS_AXIS = 16     # v5e/v6e: an axis this long has a wraparound link
 CUBE_SIDE = 4       # v4/v5p: slices of whole cubes of this side have them on every axis
 
@@ -116,6 +143,11 @@ class GpuSpec:
     nvlink_bandwidth: float        # bytes/s per GPU, one way (half the datasheet's total)
     network_bandwidth: float       # bytes/s per GPU, one way: its InfiniBand NIC
 
+    @property
+    def vector_flops(self) -> float:
+        """FP32 FLOP/s of the CUDA cores (an FMA as 2): the vector peak."""
+        return self.sm_count * self.fp32_cores_per_sm * 2 * self.clock_ghz * 1e9
+
 
 # NVIDIA data sheets and CUDA occupancy tables (SXM parts). The A100 (the
 # NVIDIA A100 Tensor Core GPU datasheet and architecture whitepaper): 108 SMs,
@@ -129,7 +161,12 @@ class GpuSpec:
 # one direction, as here. InfiniBand per GPU: the DGX systems' one NIC a GPU,
 # NDR 400 Gb/s ConnectX-7 (DGX H100, H200, B200): 5e10 bytes/s, and HDR 200
 # Gb/s ConnectX-6 (DGX A100): 2.5e10 (gpus.md: "8x400Gbps IB links egressing
-# each node").
+# each node"). The vector peak (elementwise work on the CUDA cores, not the
+# tensor cores): SMs x FP32 cores x 2 x boost clock, the datasheets' FP32
+# figure: H100 SXM and H200 6.69e13 ("FP32 67 teraFLOPS"), A100 1.95e13
+# ("FP32 19.5 TFLOPS"); B200 7.44e13 (its datasheet lists tensor-core figures
+# only). Packed bfloat16 arithmetic (two a core and cycle) reaches the same
+# rate in elements.
 GPUS = {
     "h100": GpuSpec("NVIDIA H100 80GB HBM3", (9, 0), 132, 84_929_347_584, 3.35232e12,
                     50 * 2**20, 1.98, 233_472, 232_448, 128, 989e12, 450e9, 50e9),
@@ -260,7 +297,7 @@ def _tpu(name: str, num_slices: int) -> Target:
                          wraparound(chip, torus))
     return Target(name, "tpu", devices, f"TPU {kind}", chip.memory_bytes,
                   chip.peak_flops, num_slices, memory_bandwidth=chip.hbm_bandwidth,
-                  interconnect=links)
+                  interconnect=links, vector_flops=chip.vector_flops)
 
 
 def wraparound(chip: TpuChip, torus: tuple[int, ...]) -> tuple[bool, ...]:
@@ -290,7 +327,8 @@ def _gpu(kind: str, count: int) -> Target:
                   int(spec.memory_bytes * fraction), spec.peak_flops, memory_note=note,
                   memory_bandwidth=spec.memory_bandwidth,
                   interconnect=Interconnect("NVLink", spec.nvlink_bandwidth, "InfiniBand",
-                                            spec.network_bandwidth))
+                                            spec.network_bandwidth),
+                  vector_flops=spec.vector_flops)
 
 
 def machine(target: Target, devices: Sequence) -> Machine:
@@ -303,7 +341,7 @@ def machine(target: Target, devices: Sequence) -> Machine:
                    if target.platform == "tpu" else Place(d.process_index)
                    for d in devices)
     return Machine(target.name, target.peak_flops, target.memory_bandwidth,
-                   target.interconnect, places)
+                   target.interconnect, places, target.vector_flops)
 
 
 def _topology_devices(options: dict, platform: str, name: str) -> tuple:
