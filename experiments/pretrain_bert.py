@@ -156,6 +156,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.task = "bert_pretraining"
     config.seed = 0
     config.init_from = ""          # continue from a checkpoint: HF folder, pretrained, workdir
+    config.init_tile_positions = 0  # > 0: position rows from N on start as copies of 0..N-1
     config.evals = ()              # evaluators by name (evaluation/evaluators.py); (): the task's
     config.peak_flops = 0.0
 
@@ -182,6 +183,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         vocab_file="",             # '' = train a WordPiece vocabulary on the corpus
         vocab_size=1000, lowercase=True,
         vocab_sample=1.0,          # the fraction of documents the vocabulary is trained on
+        vocab_limit_alphabet=0,    # > 0: only the most frequent characters (others: [UNK])
         document_sample=1.0,       # the fraction of training documents cut into instances
         max_seq_length=128, short_seq_prob=0.1, dupe_factor=5,
         next_sentence_prediction=True,  # False: single segments, masked LM only
@@ -231,7 +233,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 corpus_files=tuple(os.path.join(SHARED_DATA, "pretrain", n) + ":paragraphs"
                                    for n in names),
                 dupe_factor=1, documents_per_shard=1000, vocab_sample=0.2,
-                document_sample=0.125))
+                vocab_limit_alphabet=1000, document_sample=0.125))
+            # Phase 1 trains positions 0-31 only (no offsets: it leaves the
+            # plateau sooner); phase 2 starts positions 32-127 as their copies.
+            if phase2:
+                config.init_tile_positions = 32
+            else:
+                config.data.random_position_offsets = False
         return config
     if variant.startswith("corpus"):
         pretrain = os.path.join(SHARED_DATA, "pretrain")

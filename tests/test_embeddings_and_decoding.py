@@ -13,7 +13,8 @@ from jax.sharding import PartitionSpec
 
 from bert_jax.modeling import BertForPreTraining, BertModel, Transformer
 from bert_jax.modeling.attention import MultiHeadAttention
-from bert_jax.modeling.embeddings import PositionEmbedding, sinusoidal_table
+from bert_jax.modeling.embeddings import (
+    PositionEmbedding, sinusoidal_table, tile_learned_positions)
 from bert_jax.modeling.layers import EncoderStack, FeedForward
 from bert_jax.modeling.transformer import shift_right
 
@@ -84,6 +85,21 @@ def test_sinusoidal_position_embedding_uses_the_table():
     out = module.apply(variables, positions)
     table = sinusoidal_table(cfg.max_len, cfg.hidden_size)
     np.testing.assert_array_equal(np.asarray(out), table[np.asarray(positions)])
+
+
+def test_tiling_copies_the_trained_position_rows():
+    """A BERT's position table after a phase at sequence 5: rows 5.. become
+    rows 0-4 repeated; every other parameter is untouched."""
+    ids = jnp.ones((1, 4), jnp.int32)
+    params = random_variables(BertModel(BERT), ids)["params"]
+    tiled, count = tile_learned_positions(params, 5)
+    table = np.asarray(params["embeddings"]["position_embeddings"]["embedding"])
+    new = np.asarray(tiled["embeddings"]["position_embeddings"]["embedding"])
+    assert count == 1 and new.shape == table.shape and table.shape[0] > 10
+    np.testing.assert_array_equal(new, np.tile(table[:5], (-(-len(table) // 5), 1))[:len(table)])
+    np.testing.assert_array_equal(tiled["embeddings"]["word_embeddings"]["embedding"],
+                                  params["embeddings"]["word_embeddings"]["embedding"])
+    assert tile_learned_positions(params, len(table))[1] == 0  # nothing left to fill
 
 
 # ----------------------------------------------------------------------------

@@ -77,17 +77,22 @@ def test_corpus_files_from_the_command_line():
 @pytest.mark.parametrize("phase", ["1", "2"])
 def test_the_wikipedia_variants_change_only_the_corpus(phase):
     """cpu_wiki(_imdb)_phaseN is cpu_phaseN on the gzip Wikipedia (and IMDb)
-    files, cut into sentences, sampled (docs/RESULTS.md)."""
+    files, cut into sentences, sampled, with a limited alphabet, phase 1's
+    positions from 0 and phase 2's copied from them (docs/RESULTS.md)."""
     module = load("pretrain_bert.py")
     reuters = module.get_config(f"cpu_phase{phase}").to_dict()
     changed = ("corpus_files", "dupe_factor", "documents_per_shard", "vocab_sample",
-               "document_sample")
+               "document_sample", "vocab_limit_alphabet", "random_position_offsets")
     for arm, names in (("wiki", ["enwiki_wikiextractor_docs.txt.gz"]),
                        ("wiki_imdb", ["enwiki_wikiextractor_docs.txt.gz",
                                       "imdb_unsup_docs.txt.gz"])):
         config = module.get_config(f"cpu_{arm}_phase{phase}").to_dict()
         assert [spec.rsplit("/", 1)[1] for spec in config["data"]["corpus_files"]] == [
             f"{name}:paragraphs" for name in names]
+        assert config["data"]["vocab_limit_alphabet"] == 1000
+        assert not config["data"]["random_position_offsets"]
+        assert config.pop("init_tile_positions") == (32 if phase == 2 else 0)
+        reuters.pop("init_tile_positions")
         for section in reuters:
             expected = reuters[section]
             if section == "data":

@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import unicodedata
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -287,6 +288,31 @@ def test_training_rejects_a_size_below_the_alphabet():
         WordPiece.train(CORPUS, vocab_size=20)
 
 
+def test_a_limited_alphabet_keeps_the_most_frequent_characters(tmp_path):
+    """`limit_alphabet`: only the N most frequent characters (ties: lower code
+    point) and their `##` forms; a word with another one is [UNK]; the same
+    vocabulary on every run; saved, and a workdir's limit must match."""
+    rare = CORPUS + ["ζ ζ ж"]
+    full = WordPiece.train(rare, vocab_size=120)
+    vocabs = [WordPiece.train(rare, vocab_size=120, limit_alphabet=20) for _ in range(3)]
+    tokens = [v.convert_ids_to_tokens(range(v.size)) for v in vocabs]
+    assert all(t == tokens[0] for t in tokens)
+    singles = {t for t in tokens[0][5:] if len(t) == 1}
+    counts = Counter(c for line in rare for c in line.lower().replace("é", "e")
+                     if not c.isspace())
+    assert singles == set(sorted(counts, key=lambda c: (-counts[c], c))[:20])
+    assert all(len(t) == 3 and t[2] in singles for t in tokens[0] if t.startswith("##")
+               and len(t) == 3)
+    assert "ζ" in full.tokenize("ζ") and vocabs[0].tokenize("ζ the") == ["[UNK]", "the"]
+    def pieces(vocab):  # tokens of two or more characters
+        return sum(len(t.lstrip("#")) > 1 for t in vocab.convert_ids_to_tokens(range(vocab.size)))
+    assert pieces(vocabs[0]) > pieces(full)  # the room went to word pieces
+    wordpiece.load_or_train(str(tmp_path), rare, 120, lowercase=True, limit_alphabet=20)
+    assert WordPiece.load(str(tmp_path / "vocab")).limit_alphabet == 20
+    with pytest.raises(ConfigError, match="'limit_alphabet': 20.*'limit_alphabet': 0"):
+        wordpiece.load_or_train(str(tmp_path), rare, 120, lowercase=True)
+
+
 def test_cased_and_uncased():
     cased = WordPiece.train(CORPUS, vocab_size=120, lowercase=False)
     uncased = WordPiece.train(CORPUS, vocab_size=120, lowercase=True)
@@ -306,7 +332,8 @@ def test_save_and_load_round_trip(tmp_path):
     lines = (tmp_path / "vocab.txt").read_text(encoding="utf-8").splitlines()
     assert lines == vocab.convert_ids_to_tokens(range(vocab.size))
     settings = json.loads((tmp_path / "wordpiece.json").read_text())
-    assert settings == {"lowercase": False, "size": vocab.size, "requested_size": 90}
+    assert settings == {"lowercase": False, "size": vocab.size, "requested_size": 90,
+                        "limit_alphabet": 0}
     loaded = WordPiece.load(str(tmp_path))
     assert (loaded.size, loaded.lowercase, loaded.requested_size) == (vocab.size, False, 90)
     assert loaded.encode(" ".join(CORPUS)) == vocab.encode(" ".join(CORPUS))

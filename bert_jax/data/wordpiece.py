@@ -31,7 +31,12 @@ differs between Python's `unicodedata` and the Rust tables follow the Rust ones.
 `WordPiece.train` uses the library's `WordPieceTrainer`, made deterministic:
 the trainer numbers the `##c` characters in hash order, which breaks ties
 between equally frequent merges differently per run, so a first pass without
-merges lists them and the real pass receives them sorted.
+merges lists them and the real pass receives them sorted. `limit_alphabet`
+keeps the corpus's most frequent characters only (the library's option, as
+`BertWordPieceTokenizer.train`, whose default is 1,000): a word with another
+character is one `[UNK]`, and the vocabulary's room goes to word pieces. The
+characters are counted here (ties broken by code point) and handed to the
+trainer as its alphabet, since its own cut breaks ties in hash order.
 
 A workdir's vocabulary is trained once and saved there, so ids never change
 under a checkpoint (`load_or_train`).
@@ -40,7 +45,7 @@ under a checkpoint (`load_or_train`).
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Callable, Iterable, Sequence
 
 from tokenizers import Encoding, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
@@ -133,15 +138,18 @@ class WordPiece:
 
     `tokens` in id order; `lowercase` must match the vocabulary (True for
     bert-base-uncased); `requested_size`: the `vocab_size` it was trained for
-    (None when read from a file), `size` may be smaller on a small corpus.
+    (None when read from a file), `size` may be smaller on a small corpus;
+    `limit_alphabet`: the most characters it was trained to keep (0: all).
     """
 
     def __init__(self, tokens: Sequence[str], *, lowercase: bool = True,
-                 path: str | None = None, requested_size: int | None = None):
+                 path: str | None = None, requested_size: int | None = None,
+                 limit_alphabet: int = 0):
         _check_tokens(tokens, path or "the vocabulary")
         self.path = path
         self.lowercase = bool(lowercase)
         self.requested_size = requested_size
+        self.limit_alphabet = limit_alphabet
         self._tokens = list(tokens)
         self._ids = {token: i for i, token in enumerate(self._tokens)}
         self._tokenizer = _pipeline(
@@ -164,18 +172,21 @@ class WordPiece:
 
     @classmethod
     def train(cls, texts: Iterable[str] | Callable[[], Iterable[str]], *, vocab_size: int,
-              lowercase: bool = True, min_frequency: int = 2) -> WordPiece:
+              lowercase: bool = True, min_frequency: int = 2,
+              limit_alphabet: int = 0) -> WordPiece:
         """A vocabulary of at most `vocab_size` tokens trained on `texts`: the
-        special tokens (ids 0-4), the corpus's characters, their `##` forms,
-        then the merges in learned order, until `vocab_size` or no pair occurs
-        `min_frequency` times. Deterministic. `texts` is read twice: a callable
-        is called per pass and streamed (the trainer keeps only word counts),
-        an iterator is listed first.
+        special tokens (ids 0-4), the corpus's characters (the `limit_alphabet`
+        most frequent if > 0), their `##` forms, then the merges in learned
+        order, until `vocab_size` or no pair occurs `min_frequency` times.
+        Deterministic. `texts` is read twice (three times with a limit): a
+        callable is called per pass and streamed (the trainer keeps only word
+        counts), an iterator is listed first.
         """
         if not callable(texts):
             texts = (lambda listed: lambda: listed)(list(texts))
+        alphabet = _most_frequent_characters(texts, limit_alphabet, lowercase)
         # Pass 1, no merges: the alphabet and the continuation characters.
-        base = _train_pass(texts, 0, lowercase, min_frequency, SPECIAL_TOKENS)
+        base = _train_pass(texts, 0, lowercase, min_frequency, SPECIAL_TOKENS, alphabet)
         continuations = sorted(t for t in base if t.startswith(CONTINUATION)
                                and t not in SPECIAL_TOKENS)
         if vocab_size < len(base):
@@ -183,7 +194,7 @@ class WordPiece:
                              f"the corpus's characters; use at least {len(base)}")
         # Pass 2: the continuation characters numbered in sorted order.
         vocab = _train_pass(texts, vocab_size, lowercase, min_frequency,
-                            SPECIAL_TOKENS + tuple(continuations))
+                            SPECIAL_TOKENS + tuple(continuations), alphabet)
         # Its order: specials, continuations, alphabet, merges; shown as
         # specials, alphabet, continuations, merges.
         n, c = len(SPECIAL_TOKENS), len(continuations)
@@ -191,7 +202,8 @@ class WordPiece:
             raise RuntimeError("the tokenizers WordPieceTrainer no longer numbers special tokens "
                                "first: bert_jax.data.wordpiece.train needs updating.")
         tokens = vocab[:n] + vocab[n + c:len(base)] + continuations + vocab[len(base):]
-        return cls(tokens, lowercase=lowercase, requested_size=vocab_size)
+        return cls(tokens, lowercase=lowercase, requested_size=vocab_size,
+                   limit_alphabet=limit_alphabet)
 
     # -- files -----------------------------------------------------------------
 
@@ -200,7 +212,8 @@ class WordPiece:
         `directory`, `vocab.txt` last; returns its path."""
         os.makedirs(directory, exist_ok=True)
         settings = {"lowercase": self.lowercase, "size": self.size,
-                    "requested_size": self.requested_size}
+                    "requested_size": self.requested_size,
+                    "limit_alphabet": self.limit_alphabet}
         write_json(os.path.join(directory, SETTINGS_FILE), settings)
         path = os.path.join(directory, VOCAB_FILE)
         write_atomically(path, "".join(token + "\n" for token in self._tokens))
@@ -217,7 +230,8 @@ class WordPiece:
         settings = read_json(settings_path)
         path = os.path.join(directory, VOCAB_FILE)
         vocab = cls(_read_vocab_file(path), lowercase=settings["lowercase"], path=path,
-                    requested_size=settings.get("requested_size"))
+                    requested_size=settings.get("requested_size"),
+                    limit_alphabet=settings.get("limit_alphabet", 0))
         if vocab.size != settings["size"]:
             raise DataError(path, f"{vocab.size} tokens, {settings['size']} in "
                             f"{settings_path}", "it was edited after it was saved")
@@ -294,13 +308,37 @@ class WordPiece:
         return " ".join(tokens).replace(" " + CONTINUATION, "").strip()
 
 
+def _most_frequent_characters(texts: Callable[[], Iterable[str]], limit: int,
+                              lowercase: bool) -> list[str]:
+    """The `limit` most frequent characters of `texts()` after normalization
+    (ties: lower code point first); [] when `limit` is 0 (all of them)."""
+    if not limit:
+        return []
+    raw: Counter[str] = Counter()
+    for text in texts():
+        raw.update(text)
+    # Normalizing each distinct character instead of the text (fast) differs
+    # only for a letter followed by combining accents, which NFC would compose:
+    # here the letter and the accents count apart.
+    normalize = _normalizer(lowercase).normalize_str
+    counts: Counter[str] = Counter()
+    for char, count in raw.items():
+        for normalized in normalize(char):
+            if not normalized.isspace():
+                counts[normalized] += count
+    return sorted(counts, key=lambda char: (-counts[char], char))[:limit]
+
+
 def _train_pass(texts: Callable[[], Iterable[str]], vocab_size: int, lowercase: bool,
-                min_frequency: int, special_tokens: Sequence[str]) -> list[str]:
-    """One run of the library's WordPiece trainer over `texts()`: the tokens in id order."""
+                min_frequency: int, special_tokens: Sequence[str],
+                alphabet: Sequence[str] = ()) -> list[str]:
+    """One run of the library's WordPiece trainer over `texts()`: the tokens in
+    id order. `alphabet`: the only characters kept (all when empty)."""
     tokenizer = _pipeline(models.WordPiece(unk_token=UNK), lowercase)
+    limit = dict(initial_alphabet=list(alphabet), limit_alphabet=len(alphabet)) if alphabet else {}
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
-        special_tokens=list(special_tokens), continuing_subword_prefix=CONTINUATION)
+        special_tokens=list(special_tokens), continuing_subword_prefix=CONTINUATION, **limit)
     tokenizer.train_from_iterator(texts(), trainer)
     vocab = tokenizer.get_vocab(with_added_tokens=False)
     return sorted(vocab, key=vocab.__getitem__)
@@ -308,7 +346,7 @@ def _train_pass(texts: Callable[[], Iterable[str]], vocab_size: int, lowercase: 
 
 def load_or_train(workdir: str, texts: Iterable[str] | Callable[[], Iterable[str]],
                   vocab_size: int, *, lowercase: bool,
-                  vocab_file: str = "", min_frequency: int = 2,
+                  vocab_file: str = "", min_frequency: int = 2, limit_alphabet: int = 0,
                   is_writer: bool = True, checkpointed: bool = False) -> WordPiece:
     """The vocabulary of a run: `vocab_file` (a checkpoint's; a settings file
     beside it must not declare the other casing), else the workdir's (its
@@ -325,6 +363,9 @@ def load_or_train(workdir: str, texts: Iterable[str] | Callable[[], Iterable[str
         vocab = WordPiece.load(directory)
         saved = {"lowercase": vocab.lowercase,
                  "vocab_size": vocab.requested_size or vocab.size}
+        if limit_alphabet or vocab.limit_alphabet:
+            requested["limit_alphabet"] = limit_alphabet
+            saved["limit_alphabet"] = vocab.limit_alphabet
         if saved != requested:
             raise ConfigError(
                 f"{path}: made with {saved}, config.data asks for {requested}; use the "
@@ -335,7 +376,7 @@ def load_or_train(workdir: str, texts: Iterable[str] | Callable[[], Iterable[str
     if not is_writer:
         raise FileNotFoundError(f"{path}: missing; process 0 trains it first")
     vocab = WordPiece.train(texts, vocab_size=vocab_size, lowercase=lowercase,
-                            min_frequency=min_frequency)
+                            min_frequency=min_frequency, limit_alphabet=limit_alphabet)
     vocab.save(directory)
     return vocab
 

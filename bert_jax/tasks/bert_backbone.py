@@ -113,7 +113,8 @@ def resolve_backbone(config: ml_collections.ConfigDict, workdir: str,
         vocab = written_by_process_zero(
             lambda is_writer: wordpiece.load_or_train(
                 workdir, texts, data.get("vocab_size", 30522), lowercase=data.lowercase,
-                vocab_file=data.get("vocab_file", ""), is_writer=is_writer,
+                vocab_file=data.get("vocab_file", ""),
+                limit_alphabet=data.get("vocab_limit_alphabet", 0), is_writer=is_writer,
                 checkpointed=holds_checkpoints(workdir)),
             "vocabulary")
         return Backbone(BertConfig(**{**model, "vocab_size": vocab.size}), vocab, "scratch")

@@ -73,6 +73,8 @@ class BertPretrainingTask(Task):
     evaluation_overrides = ("data.eval_examples", "data.next_sentence_prediction")
     saved_defaults = types.MappingProxyType({"data.next_sentence_prediction": True,
                                              "data.vocab_sample": 1.0,
+                                             "data.vocab_limit_alphabet": 0,
+                                             "init_tile_positions": 0,
                                              "data.document_sample": 1.0})
     model_keywords = ("position_ids",)
 
