@@ -68,11 +68,18 @@ Variants:
              once (dupe_factor 1: masks are drawn afresh every step
              anyway), in shards of 1,000 articles. The vocabulary (8,192
              WordPiece tokens) is trained on a fifth of the articles
-             (`data.vocab_sample`; about 10M words, 3.5 times the Reuters corpus).
-             Result: held-out MLM accuracy 0.153 and NSP accuracy 0.729 at sequence
-             128, 96.0 minutes for both on a 2-core AMD EPYC with AVX2 only: the
-             masked LM never leaves the unigram plateau on this corpus in two
-             hours (docs/RESULTS.md, "Pretrained on breadth").
+             (`data.vocab_sample`; about 10M words, 3.5 times the Reuters corpus),
+             its alphabet the 1,000 most frequent characters
+             (`data.vocab_limit_alphabet`, as `tokenizers`' BertWordPieceTokenizer
+             default): Wikipedia's rare scripts took a third of it otherwise.
+             Phase 1 reads positions 0-31 without random offsets (with them it
+             stayed on the unigram plateau for all 2,000 steps); phase 2 starts
+             positions 32-127 as copies of them (`init_tile_positions=32`,
+             Longformer's copy initialization, Beltagy et al. 2020, section 5).
+             Result: held-out MLM accuracy 0.231 after phase 1 (sequence 32), 0.248
+             and NSP 0.651 after phase 2 (sequence 128), 116.3 minutes for both on
+             a 2-core AMD EPYC with AVX2 only, shared with other work
+             (docs/RESULTS.md, "Pretrained on breadth").
                python launch/train.py --config=experiments/pretrain_bert.py:cpu_wiki_phase1 --workdir=W1
                python launch/train.py --config=experiments/pretrain_bert.py:cpu_wiki_phase2 \
                    --config.init_from=W1 --workdir=W2

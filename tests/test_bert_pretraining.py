@@ -242,6 +242,29 @@ def test_random_position_offsets_shift_training_rows_only(tmp_path):
 
 
 @pytest.mark.slow
+def test_phase_two_starts_its_positions_as_copies_of_phase_one(tmp_path):
+    """cpu_wiki's phases in miniature: phase 1 at sequence 16 without offsets
+    (rows 16-47 of the position table never trained), phase 2 at 48 from it
+    with `init_tile_positions=16`: rows 16-47 start as rows 0-15 repeated
+    (one step at learning rate 0 keeps them as they started)."""
+    once = {"train.num_steps": 1, "train.eval_every": 1, "train.checkpoint_every": 1,
+            "optimizer.warmup_steps": 1}
+    phase1 = experiment_config(tmp_path / "tfds", max_seq_length=16, max_predictions_per_seq=3)
+    phase1.update_from_flattened_dict(once)
+    trainer.train_and_evaluate(phase1, str(tmp_path / "p1"))
+    phase2 = experiment_config(tmp_path / "tfds")
+    phase2.update_from_flattened_dict({**once, "optimizer.learning_rate": 0.0})
+    phase2.init_from, phase2.init_tile_positions = str(tmp_path / "p1"), 16
+    trainer.train_and_evaluate(phase2, str(tmp_path / "p2"))
+    assert json.load(open(tmp_path / "p2" / "init_from.json"))["tiled_positions_from"] == 16
+    table = lambda run: np.asarray(  # noqa: E731
+        load_encoder(str(tmp_path / run)).params["embeddings"]["position_embeddings"]["embedding"])
+    first, second = table("p1"), table("p2")
+    assert not np.allclose(first[16:32], first[:16])
+    np.testing.assert_array_equal(second, np.tile(first[:16], (3, 1)))
+
+
+@pytest.mark.slow
 def test_two_phases_short_with_offsets_then_full_length(tmp_path):
     """The README's recipe in miniature: phase 1 at sequence 16 with random
     position offsets, phase 2 at 48 from it (`init_from`), through the trainer."""

@@ -29,8 +29,9 @@ from jax.experimental import multihost_utils
 from bert_jax.auto_dtype import AUTO, resolve_model_dtype
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.data.concurrency import DevicePrefetch
-from bert_jax.errors import UserError
+from bert_jax.errors import ConfigError, UserError
 from bert_jax.file_io import read_json, write_json
+from bert_jax.modeling.embeddings import tile_learned_positions
 from bert_jax.tasks import build_task
 from bert_jax.tasks.base import check_saved_config, fill_saved_defaults
 from bert_jax.training import optimizer as optimizer_lib
@@ -126,17 +127,31 @@ def make_optimizer(config: ml_collections.ConfigDict):
         b2=opt.b2, eps=opt.eps, max_grad_norm=opt.max_grad_norm)
 
 
-def initialise_from(state: TrainState, path: str, workdir: str) -> TrainState:
+def initialise_from(state: TrainState, path: str, workdir: str,
+                    tile_positions: int = 0) -> TrainState:
+    """`state` with the parameters of checkpoint `path` where it has them (the
+    rest as initialised; both listed in WORKDIR/init_from.json). `tile_positions`
+    > 0: then the learned position rows from that one on are copies of the rows
+    before it (`embeddings.tile_learned_positions`)."""
     path = checkpoint_path(path)
     restored, names, missing = restore_params(path, abstract_like(state.params))
     flat = traverse_util.flatten_dict(state.params)
     flat.update(traverse_util.flatten_dict(restored))
+    params = traverse_util.unflatten_dict(flat)
+    if tile_positions:
+        params, tiled = tile_learned_positions(params, tile_positions)
+        if not tiled:
+            raise ConfigError(f"config.init_tile_positions={tile_positions}: the model has "
+                              "no learned position table longer than that; set it to 0")
     if jax.process_index() == 0:
         write_json(os.path.join(workdir, "init_from.json"),
-                   {"init_from": path, "restored": names, "initialised": missing})
-    logging.info("init_from %s: %d parameters restored, %d initialised (%s)", path,
-                 len(names), len(missing), ", ".join(missing) or "none")
-    return state.replace(params=traverse_util.unflatten_dict(flat))
+                   {"init_from": path, "restored": names, "initialised": missing,
+                    "tiled_positions_from": tile_positions})
+    logging.info("init_from %s: %d parameters restored, %d initialised (%s)%s", path,
+                 len(names), len(missing), ", ".join(missing) or "none",
+                 f"; position rows from {tile_positions} on copied from the rows before"
+                 if tile_positions else "")
+    return state.replace(params=params)
 
 
 def _restore_point(workdir: str, step: int) -> None:
@@ -208,7 +223,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
         state = checkpointer.restore(latest, abstract_like(state), train_iter)
         logging.info("resumed from %s/%d", checkpointer.directory, latest)
     elif config.get("init_from"):
-        state = initialise_from(state, config.init_from, workdir)
+        state = initialise_from(state, config.init_from, workdir,
+                                config.get("init_tile_positions", 0))
     first_step = int(state.step)
 
     writer = MetricWriter(workdir, resume_step=first_step)
