@@ -15,7 +15,8 @@ JSON keys `step_time_bound`, `bottleneck`, `mfu_ceiling`) and beside it the
 per-instruction roofline with its costliest instructions (`per_instruction_bound`);
 exits non-zero when a step does not fit. --fit_global_batch ranks the
 configurations that fit the global batch (micro-batch and accumulation, layers
-scanned or not, data-parallel or FSDP) by the step-total bound, prints the best
+scanned or not, data-parallel or FSDP) by the per-instruction bound (the
+step-total one where instructions were not costed), prints the best
 and the runner-up, the best one's train.py command, and the hours at `--mfu` of
 the chips' peak and at the bound: projections, not measurements.
 """
@@ -119,8 +120,9 @@ def fit(config, target) -> None:
              f"{hours * report.num_devices:,.0f} chip-hours"]
     bound_hours = None
     if report.bound:
-        bound_hours = steps * report.bound.bound_s / 3600
-        lines.append(f"projected at the step-time bound (the fastest the step can run, not a "
+        bound_hours = steps * best.bound_s / 3600
+        which = "per-instruction" if report.bound.roofline else "step-total"
+        lines.append(f"projected at the {which} bound (the fastest the step can run, not a "
                      f"measurement): {bound_hours:.2f} h, "
                      f"{bound_hours * report.num_devices:,.0f} chip-hours")
     print("\n".join(lines))

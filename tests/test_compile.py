@@ -293,7 +293,7 @@ def test_the_configurations_that_fit_a_global_batch_are_ranked_by_their_bound(mo
         memory = rows * (2 if scan else 3) - fsdp
         bound = 0.1 / rows + 0.02 * fsdp + 0.001 * scan
         return types.SimpleNamespace(fits=memory <= 8, bound=types.SimpleNamespace(
-            bound_s=bound))
+            bound_s=bound, roofline=None))
 
     monkeypatch.setattr(aot, "compile_experiment", compile_experiment)
     config = with_mesh(bert_config(scan_layers=False), (2, 1, 1))
@@ -312,6 +312,33 @@ def test_the_configurations_that_fit_a_global_batch_are_ranked_by_their_bound(mo
     alone = aot.fit_global_batch(config, cpus, alternatives=False)
     assert {(scan, fsdp) for _, scan, fsdp in compiled} == {(False, False)}
     assert alone[0].micro_batch == 2 and not alone[0].scan_layers
+
+
+def test_the_sizing_search_ranks_by_the_per_instruction_bound(monkeypatch):
+    """Two micro-batches that fit, whose two bounds disagree: 2 rows has the
+    lower step total (9 ms against 10) but the higher per-instruction bound
+    (14 ms against 12). The search picks 1 row, by the per-instruction bound;
+    where the instructions were not costed (no roofline) it falls back to the
+    step total and picks 2 rows."""
+    bounds = {2: (0.009, 0.014), 1: (0.010, 0.012)}   # rows: (step total, per instruction)
+    with_roofline = True
+
+    def compile_experiment(config, target, eval_step=True):
+        rows = 2 // config.train.grad_accum_steps
+        total, per_instruction = bounds[rows]
+        roofline = types.SimpleNamespace(bound_s=per_instruction) if with_roofline else None
+        return types.SimpleNamespace(fits=True, bound=types.SimpleNamespace(
+            bound_s=total, roofline=roofline))
+
+    monkeypatch.setattr(aot, "compile_experiment", compile_experiment)
+    config = with_mesh(bert_config(scan_layers=False), (2, 1, 1))
+    config.train.batch_size = 4
+    cpus = topologies.Target("cpu-2", "cpu", tuple(jax.devices()[:2]), "CPU", 0, 0.0)
+    fits = aot.fit_global_batch(config, cpus, alternatives=False)
+    assert [(fit.micro_batch, fit.bound_s) for fit in fits] == [(1, 0.012), (2, 0.014)]
+    with_roofline = False
+    fits = aot.fit_global_batch(config, cpus, alternatives=False)
+    assert [(fit.micro_batch, fit.bound_s) for fit in fits] == [(2, 0.009), (1, 0.010)]
 
 
 @pytest.mark.slow

@@ -12,7 +12,10 @@ Conventions:
 Scores are `Q Kᵀ / √head_dim` accumulated and soft-maxed in float32 whatever the
 compute dtype. Masked scores are replaced (not added to) by the most negative
 float32, so a row with no visible key (a padding query) gives uniform weights
-rather than NaN.
+rather than NaN. Below float32 (bfloat16, float16 compute), and with
+`recompute_probabilities` (`config.remat='attention'`), einsum and xla
+attention run `lean_attention`: the same forward pass, a backward pass that
+keeps the probabilities in the compute dtype, or none at all.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from bert_jax.errors import ConfigError
-from bert_jax.modeling import fused_attention, precision
+from bert_jax.modeling import fused_attention, lean_attention, precision
 from bert_jax.modeling.initializers import Initializer, partitioned
 from bert_jax.modeling.masks import Mask, causal_mask, combine_masks, dense_mask
 
@@ -45,6 +48,7 @@ def dot_product_attention(
     deterministic: bool = True,
     impl: str = "einsum",
     return_weights: bool = False,
+    recompute_probabilities: bool = False,
 ) -> tuple[Array, Array | None]:
     """softmax(Q Kᵀ / √d) V over `[batch, length, heads, head_dim]` inputs.
 
@@ -61,6 +65,8 @@ def dot_product_attention(
         (see `bert_jax.modeling.fused_attention`).
       return_weights: also return the probabilities (computed with einsum,
         whatever `impl` says: no kernel exposes them).
+      recompute_probabilities: einsum and xla save no probabilities for the
+        backward pass (`lean_attention`, recompute=True).
 
     Returns:
       `[batch, q_len, heads, head_dim]` outputs, and `[batch, heads, q_len,
@@ -73,30 +79,39 @@ def dot_product_attention(
             f"config.model.attention_dropout_rate={dropout_rate}: attention_impl={impl!r} "
             "applies no attention dropout; set it to 0, or attention_impl='einsum'.")
     impl = fused_attention.resolve(impl)
+    lean = impl in ("einsum", "xla") and (value.dtype != jnp.float32
+                                          or recompute_probabilities)
+    if lean and not return_weights:
+        out = lean_attention.attention(
+            query, key, value, dense_mask(mask, query.shape[1], key.shape[1]),
+            dropout_rate=dropout_rate if use_dropout else 0.0, dropout_rng=dropout_rng,
+            recompute=recompute_probabilities)
+        return _scale_heads(out, head_mask), None
     if impl != "einsum" and not return_weights:
         out = fused_attention.attend(query, key, value, mask,
                                      scale=1.0 / math.sqrt(depth), impl=impl)
-        if head_mask is not None:
-            # Scaling a head's probabilities scales its output by the same factor.
-            out = out * head_mask.astype(out.dtype)[None, None, :, None]
-        return out, None
+        return _scale_heads(out, head_mask), None
 
-    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
-                        preferred_element_type=jnp.float32)
-    scores = scores / jnp.sqrt(jnp.float32(depth))
-    mask = dense_mask(mask, query.shape[1], key.shape[1])
-    if mask is not None:
-        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    scores = lean_attention.scores(query, key,
+                                   dense_mask(mask, query.shape[1], key.shape[1]))
     weights = jax.nn.softmax(scores, axis=-1)
     if head_mask is not None:
         weights = weights * head_mask.astype(jnp.float32)[None, :, None, None]
     if use_dropout:
         if dropout_rng is None:
             raise ValueError("attention dropout needs a dropout_rng.")
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+        keep = lean_attention.dropout_keep(dropout_rng, dropout_rate, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
     out = precision.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
     return out, (weights if return_weights else None)
+
+
+def _scale_heads(out: Array, head_mask: Array | None) -> Array:
+    """`[batch, q_len, heads, head_dim]` outputs times `head_mask` `[heads]`:
+    scaling a head's probabilities scales its output by the same factor."""
+    if head_mask is None:
+        return out
+    return out * head_mask.astype(out.dtype)[None, None, :, None]
 
 
 class MultiHeadAttention(nn.Module):
@@ -126,6 +141,7 @@ class MultiHeadAttention(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
     attention_impl: str = "einsum"
     decode: bool = False
+    recompute_probabilities: bool = False   # see dot_product_attention
 
     @nn.compact
     def __call__(
@@ -163,7 +179,8 @@ class MultiHeadAttention(nn.Module):
         out, weights = dot_product_attention(
             query, key, value, mask, head_mask=head_mask, dropout_rate=self.dropout_rate,
             dropout_rng=dropout_rng, deterministic=deterministic, impl=impl,
-            return_weights=self.is_mutable_collection("intermediates"))
+            return_weights=self.is_mutable_collection("intermediates"),
+            recompute_probabilities=self.recompute_probabilities)
         if weights is not None:
             self.sow("intermediates", "attention_weights", weights)
         if overflow is not None:

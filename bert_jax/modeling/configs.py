@@ -36,6 +36,7 @@ REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "attention": None,   # no layer remat: attention.py recomputes the probabilities
 }
 
 
@@ -80,8 +81,11 @@ class StackConfig:
         GPU, splash on TPU, XLA's attention on CPU), or one kernel by name:
         'xla', 'cudnn', 'splash' (see `bert_jax.modeling.fused_attention`).
       remat: what each layer keeps for the backward pass: 'none' (every
-        activation), 'full' (only the layer inputs), 'dots' (matmul outputs)
-        or 'dots_no_batch' (matmul outputs without batch dimensions).
+        activation), 'full' (only the layer inputs), 'dots' (matmul outputs),
+        'dots_no_batch' (matmul outputs without batch dimensions) or
+        'attention' (every activation but the `[batch, heads, q_len, kv_len]`
+        attention probabilities, recomputed from the queries and keys:
+        `bert_jax.modeling.lean_attention`; einsum and xla attention).
       scan_layers: run the layers of a stack as one `nn.scan` (one compiled
         layer however deep the stack); parameters are then stacked under
         `layers/layer` with a leading `[num_layers]` axis (see

@@ -23,7 +23,8 @@ per sublayer named `<sublayer>_norm`. A stack names its layers `layer_0`, ...;
 with `config.scan_layers` it runs them as one `nn.scan` whose parameters sit
 under `layers/layer` with a leading `[num_layers]` axis (`scan_params` and
 `unscan_params` convert between the two layouts). `config.remat` wraps each
-layer in `nn.remat` with the named checkpoint policy.
+layer in `nn.remat` with the named checkpoint policy, or ('attention') has the
+attention recompute its probabilities in the backward pass (`lean_attention`).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def attention(config: StackConfig, name: str, decode: bool = False) -> MultiHead
         out_features=config.hidden_size, dropout_rate=config.attention_dropout_rate,
         kernel_init=kernel_init(config), dtype=config.compute_dtype,
         param_dtype=config.params_dtype, attention_impl=config.attention_impl,
-        decode=decode, name=name)
+        decode=decode, recompute_probabilities=config.remat == "attention", name=name)
 
 
 class FeedForward(nn.Module):
@@ -173,8 +174,9 @@ class DecoderLayer(nn.Module):
 
 def _layer(cls: type[nn.Module], config: StackConfig, **kwargs) -> nn.Module:
     """`cls(config, **kwargs)`, under `nn.remat` when `config.remat` asks for it
-    (`deterministic`, a layer's last positional argument, is then static)."""
-    if config.remat != "none":
+    (`deterministic`, a layer's last positional argument, is then static;
+    'attention' wraps nothing: the attention recomputes its own probabilities)."""
+    if REMAT_POLICIES[config.remat] is not None:
         num_args = {EncoderLayer: 4, DecoderLayer: 7}[cls]  # counting `self`
         cls = nn.remat(cls, policy=REMAT_POLICIES[config.remat],
                        prevent_cse=not config.scan_layers, static_argnums=(num_args,))

@@ -20,7 +20,8 @@ memory and communication time at the target's peak figures
 (`topologies.machine`), the largest of them, their sum, the bottleneck and the
 MFU ceiling it implies; beside it the per-instruction roofline and its
 costliest instructions. `fit_global_batch` ranks the configurations that fit
-by the first.
+by the second (the tighter: a sum of per-instruction maxima), or by the first
+where the instructions were not costed.
 """
 
 from __future__ import annotations
@@ -383,7 +384,13 @@ class GlobalBatchFit:
 
     @property
     def bound_s(self) -> float:
-        return self.report.bound.bound_s if self.report.bound else math.inf
+        """What the search ranks by: the per-instruction roofline's bound when
+        the report has one, else the step-total bound, else infinity (no
+        figures for the chip)."""
+        bound = self.report.bound
+        if bound is None:
+            return math.inf
+        return bound.roofline.bound_s if bound.roofline else bound.bound_s
 
 
 FSDP_MESH = (1, -1, 1)
@@ -392,7 +399,8 @@ FSDP_MESH = (1, -1, 1)
 def fit_global_batch(config: ml_collections.ConfigDict, target: Target,
                      alternatives: bool = True) -> list[GlobalBatchFit]:
     """The ways to run `config.train.batch_size` rows a step that fit, the
-    fastest step-time bound first (ties, or no bound: the larger micro-batch).
+    fastest bound first (`GlobalBatchFit.bound_s`: the per-instruction roofline,
+    else the step-total bound; ties, or no bound: the larger micro-batch).
 
     Per candidate mesh and layer form, a bisection over the divisors of each
     device's share of the batch finds the largest micro-batch that fits,
