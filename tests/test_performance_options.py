@@ -24,7 +24,8 @@ MASK = (IDS != 0).astype(np.int32)
 HEAD_MASK = jnp.array([[1.0, 0.0], [0.5, 1.0]])
 LAYER_MASK = jnp.array([True, False])
 OPTIONS = [dict(remat="full"), dict(remat="dots"), dict(remat="dots_no_batch"),
-           dict(scan_layers=True), dict(scan_layers=True, remat="full")]
+           dict(remat="attention"), dict(scan_layers=True),
+           dict(scan_layers=True, remat="full"), dict(scan_layers=True, remat="attention")]
 
 
 def _bert_outputs(config, params):
@@ -165,6 +166,16 @@ def test_bfloat16_bert_tracks_float32(bert_reference):
     assert hidden16[-1].dtype == jnp.bfloat16
     assert abs(float(value16) - float(value)) < 0.02 * abs(float(value)) + 0.05
     assert max_diff(hidden16[-1], hidden[-1]) < 0.1
-    for g16, g in zip(jax.tree.leaves(grads16), jax.tree.leaves(grads)):
+    for (path, g16), g in zip(jax.tree_util.tree_leaves_with_path(grads16),
+                              jax.tree.leaves(grads)):
         assert g16.dtype == jnp.float32  # float32 master weights get float32 gradients
+        if jax.tree_util.keystr(path).endswith("['key']['bias']"):
+            # Zero in exact arithmetic (the bias adds one constant to all of a
+            # query's scores). bfloat16 attention rounds dS to bfloat16 before
+            # its dK matmul, as flash kernels do (lean_attention), so its rows
+            # no longer sum to zero: noise, small beside the query bias's.
+            query_bias = grads[path[0].key]["encoder"][path[2].key]["attention"][
+                "query"]["bias"]
+            assert np.abs(np.asarray(g16)).max() <= 2e-2 * np.abs(np.asarray(query_bias)).max()
+            continue
         assert max_diff(g16, g) < 0.05 * float(np.abs(g).max()) + 1e-3
