@@ -24,7 +24,8 @@ from bert_jax.training.checkpoints import Checkpointer
 from bert_jax.training.evaluation import saved_config
 from bert_jax.training.preemption import PreemptionWatcher
 from bert_jax.training.workdir import (
-    LOCK_FILE, METRICS_FILE, WorkdirError, WorkdirLock, parse_metrics, read_metrics)
+    LOCK_FILE, METRICS_FILE, WorkdirError, WorkdirLock, parse_metrics, read_metrics,
+    refuse_writing_into)
 from helpers import REPO, finish, launch, tiny_config
 
 sys.path.insert(0, str(REPO / "launch"))
@@ -371,24 +372,68 @@ def test_an_unreadable_lock_is_refused_while_recent_then_taken_over(tmp_path, ca
     lock = _write_lock(tmp_path, content, mtime=NOW - 60)
     with pytest.raises(WorkdirError) as error:
         _lock(tmp_path)
-    assert str(error.value).startswith(f"{lock} names no holder (not a JSON lock record)")
+    assert str(error.value).startswith(f"{lock} is an unreadable lock (not a JSON lock record")
     assert "(in 9 min)" in str(error.value) and len(str(error.value).splitlines()) == 1
     assert lock.read_text() == content
     with caplog.at_level("WARNING", logger="absl"), _lock(tmp_path, Clock(NOW + 541)):
         assert json.loads(lock.read_text())["pid"] == os.getpid()
-    assert "took over a lock file that names no holder" in caplog.records[0].getMessage()
+    assert "took over an unreadable lock" in caplog.records[0].getMessage()
 
 
-def test_a_lock_taken_over_meanwhile_is_not_renewed_nor_deleted(tmp_path, caplog):
+@pytest.mark.parametrize("renewed", ["NaN", "Infinity", "1e300", "-1e300", str(NOW + 86400),
+                                     '"yesterday"'])
+def test_a_renewal_this_clock_cannot_have_seen_is_an_unreadable_lock(tmp_path, caplog,
+                                                                     renewed):
+    """Not a finite time, or more than the timeout ahead of the reader's clock (a host
+    with a skewed clock): the lease runs from the file's modification, never from it."""
+    lock = _write_lock(tmp_path, f'{{"host": "vm-other", "pid": 5, "started": "x", '
+                                 f'"renewed": {renewed}}}', mtime=NOW - 60)
+    content = lock.read_bytes()
+    with pytest.raises(WorkdirError) as error:
+        _lock(tmp_path)
+    message = str(error.value)
+    assert message.startswith(f"{lock} is an unreadable lock (its renewed, ")
+    assert "(in 9 min)" in message and len(message.splitlines()) == 1
+    assert lock.read_bytes() == content
+    with caplog.at_level("WARNING", logger="absl"), _lock(tmp_path, Clock(NOW + 541)):
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+    assert "took over an unreadable lock" in caplog.records[0].getMessage()
+
+
+def test_a_renewal_ahead_by_less_than_the_timeout_is_a_fresh_lease(tmp_path):
+    _write_lock(tmp_path, {"host": "vm-other", "pid": 5, "renewed": NOW + 599})
+    with pytest.raises(WorkdirError, match="pid 5 on host vm-other"):
+        _lock(tmp_path)
+
+
+@pytest.mark.parametrize("theirs, named", [
+    ({"host": "vm-new", "pid": 5}, "now names pid 5 on host vm-new"),
+    # This host and pid (a restarted container's run): told apart by the token.
+    ({"host": HOST, "pid": os.getpid(), "token": "0123"}, "its token differs"),
+    ("", "now names no holder"),
+])
+def test_a_lock_taken_over_meanwhile_is_not_renewed_nor_deleted(tmp_path, caplog, theirs,
+                                                                named):
     clock = Clock()
     held = _lock(tmp_path, clock)
     with held:
-        theirs = {"host": "vm-new", "pid": 5, "renewed": NOW + 700}
-        (tmp_path / LOCK_FILE).write_text(json.dumps(theirs))
+        assert held.lost() is None
+        lock = _write_lock(tmp_path, theirs and {**theirs, "renewed": NOW + 700})
+        content = lock.read_bytes()
+        error = held.lost()
+        assert isinstance(error, WorkdirError) and str(error).startswith(f"{lock} ")
+        assert named in str(error) and len(str(error).splitlines()) == 1
         with caplog.at_level("ERROR", logger="absl"):
             assert not held.renew()
-        assert "taken over by pid 5 on host vm-new" in caplog.records[0].getMessage()
-    assert json.loads((tmp_path / LOCK_FILE).read_text()) == theirs
+        assert named in caplog.records[0].getMessage()
+    assert lock.read_bytes() == content
+
+
+def test_a_deleted_lock_is_lost(tmp_path):
+    with _lock(tmp_path) as held:
+        (tmp_path / LOCK_FILE).unlink()
+        assert str(held.lost()).startswith(f"{tmp_path / LOCK_FILE} was deleted")
+    assert not (tmp_path / LOCK_FILE).exists()
 
 
 @pytest.mark.slow
@@ -404,3 +449,79 @@ def test_train_py_refuses_a_fresh_lock_of_another_host_in_one_line(workdir, data
     assert re.search(r"--lock_timeout=900 s \(in 1[0-5] min\)", line), line
     assert f"delete {lock}" in line
     assert snapshot(workdir) == before
+
+
+# ----------------------------------------------------------------------------
+# Fencing: a trainer whose lock another run took stops before its next write.
+
+
+@pytest.mark.slow
+def test_a_run_whose_lock_is_taken_makes_no_preemption_save(workdir, data_dir, monkeypatch):
+    """Another run of this host and pid (a restarted container's: only the token differs)
+    takes the lock at step 23, as SIGTERM asks for a preemption save: no save, no
+    metrics after, and its lock stays."""
+    taken = {}
+
+    class TakenOver(PreemptionWatcher):
+        def requested(self, step: int) -> bool:
+            if step != 23:
+                return super().requested(step)
+            (workdir / LOCK_FILE).unlink()
+            taken["lock"] = WorkdirLock(str(workdir))
+            taken["metrics"] = (workdir / METRICS_FILE).read_bytes()
+            return True
+
+    monkeypatch.setattr(trainer, "PreemptionWatcher", TakenOver)
+    config = tiny_config(data_dir, **{**RUN, "train.num_steps": 30, "train.log_every": 1})
+    with pytest.raises(WorkdirError, match=f"{workdir / LOCK_FILE} now names pid "
+                                           f"{os.getpid()} .*its token differs"):
+        trainer.train_and_evaluate(config, str(workdir))
+    with taken["lock"] as theirs:
+        assert theirs.lost() is None  # neither deleted nor rewritten
+    assert Checkpointer(str(workdir), read_only=True).all_steps() == [10, 20]
+    assert (workdir / METRICS_FILE).read_bytes() == taken["metrics"]
+    assert read_metrics(workdir)[-1]["step"] == 23
+
+
+@pytest.mark.slow
+def test_train_py_stops_when_another_process_takes_its_lock(workdir, data_dir):
+    """The lock deleted while train.py runs and taken by this test's process: at its next
+    write (a metrics line, the SIGTERM's preemption save) it stops in one line naming
+    the new holder, and writes nothing more."""
+    process = launch("train.py", workdir, {**LONG, "train.log_every": 1,
+                                           "data.data_dir": data_dir})
+    wait_for_step_after(process, 20)
+    process.send_signal(signal.SIGSTOP)
+    try:
+        (workdir / LOCK_FILE).unlink()
+        theirs = WorkdirLock(str(workdir))
+        metrics = (workdir / METRICS_FILE).read_bytes()
+        process.send_signal(signal.SIGTERM)
+    finally:
+        process.send_signal(signal.SIGCONT)
+    code, out = finish(process)
+    with theirs:
+        assert theirs.lost() is None
+    assert code == cli.EXIT_USER_ERROR and "Traceback" not in out, out
+    (line,) = errors(out)
+    assert f"{workdir / LOCK_FILE} now names pid {os.getpid()} on host {HOST}" in line
+    assert (workdir / METRICS_FILE).read_bytes() == metrics
+    assert Checkpointer(str(workdir), read_only=True).all_steps() == [10, 20]
+
+
+# ----------------------------------------------------------------------------
+# An output of a command that reads a workdir never lands in it.
+
+
+@pytest.mark.parametrize("output, refused", [
+    ("run/out.json", True), ("run", True), ("link/out.json", True), ("link", True),
+    ("run2/out.json", False), ("out.json", False)])
+def test_an_output_resolving_into_a_folder_read_is_refused(tmp_path, output, refused):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "run")
+    path = str(tmp_path / output)
+    if not refused:
+        refuse_writing_into(f"--output={path}", path, {"--workdir": str(tmp_path / "run")})
+        return
+    with pytest.raises(WorkdirError, match=f"--output={path}.* lies inside --workdir="):
+        refuse_writing_into(f"--output={path}", path, {"--workdir": str(tmp_path / "run")})

@@ -28,7 +28,8 @@ from bert_jax.file_io import write_json
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, vanished_step)
 from bert_jax.training.evaluation import abstract_params
-from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps
+from bert_jax.training.workdir import (
+    CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps, refuse_writing_into)
 
 
 def average_params(paths: Sequence[str], abstract: Any) -> Any:
@@ -55,13 +56,10 @@ def average_workdir(config: ml_collections.ConfigDict, workdir: str, output: str
             f"cannot average {f'the last {last} checkpoints' if last else f'steps {steps}'}"
             f" of {directory}: it holds steps {available}. Name steps it holds (keep more "
             "with config.train.keep_last).")
-    resolved, inside = os.path.realpath(output), os.path.realpath(workdir)
-    if (os.path.exists(output) and (os.path.isfile(output) or os.listdir(output))
-            or os.path.commonpath([resolved, inside]) == inside):
-        where = f" (it is {resolved})" if resolved != os.path.abspath(output) else ""
-        raise CheckpointError(f"--save_average={output}{where} is not a new folder outside "
-                              f"the workdir {inside}: the average is never written over or "
-                              "among a training run's files. Choose a new folder.")
+    refuse_writing_into(f"--save_average={output}", output, {"--workdir": workdir})
+    if os.path.exists(output) and (os.path.isfile(output) or os.listdir(output)):
+        raise CheckpointError(f"--save_average={output} is not a new folder: the average is "
+                              "never written over other files. Choose a new folder.")
     output = os.path.abspath(output)
     _, _, abstract = abstract_params(config, workdir)
     try:

@@ -10,6 +10,10 @@ position is saved with the state, so a resumed run computes the same numbers
 as one that never stopped. Non-finite losses or gradients are tracked on
 device and checked before anything is logged or saved: the run stops naming
 the first bad step, and the last checkpoint on disk is the last good one.
+
+Fencing: before each metrics write and checkpoint save (a preemption's included),
+the workdir's lock must still name this run (`WorkdirLock.lost`: host, pid and
+token); once another run has it, this one stops at once, writing nothing more.
 """
 
 from __future__ import annotations
@@ -179,27 +183,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if config.model.get("dtype") == AUTO:
         config = resolve_model_dtype(config, saved_dtype=_saved_model_dtype(workdir))
     workdir = prepare_workdir(workdir, config)
-    with _lock(workdir, lock_timeout):
-        return _train(config, workdir, restore_step)
+    with _lock(workdir, lock_timeout) as lock:
+        return _train(config, workdir, restore_step, lock)
 
 
 def _lock(workdir: str, timeout: float) -> contextlib.AbstractContextManager:
+    """The workdir's `WorkdirLock` on process 0 (a context without one on the others),
+    or its refusal raised on every process."""
     lock, refused = contextlib.nullcontext(), None
     if jax.process_index() == 0:
         try:
             lock = WorkdirLock(workdir, timeout)
         except WorkdirError as e:
             refused = e
-    if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(refused is not None):
-        refused = refused or WorkdirError(f"{workdir} is in use by another run (process "
-                                          "0 names it).")
-    if refused:
-        raise refused
+    _raise_everywhere(refused, f"{workdir} is in use by another run (process 0 names it).")
     return lock
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | None
-           ) -> dict[str, float]:
+def _raise_everywhere(error: UserError | None, elsewhere: str) -> None:
+    """Raises process 0's `error` on every process (the others raise a `WorkdirError`
+    saying `elsewhere`): what process 0 alone reads (the workdir's lock) stops all."""
+    if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(error is not None):
+        error = error or WorkdirError(elsewhere)
+    if error:
+        raise error
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | None,
+           lock: WorkdirLock | None) -> dict[str, float]:
     if restore_step is not None:
         _restore_point(workdir, restore_step)
     task = build_task(config, workdir)
@@ -257,6 +268,20 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
             raise TrainingDiverged(
                 f"loss or gradients became NaN/Inf at step {bad}; stopping. {where}")
 
+    def fence() -> None:  # before each write into the workdir: the lock still names this run
+        _raise_everywhere(lock and lock.lost(), f"{workdir}: process 0 lost the workdir's "
+                          "lock to another run (its error names it); stopping.")
+
+    def write_metrics(step: int, scalars: dict[str, float]) -> None:
+        fence()
+        writer.write(step, scalars)
+        logged.update(scalars)
+
+    def save(step: int, metrics: dict[str, float] | None = None) -> None:
+        check_finite()  # never save a diverged state as the last good one
+        fence()
+        checkpointer.save(step, state, train_iter, metrics=metrics)
+
     logged: dict[str, float] = {}
     interrupted = False
     try:
@@ -282,19 +307,16 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
                     try:
                         eval_metrics = evaluate(state.params, step)
                     except UserError:  # e.g. an evaluator the task cannot feed
-                        check_finite()  # never save a diverged state as the last good one
-                        checkpointer.save(step, state, train_iter)  # keep the training
+                        save(step)  # keep the training
                         raise
                     progress.restart(step)  # evaluation time is not training time
                     scalars.update(eval_metrics)
                     logging.info("step %d eval: %s", step, eval_metrics)
                 if scalars:
-                    writer.write(step, scalars)
-                    logged.update(scalars)
+                    write_metrics(step, scalars)
                 preempted = preemption.requested(step)
                 if step % train.checkpoint_every == 0 or last or preempted:
-                    check_finite()
-                    checkpointer.save(step, state, train_iter, metrics=eval_metrics)
+                    save(step, eval_metrics)
                 if preempted:
                     logging.warning("stopping after the preemption checkpoint at step %d.",
                                     step)

@@ -9,14 +9,17 @@ lock of the run writing there (`train.lock`). Every reader of the metrics goes
 through `read_metrics`, which returns the records in file order and reports a
 damaged line instead of dropping it silently; `checkpoint_steps` lists the
 complete checkpoints; `WorkdirLock` keeps one writer per workdir (the trainer
-takes it).
+takes it) and `refuse_writing_into` keeps the commands that read a workdir from
+writing into it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import secrets
 import socket
 import threading
 import time
@@ -29,7 +32,7 @@ from bert_jax.errors import WorkdirError
 CONFIG_FILE = "config.json"     # the resolved config a training run writes
 METRICS_FILE = "metrics.jsonl"  # one JSON object a line: {"step": N, "train/loss": ...}
 CHECKPOINT_DIR = "checkpoints"
-LOCK_FILE = "train.lock"        # {"host", "pid", "started", "renewed"}: `WorkdirLock`
+LOCK_FILE = "train.lock"        # {"host", "pid", "token", "started", "renewed"}: `WorkdirLock`
 # Seconds a lock of another host stays valid without renewal (`--lock_timeout`):
 # ten of its holder's renewals (every minute) can fail, a slow bucket included,
 # before a restarted run takes over.
@@ -39,28 +42,38 @@ DEFAULT_LOCK_TIMEOUT = 600
 class WorkdirLock:
     """One writer per workdir, taken when created: WORKDIR/train.lock, an exclusive
     `flock` on it (the kernel drops it when its process dies) and a lease: the file
-    names its holder, `{"host", "pid", "started", "renewed"}` (`renewed`: seconds since
-    the epoch), and a daemon thread rewrites `renewed` every `renew_every` seconds
-    while the run trains. An existing lock is
+    names its holder, `{"host", "pid", "token", "started", "renewed"}` (`token`: random,
+    this run's alone, even where a restarted container reuses its pid; `renewed`:
+    seconds since the epoch), and a daemon thread rewrites `renewed` every `renew_every`
+    seconds while the run trains.
+
+    Fencing: the holder calls `lost()` before each write into the workdir and stops,
+    writing nothing more, as soon as the file no longer names it (host, pid and token):
+    deleted, taken over or overwritten by another run.
+
+    An existing lock is
 
     * refused when a process of this host holds its flock (it is running);
     * taken over when it names this host and no process holds its flock: its holder
       has exited (the warning says it no longer holds the lock, not that its pid is
       gone: pids are reused);
     * of another host (a bucket mounted on several VMs: flock does not reach across
-      them): refused while renewed within `timeout` seconds (the error names the
-      holder and the time left), taken over after with a warning naming the holder
-      and its last renewal, so that a VM preempted and recreated under another name
-      restarts its run unattended. The hosts' clocks must agree to well within
-      `timeout`;
-    * a file that names no holder (torn, edited, another format): treated as renewed
-      when it was last modified, by whichever host: refused (naming the file) while
-      that is within `timeout`, taken over after. A lock file without `renewed` (an
-      older version's) is renewed at its modification time too.
+      them): refused while renewed within `timeout` seconds by this host's clock (the
+      error names the holder and the time left), taken over after with a warning naming
+      the holder and its last renewal, so that a VM preempted and recreated under
+      another name restarts its run unattended. The hosts' clocks must agree to well
+      within `timeout`;
+    * unreadable (`_lease`): a file that names no holder (torn, edited, another
+      format), or whose `renewed` is no time of this host's clock (not a finite number,
+      or more than `timeout` ahead: a skewed clock never holds a workdir for longer).
+      It counts as renewed when it was last modified, by whichever host: refused
+      (naming the file and why) while that is within `timeout`, taken over after. A
+      lock without `renewed` (an older version's) is renewed at its modification time
+      too.
 
-    On exit the file is deleted, unless another run took it over meanwhile; a process
-    that locked the deleted file in between sees that it is no longer the path's and
-    opens the path again. `clock` (time.time) is injectable for tests."""
+    On exit the file is deleted if it still names this run. A process that locked the
+    deleted file in between sees that it is no longer the path's and opens the path
+    again. `clock` (time.time) is injectable for tests."""
 
     def __init__(self, workdir: str, timeout: float = DEFAULT_LOCK_TIMEOUT,
                  clock: Callable[[], float] = time.time):
@@ -73,7 +86,7 @@ class WorkdirLock:
             if not created:
                 self._take_over(fd)
             self.record = {"host": self.host, "pid": os.getpid(),
-                           "started": _local_time(clock())}
+                           "token": secrets.token_hex(8), "started": _local_time(clock())}
             self.fd = fd
             self._write()
         except BaseException:
@@ -121,11 +134,10 @@ class WorkdirLock:
     def _take_over(self, fd: int) -> None:
         """Warns about the takeover of an existing lock that this process flocked,
         or raises a `WorkdirError` when its lease may still run (`timeout`)."""
-        holder, stat = _lock_record(os.pread(fd, 4096, 0)), os.fstat(fd)
-        renewed = holder.get("renewed") if holder else None
-        if not isinstance(renewed, (int, float)) or isinstance(renewed, bool):
-            renewed = stat.st_mtime
-        age = self._clock() - renewed
+        now, modified = self._clock(), os.fstat(fd).st_mtime
+        holder, unreadable = _lease(os.pread(fd, 4096, 0), now, self.timeout)
+        renewed = holder.get("renewed", modified) if holder else modified
+        age = now - renewed
         when = f"{_local_time(renewed)}, {_duration(age)} ago"
         if holder and holder["host"] == self.host:
             logging.warning("%s: took over the lock of pid %s of this host (%s), which no "
@@ -138,28 +150,49 @@ class WorkdirLock:
             what = (f"{self._workdir} is in use by another training run: pid "
                     f"{holder['pid']} on host {holder['host']} (lock last renewed {when})"
                     if holder else
-                    f"{self.path} names no holder (not a JSON lock record) and was "
-                    f"modified {when}: a run may be starting in {self._workdir}")
+                    f"{self.path} is an unreadable lock ({unreadable}), modified {when}: a "
+                    f"run may be starting in {self._workdir}")
             raise WorkdirError(
                 f"{what}. Wait for it to finish or stop it, or use another --workdir; if "
                 f"that run is dead, its lock is taken over when not renewed for {limit} "
                 f"(in {left}), or delete {self.path} now.")
         who = (f"the lock of pid {holder['pid']} on host {holder['host']}" if holder else
-               "a lock file that names no holder (not a JSON lock record)")
+               f"an unreadable lock ({unreadable})")
         logging.warning("%s: took over %s: not renewed since %s, more than %s. If that run "
-                        "is still going, stop it: two runs now write in %s.", self.path, who,
-                        when, limit, self._workdir)
+                        "is still going, it stops before its next write into %s (its lock "
+                        "no longer names it).", self.path, who, when, limit, self._workdir)
+
+    def lost(self) -> WorkdirError | None:
+        """None while the lock file still names this run (host, pid and token); else
+        the error to stop with, naming what the file holds now. One small read: the
+        trainer calls it before each write into the workdir (fencing)."""
+        try:
+            with open(self.path, "rb") as f:
+                current = _lock_record(f.read(4096))
+        except FileNotFoundError:
+            found = "was deleted"
+        except OSError as e:
+            found = f"cannot be read ({e.strerror})"
+        else:
+            if current and _identity(current) == _identity(self.record):
+                return None
+            found = ("now names no holder (not a JSON lock record)" if not current else
+                     f"now names pid {current['pid']} on host {current['host']}"
+                     + (" (another run: its token differs)"
+                        if _identity(current)[:2] == _identity(self.record)[:2] else ""))
+        return WorkdirError(
+            f"{self.path} {found}, not this run (pid {self.record['pid']} on host "
+            f"{self.host}): another run may be writing in {self._workdir}. This run stops "
+            "before its next write there and writes nothing more; let the other run go "
+            "on, or stop it and rerun this command to resume from the last checkpoint.")
 
     def renew(self) -> bool:
         """Writes the record with `renewed` = now (fsynced: on a mounted bucket other
-        hosts then see it). False, with an error logged, when another run has taken
-        the lock over (this run's renewals stopped for longer than its timeout)."""
-        with open(self.path, "rb") as f:
-            current = _lock_record(f.read(4096))
-        if current and (current["host"], current["pid"]) != (self.host, self.record["pid"]):
-            logging.error("%s was taken over by pid %s on host %s: this run's lock was not "
-                          "renewed in time. Two runs write in %s: stop one.", self.path,
-                          current["pid"], current["host"], self._workdir)
+        hosts then see it). False, with the error of `lost` logged, once the lock no
+        longer names this run."""
+        lost = self.lost()
+        if lost:
+            logging.error("%s", lost)
             return False
         self._write()
         return True
@@ -186,14 +219,11 @@ class WorkdirLock:
         self._stop.set()
         self._renewer.join()
         try:
-            with open(self.path, "rb") as f:
-                current = _lock_record(f.read(4096))
-            if not current or (current["host"], current["pid"]) == (self.host,
-                                                                     self.record["pid"]):
-                os.unlink(self.path)  # while locked: no one takes a lock on it in between
-        except FileNotFoundError:
-            pass
-        os.close(self.fd)  # releases the flock
+            if self.lost() is None:  # never another run's lock
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)  # while flocked: no one locks it in between
+        finally:
+            os.close(self.fd)  # releases the flock
 
 
 def _lock_record(data: bytes) -> dict[str, Any] | None:
@@ -207,6 +237,45 @@ def _lock_record(data: bytes) -> dict[str, Any] | None:
             and isinstance(record.get("pid"), int)):
         return record
     return None
+
+
+def _identity(record: dict[str, Any]) -> tuple:
+    """What tells one run's lock from another's: (host, pid, token)."""
+    return record.get("host"), record.get("pid"), record.get("token")
+
+
+def _lease(data: bytes, now: float, timeout: float) -> tuple[dict[str, Any] | None, str]:
+    """(the holder, "") of a lock file's `data` whose `renewed` is absent or a time of
+    this host's clock (`now`): seconds since the epoch, at most `timeout` ahead; else
+    (None, why the lock is unreadable). A lease is never judged fresh by a time this
+    clock cannot have reached."""
+    holder = _lock_record(data)
+    if holder is None:
+        return None, "not a JSON lock record naming a host and a pid"
+    renewed = holder.get("renewed", 0)
+    if isinstance(renewed, bool) or not isinstance(renewed, (int, float)) or not (
+            0 <= renewed <= now + timeout):  # False for NaN
+        return None, (f"its renewed, {json.dumps(renewed)}, is no time of this host's "
+                      "clock: not seconds since the epoch, or more than --lock_timeout="
+                      f"{timeout:g} s ahead of it")
+    return holder, ""
+
+
+def refuse_writing_into(what: str, path: str, read: dict[str, str]) -> None:
+    """Raises a `WorkdirError` when `path`, an output of a command (`what`: its flag,
+    e.g. "--output=FILE"), resolves (symbolic links followed) into one of the folders
+    the command reads, `read` ({flag: folder}, e.g. {"--workdir": W}): a command that
+    reads a training run's files never writes among them. Every such output goes
+    through here (evaluate.py's --output and its files, --save_average, a transfer
+    study's runs)."""
+    resolved = os.path.realpath(path)
+    for flag, folder in read.items():
+        inside = os.path.realpath(folder)
+        if os.path.commonpath([resolved, inside]) == inside:
+            alias = f" (it is {resolved})" if resolved != os.path.abspath(path) else ""
+            raise WorkdirError(f"{what}{alias} lies inside {flag}={folder}, which this command "
+                               "reads: it never writes among a training run's files. Choose "
+                               f"a path outside {inside}.")
 
 
 def _local_time(seconds: float) -> str:
