@@ -61,10 +61,9 @@ def main(argv):
     if output:  # checked before the evaluation runs
         in_place = os.path.exists(output) and not os.path.isfile(output)  # /dev/stdout, a pipe
         files_dir = None if in_place else os.path.splitext(output)[0] + "_files"
-        for what, path in ((f"--output={_OUTPUT.value}", output),
-                           (f"--output={_OUTPUT.value}: its files folder {files_dir}", files_dir)):
-            if path:
-                refuse_writing_into(what, path, {"--workdir": workdir})
+        refuse_writing_into({f"--output={_OUTPUT.value}": output,
+                             f"--output={_OUTPUT.value}: its files folder {files_dir}": files_dir},
+                            {"--workdir": workdir})
         folder = output if in_place else os.path.dirname(output)
         if not os.access(folder, os.W_OK):
             problem = "is not writable" if os.path.exists(folder) else "does not exist"

@@ -13,6 +13,8 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import ml_collections
 import pytest
@@ -117,6 +119,29 @@ def test_evaluate_never_writes_its_output_into_the_workdir(workdir, output, name
     _refused("evaluate.py", workdir, named.format(path=path, workdir=workdir),
              extra=[f"--output={path}"])
     assert _contents(workdir) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, flag", [("ablate.py", "--output_dir"),
+                                          ("visualize_attention.py", "--output_dir")])
+def test_the_other_readers_of_a_workdir_never_write_into_it(workdir, script, flag):
+    path = workdir / "checkpoints" / "maps"
+    before = _contents(workdir)
+    _refused(script, workdir, f"{flag}={path} lies inside --workdir=", extra=[f"{flag}={path}"])
+    assert _contents(workdir) == before
+
+
+@pytest.mark.slow
+def test_extract_features_never_writes_into_the_model_it_reads(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    result = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "extract_features.py"), f"--pretrained={model}",
+         f"--input_file={tmp_path / 'in.txt'}", f"--output_features={model / 'f.npz'}"],
+        capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"--output_features={model / 'f.npz'} lies inside --pretrained=" in result.stderr
+    assert list(model.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------

@@ -316,7 +316,7 @@ class Study:
                         for name, path in self.backbones.items()
                         if path.startswith(IN_TASK_PREFIX)}
         starts = {name: self.in_task.get(name, path) for name, path in self.backbones.items()}
-        refuse_writing_into(f"--workdir={directory}", directory,
+        refuse_writing_into({f"--workdir={directory}": directory},
                             {f"--backbone={name}": path for name, path in starts.items()
                              if path and not path.startswith(PACKAGE_PREFIX)})
         pretrained = [path for path in starts.values() if path]

@@ -11,8 +11,9 @@ as one that never stopped. Non-finite losses or gradients are tracked on
 device and checked before anything is logged or saved: the run stops naming
 the first bad step, and the last checkpoint on disk is the last good one.
 
-Fencing: before each metrics write and checkpoint save (a preemption's included),
-the workdir's lock must still name this run (`WorkdirLock.lost`: host, pid and
+Fencing: before each metrics write, evaluator file and checkpoint save (a
+preemption's included), and where an asynchronous save is committed, the
+workdir's lock must still name this run (`WorkdirLock.lost`: host, pid and
 token); once another run has it, this one stops at once, writing nothing more.
 """
 
@@ -48,7 +49,7 @@ from bert_jax.training.preemption import PreemptionWatcher
 from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.workdir import (
     CHECKPOINT_DIR, CONFIG_FILE, DEFAULT_LOCK_TIMEOUT, WorkdirError, WorkdirLock,
-    checkpoint_steps)
+    check_step, check_workdir, checkpoint_steps)
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
     TrainState, abstract_like, create_train_state, jit_train_step, make_train_step)
@@ -180,11 +181,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     which another host's lock on the workdir, not renewed, is taken over
     (`WorkdirLock`)."""
     check_training_config(config)
+    check_workdir(workdir)  # before anything reads or writes it
+    check_step(workdir, restore_step, "restore_step")  # the step it resumes from
     if config.model.get("dtype") == AUTO:
         config = resolve_model_dtype(config, saved_dtype=_saved_model_dtype(workdir))
     workdir = prepare_workdir(workdir, config)
-    with _lock(workdir, lock_timeout) as lock:
-        return _train(config, workdir, restore_step, lock)
+    # The watcher closes last: no signal interrupts the final save or the lock's release.
+    with PreemptionWatcher(first_step=None) as preemption:
+        with _lock(workdir, lock_timeout) as lock:
+            return _train(config, workdir, restore_step, lock, preemption)
 
 
 def _lock(workdir: str, timeout: float) -> contextlib.AbstractContextManager:
@@ -210,7 +215,7 @@ def _raise_everywhere(error: UserError | None, elsewhere: str) -> None:
 
 
 def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | None,
-           lock: WorkdirLock | None) -> dict[str, float]:
+           lock: WorkdirLock | None, preemption: PreemptionWatcher) -> dict[str, float]:
     if restore_step is not None:
         _restore_point(workdir, restore_step)
     task = build_task(config, workdir)
@@ -228,7 +233,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
     write_config(workdir, config)  # the task, its data and its model are built
     checkpointer = Checkpointer(workdir, keep_last=train.keep_last,
                                 keep_best=train.keep_best, best_metric=train.best_metric,
-                                best_mode=train.best_mode, async_saves=train.async_saves)
+                                best_mode=train.best_mode, async_saves=train.async_saves,
+                                fence=lock.fence if lock else lambda: None)
     latest = checkpointer.latest_step()
     if latest is not None:
         state = checkpointer.restore(latest, abstract_like(state), train_iter)
@@ -241,13 +247,14 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
     writer = MetricWriter(workdir, resume_step=first_step)
     step_fn = jit_train_step(make_train_step(task.loss_fn, train.grad_accum_steps),
                              shardings, mesh)
-    evaluate = make_evaluator(task, mesh, workdir)
+    # The evaluators' files are written after `report` has seen the metrics: fenced.
+    evaluate = make_evaluator(task, mesh, workdir, report=lambda _: fence())
     progress = Progress(total_steps=train.num_steps, first_step=first_step,
                         flops_per_step=task.flops_per_step(),
                         tokens_per_step=task.tokens_per_step(),
                         peak_flops=peak_flops_per_device(config.get("peak_flops", 0.0),
                                                          config.model.get("dtype", "float32")))
-    preemption = PreemptionWatcher(first_step)
+    preemption.begin(first_step)
     profile = profile_range(train.get("profile_steps"), "config.train.profile_steps")
     if profile and profile[0] <= first_step:
         logging.warning("config.train.profile_steps=%s: this run resumes after step %d, "
@@ -326,7 +333,6 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
         raise
     finally:
         profiler.close()
-        preemption.close()
         train_iter.close()
         if not interrupted:  # the Ctrl-C may have landed inside tensorboardX's write of
             writer.close()   # a step: its writer thread would never finish, close() hang

@@ -5,12 +5,14 @@ trains).
 A workdir holds the resolved config the trainer writes (`config.json`), the
 metrics log (`metrics.jsonl`, one JSON object per line, `{"step": N,
 "train/loss": ..., ...}`), the checkpoint folders `checkpoints/<step>` and the
-lock of the run writing there (`train.lock`). Every reader of the metrics goes
-through `read_metrics`, which returns the records in file order and reports a
-damaged line instead of dropping it silently; `checkpoint_steps` lists the
-complete checkpoints; `WorkdirLock` keeps one writer per workdir (the trainer
-takes it) and `refuse_writing_into` keeps the commands that read a workdir from
-writing into it.
+lock of the run writing there (`train.lock`), and the vocabulary (`vocab/`).
+`check_workdir` is the one guard of that shape, run before anything reads or
+writes a workdir, and `check_step` of the step folder a command reads. Every
+reader of the metrics goes through `read_metrics`, which returns the records in
+file order and reports a damaged line instead of dropping it silently;
+`checkpoint_steps` lists the checkpoints; `WorkdirLock` keeps one writer per
+workdir (the trainer takes it) and `refuse_writing_into` keeps the commands that
+read a workdir from writing into it.
 """
 
 from __future__ import annotations
@@ -27,12 +29,16 @@ from typing import Any, Callable
 
 from absl import logging
 
-from bert_jax.errors import WorkdirError
+from bert_jax.errors import CheckpointError, WorkdirError
 
 CONFIG_FILE = "config.json"     # the resolved config a training run writes
 METRICS_FILE = "metrics.jsonl"  # one JSON object a line: {"step": N, "train/loss": ...}
-CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_DIR = "checkpoints"  # one folder a step, named by its number in ASCII digits
+VOCAB_DIR = "vocab"             # the vocabulary files (= bert_jax.data.vocabulary.VOCAB_DIR)
 LOCK_FILE = "train.lock"        # {"host", "pid", "token", "started", "renewed"}: `WorkdirLock`
+# What a training run makes in its workdir, by kind (`check_workdir`).
+ENTRY_KINDS = {CONFIG_FILE: "file", METRICS_FILE: "file", LOCK_FILE: "file",
+               CHECKPOINT_DIR: "folder", VOCAB_DIR: "folder"}
 # Seconds a lock of another host stays valid without renewal (`--lock_timeout`):
 # ten of its holder's renewals (every minute) can fail, a slow bucket included,
 # before a restarted run takes over.
@@ -186,6 +192,13 @@ class WorkdirLock:
             "before its next write there and writes nothing more; let the other run go "
             "on, or stop it and rerun this command to resume from the last checkpoint.")
 
+    def fence(self) -> None:
+        """Raises the error of `lost`, if any: the check before a write into the workdir
+        (the trainer's, and the commit of an asynchronous checkpoint save)."""
+        error = self.lost()
+        if error:
+            raise error
+
     def renew(self) -> bool:
         """Writes the record with `renewed` = now (fsynced: on a mounted bucket other
         hosts then see it). False, with the error of `lost` logged, once the lock no
@@ -261,21 +274,23 @@ def _lease(data: bytes, now: float, timeout: float) -> tuple[dict[str, Any] | No
     return holder, ""
 
 
-def refuse_writing_into(what: str, path: str, read: dict[str, str]) -> None:
-    """Raises a `WorkdirError` when `path`, an output of a command (`what`: its flag,
-    e.g. "--output=FILE"), resolves (symbolic links followed) into one of the folders
-    the command reads, `read` ({flag: folder}, e.g. {"--workdir": W}): a command that
-    reads a training run's files never writes among them. Every such output goes
-    through here (evaluate.py's --output and its files, --save_average, a transfer
-    study's runs)."""
-    resolved = os.path.realpath(path)
-    for flag, folder in read.items():
-        inside = os.path.realpath(folder)
-        if os.path.commonpath([resolved, inside]) == inside:
-            alias = f" (it is {resolved})" if resolved != os.path.abspath(path) else ""
-            raise WorkdirError(f"{what}{alias} lies inside {flag}={folder}, which this command "
-                               "reads: it never writes among a training run's files. Choose "
-                               f"a path outside {inside}.")
+def refuse_writing_into(outputs: dict[str, str | None], read: dict[str, str | None]) -> None:
+    """Raises a `WorkdirError` when an output of a command, `outputs` ({what: path},
+    `what` naming its flag, e.g. "--output=FILE"), resolves (symbolic links followed)
+    into a folder the command reads, `read` ({flag: folder}, e.g. {"--workdir": W}): a
+    command that reads a training run's files never writes among them. None: not
+    given. Every command that reads a workdir or a model folder checks its outputs
+    here before it starts (evaluate, ablate, visualize_attention, extract_features,
+    --save_average, a transfer study's runs)."""
+    for what, path in outputs.items():
+        for flag, folder in read.items():
+            if path and folder and _inside(os.path.realpath(path), folder):
+                resolved = os.path.realpath(path)
+                alias = f" (it is {resolved})" if resolved != os.path.abspath(path) else ""
+                raise WorkdirError(
+                    f"{what}{alias} lies inside {flag}={folder}, which this command reads: "
+                    "it never writes among a training run's files. Choose a path outside "
+                    f"{os.path.realpath(folder)}.")
 
 
 def _local_time(seconds: float) -> str:
@@ -365,9 +380,94 @@ def report_metrics_damage(path: str, problems: list[str], kept: str | None = Non
                         f" The file as it was is kept as {kept}." if kept else "")
 
 
+def is_step_name(name: str) -> bool:
+    """Whether `name` names a step folder: ASCII digits only (`str.isdigit` takes "²",
+    "٣" too, which `int` reads as another step or not at all)."""
+    return name.isascii() and name.isdigit()
+
+
 def checkpoint_steps(directory: str) -> list[int]:
-    """The complete checkpoint steps in a workdir's `checkpoints/` folder,
-    ascending (an interrupted save's `N.orbax-checkpoint-tmp*` is not one)."""
+    """The checkpoint steps in a workdir's `checkpoints/` folder, ascending: its entries
+    named by `is_step_name` (an interrupted save's `N.orbax-checkpoint-tmp*` is not
+    one; `check_step` tells whether one holds a checkpoint)."""
     if not os.path.isdir(directory):
         return []
-    return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+    return sorted(int(d) for d in os.listdir(directory) if is_step_name(d))
+
+
+def check_workdir(workdir: str) -> None:
+    """Raises a `WorkdirError` naming the first entry of `workdir` that is not what a
+    training run makes there, and what to do: an entry of `ENTRY_KINDS` of the other
+    kind (or a link that leads nowhere) or unreadable, or in `checkpoints/` a name of
+    digits that are not ASCII. Run once before anything reads or writes the workdir
+    (the trainer, `evaluation.saved_config`), so that no command reads a part of it
+    and writes over the rest: a resume never starts from step 0 beside a
+    `checkpoints` it cannot read."""
+    for name, kind in ENTRY_KINDS.items():
+        path = os.path.join(workdir, name)
+        problem = _entry_problem(path, kind)
+        if problem:
+            raise WorkdirError(f"{path} {problem}: it is not what a training run makes "
+                               "there. Move it out of the workdir or fix it, then rerun.")
+    directory = os.path.join(workdir, CHECKPOINT_DIR)
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else ():
+        if name.isdigit() and not is_step_name(name):
+            raise WorkdirError(f"{os.path.join(directory, name)}: a step folder is named by "
+                               f"ASCII digits (0-9), and {name!r} is not. Rename it or move "
+                               f"it out of {directory}, then rerun.")
+
+
+def check_step(workdir: str, step: int | None, flag: str | None) -> int | None:
+    """`step`, else the latest of `checkpoint_steps` (None: there is none), once its
+    folder is found sound: a folder one can read, not empty, and a symbolic link only
+    into the workdir. Else a `CheckpointError` naming its real problem and, as `--FLAG`
+    (`rerun_with`), the last earlier step that is sound. A step that does not exist is
+    left to the caller."""
+    directory = os.path.join(workdir, CHECKPOINT_DIR)
+    steps = checkpoint_steps(directory)
+    step = steps[-1] if step is None and steps else step
+    problem = step in steps and _step_problem(workdir, step)
+    if not problem:
+        return step
+    earlier = max((s for s in steps if s < step and not _step_problem(workdir, s)),
+                  default=None)
+    use = (f"no earlier step holds a checkpoint: move it out of {directory}"
+           if earlier is None else f"use --{flag}={earlier}" if flag else
+           f"the last sound step before it is {earlier}")
+    raise CheckpointError(
+        f"step {step} ({os.path.join(directory, str(step))}) {problem}: {use}.", damaged=True,
+        rerun_with={flag: earlier} if flag and earlier is not None else None)
+
+
+def _step_problem(workdir: str, step: int) -> str | None:
+    """What is wrong with the folder of `step` (see `check_step`), or None."""
+    path = os.path.join(workdir, CHECKPOINT_DIR, str(step))
+    problem = _entry_problem(path, "folder")
+    if problem is None and os.path.islink(path) and not _inside(
+            os.path.realpath(path), workdir, os.path.join(workdir, CHECKPOINT_DIR)):
+        problem = f"is a symbolic link out of the workdir (to {os.path.realpath(path)})"
+    if problem or os.listdir(path):
+        return problem
+    return "is empty: no checkpoint was saved there"
+
+
+def _entry_problem(path: str, kind: str) -> str | None:
+    """What is wrong with `path`, which must be a `kind` ("file" or "folder") that this
+    process can read; None when nothing is, or it does not exist."""
+    if not os.path.lexists(path):
+        return None
+    if not os.path.exists(path):
+        return "is a symbolic link that leads nowhere (a loop, or its target is gone)"
+    actual = "folder" if os.path.isdir(path) else "file" if os.path.isfile(path) else (
+        "special file")
+    if actual != kind:
+        return f"is a {actual}, not a {kind}"
+    if not os.access(path, os.R_OK | (os.X_OK if kind == "folder" else 0)):
+        return "cannot be read (its permissions)"
+    return None
+
+
+def _inside(path: str, *folders: str) -> bool:
+    """Whether the resolved `path` lies in one of `folders` (symbolic links followed)."""
+    return any(os.path.commonpath([path, os.path.realpath(f)]) == os.path.realpath(f)
+               for f in folders)
