@@ -27,8 +27,9 @@ from bert_jax.training.checkpoints import Checkpointer
 from bert_jax.training.evaluation import saved_config
 from bert_jax.training.preemption import PreemptionWatcher
 from bert_jax.training.workdir import (
-    LOCK_FILE, METRICS_FILE, WorkdirError, WorkdirLock, check_step, check_workdir,
-    checkpoint_steps, parse_metrics, read_metrics, refuse_writing_into)
+    LOCK_FILE, METRICS_FILE, WorkdirError, check_step, check_workdir, checkpoint_steps,
+    parse_metrics, read_metrics, refuse_writing_into)
+from bert_jax.training.workdir_lock import WorkdirLock
 from helpers import REPO, finish, launch, tiny_config
 
 sys.path.insert(0, str(REPO / "launch"))
@@ -172,12 +173,12 @@ def test_sigterm_again_and_again_never_tears_the_preemption_save(workdir, data_d
 
 SLOW_COMMIT = """
 import runpy, sys, time
-from bert_jax.training import workdir
-fence = workdir.WorkdirLock.fence
+from bert_jax.training import workdir_lock
+fence = workdir_lock.WorkdirLock.fence
 def slow(self):  # runs where Orbax commits an asynchronous save
     time.sleep(3)
     fence(self)
-workdir.WorkdirLock.fence = slow
+workdir_lock.WorkdirLock.fence = slow
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

@@ -48,8 +48,8 @@ from bert_jax.training.metrics import (
 from bert_jax.training.preemption import PreemptionWatcher
 from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.workdir import (
-    CHECKPOINT_DIR, CONFIG_FILE, DEFAULT_LOCK_TIMEOUT, WorkdirError, WorkdirLock,
-    check_step, check_workdir, checkpoint_steps)
+    CHECKPOINT_DIR, CONFIG_FILE, WorkdirError, check_step, check_workdir, checkpoint_steps)
+from bert_jax.training.workdir_lock import DEFAULT_LOCK_TIMEOUT, WorkdirLock
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
     TrainState, abstract_like, create_train_state, jit_train_step, make_train_step)
