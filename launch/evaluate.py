@@ -36,7 +36,7 @@ from bert_jax.errors import UserError  # noqa: E402
 from bert_jax.file_io import write_json  # noqa: E402
 from bert_jax.training import evaluation  # noqa: E402
 from bert_jax.training.averaging import average_workdir  # noqa: E402
-from bert_jax.training.workdir import refuse_writing_into  # noqa: E402
+from bert_jax.training.workdir import is_step_name, refuse_writing_into  # noqa: E402
 
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the metrics as JSON to this file "
@@ -52,7 +52,7 @@ def main(argv):
     averaging = _AVERAGE_LAST.value or _AVERAGE_STEPS.value or _SAVE_AVERAGE.value
     if averaging and (not _SAVE_AVERAGE.value or _STEP.value is not None or bool(
             _AVERAGE_LAST.value) == bool(_AVERAGE_STEPS.value) or not all(
-            s.isdigit() for s in _AVERAGE_STEPS.value)):
+            is_step_name(s) for s in _AVERAGE_STEPS.value)):
         raise app.UsageError("averaging takes --save_average=NEW_FOLDER and either "
                              "--average_last=N or --average_steps=STEP,STEP,... (no --step).")
     config, workdir = launch_flags.workdir_experiment()

@@ -37,7 +37,7 @@ from orbax.checkpoint import checkpoint_managers
 from bert_jax import noise
 from bert_jax.errors import CheckpointError, DamagedFileError, UserError, chain
 from bert_jax.file_io import read_json
-from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
+from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps, is_step_name
 
 SET_ASIDE_DIR = "checkpoints_set_aside"
 DIGEST_ITEM = "digest"
@@ -288,7 +288,7 @@ def _damaged(path: str, damage: str, step_flag: str | None = None) -> Checkpoint
     """The error for the damaged checkpoint `path`; with `step_flag`, when `path` is a step
     folder (DIR/N) after another step of DIR, naming the last earlier one and the flag."""
     directory, name = os.path.split(os.path.abspath(path))
-    steps = checkpoint_steps(directory) if step_flag and name.isdigit() else []
+    steps = checkpoint_steps(directory) if step_flag and is_step_name(name) else []
     earlier = max((s for s in steps if s < int(name)), default=None)
     if earlier is not None:
         return CheckpointError(
