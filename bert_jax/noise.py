@@ -74,8 +74,9 @@ def drop_unraisable_io_errors() -> None:
         return
     previous = sys.unraisablehook
 
-    def hook(unraisable):
-        if not _through_orbax(unraisable.exc_value):
+    def hook(unraisable):  # never a KeyboardInterrupt (`launch/cli.py` raises it again)
+        if not (isinstance(unraisable.exc_value, Exception)
+                and _through_orbax(unraisable.exc_value)):
             previous(unraisable)
     hook.drops_orbax_io = True
     sys.unraisablehook = hook

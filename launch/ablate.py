@@ -1,14 +1,14 @@
 r"""Head and layer ablation of a trained checkpoint, with head importance and pruning.
 
   python launch/ablate.py --workdir=DIR --metric=eval/accuracy [--step=N] \
-      [--output_dir=DIR/ablation] [--tolerance=1]
+      [--output_dir=DIR_ablation] [--tolerance=1]
 
 Runs `bert_jax.analysis.ablation.run_ablations` (Michel, Levy and Neubig 2019)
 on the workdir's experiment (`DIR/config.json`, as in evaluate.py) and its
 evaluation split, with the evaluation loss for head importance, and writes
-`write_report`'s files to --output_dir. `--metric` is an evaluation metric
-where higher is better (e.g. `eval/accuracy`; BLEU needs decoding, which takes
-no masks). Translation ablates encoder self-, decoder self- and cross-attention
+`write_report`'s files to --output_dir, outside the workdir (refused inside
+it). `--metric` is an evaluation metric where higher is better (e.g.
+`eval/accuracy`; BLEU needs decoding, which takes no masks). Translation ablates encoder self-, decoder self- and cross-attention
 heads as separate groups.
 """
 
@@ -26,10 +26,12 @@ import jax  # noqa: E402
 from bert_jax.analysis import ablation  # noqa: E402
 from bert_jax.training.evaluation import make_evaluator, restore_for_inference  # noqa: E402
 from bert_jax.training.sharding import global_batch  # noqa: E402
+from bert_jax.training.workdir import refuse_writing_into  # noqa: E402
 
 _METRIC = flags.DEFINE_string("metric", "eval/accuracy", "Metric to ablate (higher is better).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Default: WORKDIR/ablation.")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Default: WORKDIR_ablation, beside "
+                                  "the workdir.")
 _TOLERANCE = flags.DEFINE_float("tolerance", 1.0, "Metric loss allowed when pruning.")
 _FRACTION = flags.DEFINE_float("fraction_per_step", 0.1, "Heads pruned per step.")
 _IMPORTANCE_BATCHES = flags.DEFINE_integer(
@@ -39,6 +41,8 @@ _IMPORTANCE_BATCHES = flags.DEFINE_integer(
 def main(argv):
     launch_flags.start(argv)
     config, workdir = launch_flags.workdir_experiment()
+    output_dir = _OUTPUT_DIR.value or os.path.normpath(workdir) + "_ablation"
+    refuse_writing_into({f"--output_dir={output_dir}": output_dir}, {"--workdir": workdir})
     task, mesh, params, step = restore_for_inference(config, workdir, _STEP.value)
     shapes = ablation.model_shapes(task.model_config)
     evaluate = make_evaluator(task, mesh)
@@ -71,7 +75,6 @@ def main(argv):
             metric_fn, loss_fn, shapes, num_layers=layers,
             fraction_per_step=_FRACTION.value, tolerance=_TOLERANCE.value)
     results.update(checkpoint=os.path.abspath(workdir), step=step, metric=_METRIC.value)
-    output_dir = _OUTPUT_DIR.value or os.path.join(workdir, "ablation")
     if jax.process_index() == 0:
         paths = ablation.write_report(results, output_dir, metric_name=_METRIC.value)
         logging.info("ablation report: %s", json.dumps(paths, default=str))

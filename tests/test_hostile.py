@@ -13,13 +13,16 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import ml_collections
 import pytest
 
 from bert_jax.data import vocabulary, wordpiece
 from bert_jax.data.input_lines import screen_lines
-from bert_jax.errors import DamagedFileError, DataError, MissingFileError, UserError
+from bert_jax.errors import (
+    DamagedFileError, DataError, MissingFileError, UserError, WorkdirError)
 from bert_jax.file_io import write_atomically
 from bert_jax.tasks import build_task
 from bert_jax.training import evaluation, trainer
@@ -85,7 +88,7 @@ def test_the_average_is_never_written_into_the_workdir_through_a_link(workdir):
     target = workdir.parent / "link" / "checkpoints" / "777"
     before = _contents(workdir)
     _refused("evaluate.py", workdir, f"--save_average={target} (it is {workdir}/checkpoints/"
-             "777) is not a new folder outside the workdir",
+             f"777) lies inside --workdir={workdir}",
              extra=["--average_last=2", f"--save_average={target}"])
     assert _contents(workdir) == before
 
@@ -96,9 +99,49 @@ def test_save_average_refuses_any_folder_that_resolves_into_the_workdir(workdir,
     (workdir.parent / "link").symlink_to(workdir)
     config = evaluation.saved_config(str(workdir))
     before = _contents(workdir)
-    with pytest.raises(CheckpointError, match=f"--save_average={workdir.parent / where}"):
+    with pytest.raises(WorkdirError, match=f"--save_average={workdir.parent / where}"):
         average_workdir(config, str(workdir), str(workdir.parent / where), last=2)
     assert _contents(workdir) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("output, named", [
+    ("run/config.json", "--output={path} lies inside --workdir="),
+    ("run/metrics.jsonl", "--output={path} lies inside --workdir="),
+    ("link/eval.json", "(it is {workdir}/eval.json) lies inside --workdir="),
+    ("eval.json", "its files folder"),  # eval_files/ is a link into the workdir
+])
+def test_evaluate_never_writes_its_output_into_the_workdir(workdir, output, named):
+    (workdir.parent / "link").symlink_to(workdir)
+    (workdir.parent / "eval_files").symlink_to(workdir / "samples")
+    path = workdir.parent / output
+    before = _contents(workdir)
+    _refused("evaluate.py", workdir, named.format(path=path, workdir=workdir),
+             extra=[f"--output={path}"])
+    assert _contents(workdir) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, flag", [("ablate.py", "--output_dir"),
+                                          ("visualize_attention.py", "--output_dir")])
+def test_the_other_readers_of_a_workdir_never_write_into_it(workdir, script, flag):
+    path = workdir / "checkpoints" / "maps"
+    before = _contents(workdir)
+    _refused(script, workdir, f"{flag}={path} lies inside --workdir=", extra=[f"{flag}={path}"])
+    assert _contents(workdir) == before
+
+
+@pytest.mark.slow
+def test_extract_features_never_writes_into_the_model_it_reads(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    result = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "extract_features.py"), f"--pretrained={model}",
+         f"--input_file={tmp_path / 'in.txt'}", f"--output_features={model / 'f.npz'}"],
+        capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"--output_features={model / 'f.npz'} lies inside --pretrained=" in result.stderr
+    assert list(model.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------

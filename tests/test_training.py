@@ -22,7 +22,8 @@ from bert_jax.modeling.configs import ConfigError
 from bert_jax.training import evaluation, trainer
 from bert_jax.training.checkpoints import CheckpointError, Checkpointer
 from bert_jax.training.evaluation import evaluate_checkpoint
-from bert_jax.training.workdir import LOCK_FILE, WorkdirLock, read_metrics
+from bert_jax.training.workdir import LOCK_FILE, read_metrics
+from bert_jax.training.workdir_lock import WorkdirLock
 
 from helpers import REPO, finish, flags_for, free_port, launch, losses, tiny_config
 

@@ -17,6 +17,7 @@ import pytest
 
 from bert_jax.analysis import sweeps, transfer
 from bert_jax.data.wordpiece import SPECIAL_TOKENS
+from bert_jax.errors import WorkdirError
 from bert_jax.modeling import BertConfig
 from bert_jax.tasks import build_task
 from bert_jax.training import trainer
@@ -175,6 +176,16 @@ def test_the_scratch_backbone_copies_the_architecture_and_vocabulary(sst2, backb
     with pytest.raises(transfer.ConfigError, match=r"\['minilm'\]"):
         transfer.Study(str(tmp_path), {"pre": backbone},
                        [{"tasks": [TASK], "backbones": ["minilm"]}], config_file=FINETUNE)
+
+
+@pytest.mark.parametrize("prefix", ["", transfer.IN_TASK_PREFIX])
+def test_a_study_is_never_written_into_a_backbone_it_reads(tmp_path, prefix):
+    """Refused before anything reads the backbone or writes the study."""
+    backbones = transfer.parse_backbones([f"pre={prefix}{tmp_path / 'pre'}"])
+    with pytest.raises(WorkdirError, match=f"--backbone=pre={tmp_path / 'pre'}"):
+        transfer.Study(str(tmp_path / "pre" / "study"), backbones, [{"tasks": (TASK,)}],
+                       config_file=FINETUNE)
+    assert not (tmp_path / "pre").exists()
 
 
 def test_aggregation_gives_mean_and_sample_sd():

@@ -68,6 +68,7 @@ from bert_jax.modeling import BertConfig
 from bert_jax.tasks import bert_backbone
 from bert_jax.tasks.bert_backbone import RUNTIME_FIELDS
 from bert_jax.tasks.finetune import HELDOUT
+from bert_jax.training.workdir import refuse_writing_into
 
 STUDY_FILE = "study.json"
 LR_DIR = "lr_selection"
@@ -315,6 +316,9 @@ class Study:
                         for name, path in self.backbones.items()
                         if path.startswith(IN_TASK_PREFIX)}
         starts = {name: self.in_task.get(name, path) for name, path in self.backbones.items()}
+        refuse_writing_into({f"--workdir={directory}": directory},
+                            {f"--backbone={name}": path for name, path in starts.items()
+                             if path and not path.startswith(PACKAGE_PREFIX)})
         pretrained = [path for path in starts.values() if path]
         if not pretrained:
             raise ConfigError("a scratch backbone takes the architecture and vocabulary of the "

@@ -70,15 +70,25 @@ def build_task(config: ml_collections.ConfigDict, workdir: str | None,
     return cls(config, workdir, abstract=True)
 
 
+# The sections of every config a training run saves (config.json).
+SAVED_SECTIONS = ("model", "data", "train")
+
+
 def check_saved_config(saved: Mapping[str, Any], path: str) -> None:
     """Raises a `DamagedFileError` naming `path` (a workdir's config.json, read into
-    `saved`) when it is no JSON object, or naming the key when its "model" section
-    holds one its task's model config lacks (an edited file): either would fail deep
-    inside the task instead."""
+    `saved`) when it is no JSON object, names no task or lacks a section of
+    `SAVED_SECTIONS`, or naming the key when its "model" section holds one its task's
+    model config lacks (an edited file): each would fail deep inside the task instead."""
     if not isinstance(saved, Mapping):
-        raise DamagedFileError(f"{path} holds a JSON {type(saved).__name__}, not the "
-                               "object of a config: restore it from a copy, or use a new "
-                               "workdir.")
+        problem = f"holds a JSON {type(saved).__name__}, not the object of a config"
+    elif not isinstance(saved.get("task"), str):
+        problem = 'names no task (no "task" key)'
+    else:
+        problem = next((f"lacks the {section!r} section" for section in SAVED_SECTIONS
+                        if not isinstance(saved.get(section), Mapping)), None)
+    if problem:
+        raise DamagedFileError(f"{path} {problem}: it is not the config a training run "
+                               "writes. Restore it from a copy, or use a new workdir.")
     name, model = saved.get("task"), saved.get("model")
     cls = task_class(name) if isinstance(name, str) else None
     if cls is not None and cls.model_config_class is not None and isinstance(model, Mapping):

@@ -14,6 +14,7 @@ not written to:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from typing import Any, Sequence
@@ -28,7 +29,8 @@ from bert_jax.file_io import write_json
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, vanished_step)
 from bert_jax.training.evaluation import abstract_params
-from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps
+from bert_jax.training.workdir import (
+    CHECKPOINT_DIR, CONFIG_FILE, check_step, checkpoint_steps, refuse_writing_into)
 
 
 def average_params(paths: Sequence[str], abstract: Any) -> Any:
@@ -46,7 +48,9 @@ def average_params(paths: Sequence[str], abstract: Any) -> Any:
 def average_workdir(config: ml_collections.ConfigDict, workdir: str, output: str,
                     steps: Sequence[int] = (), last: int = 0) -> tuple[Any, list[int]]:
     """(the average, the steps averaged) of `steps`, or the `last` N checkpoints, of
-    `workdir`, written to the new folder `output` as the last of those steps."""
+    `workdir`, written to the new folder `output` as the last of those steps: first to
+    OUTPUT.partial, which claims it (a second command averaging into OUTPUT meanwhile is
+    refused) and is removed if anything fails, then renamed to `output` when complete."""
     directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
     available = checkpoint_steps(directory)
     steps = available[-last:] if last > 0 else sorted(set(steps))
@@ -55,13 +59,12 @@ def average_workdir(config: ml_collections.ConfigDict, workdir: str, output: str
             f"cannot average {f'the last {last} checkpoints' if last else f'steps {steps}'}"
             f" of {directory}: it holds steps {available}. Name steps it holds (keep more "
             "with config.train.keep_last).")
-    resolved, inside = os.path.realpath(output), os.path.realpath(workdir)
-    if (os.path.exists(output) and (os.path.isfile(output) or os.listdir(output))
-            or os.path.commonpath([resolved, inside]) == inside):
-        where = f" (it is {resolved})" if resolved != os.path.abspath(output) else ""
-        raise CheckpointError(f"--save_average={output}{where} is not a new folder outside "
-                              f"the workdir {inside}: the average is never written over or "
-                              "among a training run's files. Choose a new folder.")
+    for step in steps:
+        check_step(workdir, step, None)
+    refuse_writing_into({f"--save_average={output}": output}, {"--workdir": workdir})
+    if os.path.exists(output) and (os.path.isfile(output) or os.listdir(output)):
+        raise CheckpointError(f"--save_average={output} is not a new folder: the average is "
+                              "never written over other files. Choose a new folder.")
     output = os.path.abspath(output)
     _, _, abstract = abstract_params(config, workdir)
     try:
@@ -71,15 +74,44 @@ def average_workdir(config: ml_collections.ConfigDict, workdir: str, output: str
         if vanished:
             raise vanished from e
         raise
-    checkpointer = Checkpointer(output, async_saves=False)
-    checkpointer.save(steps[-1], {"params": params}, None)
-    checkpointer.close()
-    if jax.process_index() == 0:
-        shutil.copy(os.path.join(workdir, CONFIG_FILE), output)
-        if os.path.isdir(os.path.join(workdir, VOCAB_DIR)):
-            shutil.copytree(os.path.join(workdir, VOCAB_DIR), os.path.join(output, VOCAB_DIR))
-        write_json(os.path.join(output, "average.json"),
-                   {"workdir": os.path.abspath(workdir), "steps": steps})
+    with _claimed(output) as partial:
+        checkpointer = Checkpointer(partial, async_saves=False)
+        checkpointer.save(steps[-1], {"params": params}, None)
+        checkpointer.close()
+        if jax.process_index() == 0:
+            shutil.copy(os.path.join(workdir, CONFIG_FILE), partial)
+            if os.path.isdir(os.path.join(workdir, VOCAB_DIR)):
+                shutil.copytree(os.path.join(workdir, VOCAB_DIR),
+                                os.path.join(partial, VOCAB_DIR))
+            write_json(os.path.join(partial, "average.json"),
+                       {"workdir": os.path.abspath(workdir), "steps": steps})
     if jax.process_count() > 1:  # the folder is complete before any process reads it
         multihost_utils.sync_global_devices("average_written")
     return params, steps
+
+
+@contextlib.contextmanager
+def _claimed(output: str):
+    """OUTPUT.partial, made by process 0 (refused when it exists: another command is
+    writing the average, or was stopped), renamed to `output` (new or empty) after the
+    block, removed when the block or the rename fails: nothing half-written stays."""
+    partial = output + ".partial"
+    if jax.process_index() == 0:
+        try:
+            os.mkdir(partial)
+        except FileExistsError:
+            raise CheckpointError(
+                f"{partial} exists: another command is writing --save_average={output}, or "
+                "one was stopped. When none runs, delete it and rerun.") from None
+    try:
+        yield partial
+        if jax.process_index() == 0:
+            os.rename(partial, output)  # onto an empty folder too; atomic
+    except BaseException as e:
+        if jax.process_index() == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise CheckpointError(f"--save_average={output}: cannot write it "
+                                  f"({e.strerror}); nothing of it is left. Make room or "
+                                  "choose another folder.") from e
+        raise

@@ -12,16 +12,19 @@ Orbax record of its items (`_CHECKPOINT_METADATA`) lists no digest (saved
 before checksums were, 2026-11-25) is restored unchecked, with a warning.
 
 Kept: the last `keep_last` checkpoints plus the `keep_best` best by an
-evaluation metric. A save interrupted by `kill -9` leaves a
-`<step>.orbax-checkpoint-tmp*` folder that is never read: resuming takes the
-last complete step.
+evaluation metric. The trainer checks its lock before each save; `fence` checks
+it again where an asynchronous save is committed (just before Orbax renames the
+finished step into place), so that a save in flight when the run lost its workdir
+is never committed, nor are older steps deleted for it. A save interrupted by
+`kill -9` leaves a `<step>.orbax-checkpoint-tmp*` folder that is never read:
+resuming takes the last complete step.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from typing import Any
+from typing import Any, Callable
 
 import grain
 import jax
@@ -32,9 +35,9 @@ from absl import logging
 from orbax.checkpoint import checkpoint_managers
 
 from bert_jax import noise
-from bert_jax.errors import CheckpointError, DamagedFileError, chain
+from bert_jax.errors import CheckpointError, DamagedFileError, UserError, chain
 from bert_jax.file_io import read_json
-from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
+from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps, is_step_name
 
 SET_ASIDE_DIR = "checkpoints_set_aside"
 DIGEST_ITEM = "digest"
@@ -42,11 +45,14 @@ STEP_RECORD = "_CHECKPOINT_METADATA"  # Orbax's: {"item_handlers": {item: handle
 
 
 class Checkpointer:
-    """One CheckpointManager for the train state and the data iterator."""
+    """One CheckpointManager for the train state and the data iterator. `fence`: raises
+    a `UserError` when this run may no longer write in the workdir (see the module
+    docstring); `save` and `check` raise that error, not a failed save's."""
 
     def __init__(self, workdir: str, *, keep_last: int = 2, keep_best: int = 0,
                  best_metric: str = "eval/loss", best_mode: str = "min",
-                 async_saves: bool = True, read_only: bool = False):
+                 async_saves: bool = True, read_only: bool = False,
+                 fence: Callable[[], None] = lambda: None):
         self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
         policies = [checkpoint_managers.LatestN(n=keep_last)]
         if keep_best:
@@ -59,6 +65,9 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies),
             enable_async_checkpointing=async_saves,
+            # Runs on process 0 after the items are written, before the step's rename.
+            async_options=ocp.AsyncOptions(post_finalization_callback=fence)
+            if async_saves else None,
             create=not read_only,
             read_only=read_only,
         )
@@ -103,9 +112,13 @@ class Checkpointer:
             raise self._unsaved(None)  # Orbax logged why; the step was not finalised
         self.unchecked = None
 
-    def _unsaved(self, error: Exception | None) -> CheckpointError:
+    def _unsaved(self, error: Exception | None) -> UserError:
+        """The error of a save that failed: the fence's, when it stopped the save."""
         step, self.unchecked, self.failed = self.unchecked, None, True
         noise.drop_reports_of_abandoned_io()
+        fenced = next((e for e in chain(error) if isinstance(e, UserError)), None)
+        if fenced:
+            return fenced
         reason = next((f" ({e.strerror})" for e in chain(error)
                        if isinstance(e, OSError) and e.strerror), "")
         usage = shutil.disk_usage(self.directory)
@@ -275,7 +288,7 @@ def _damaged(path: str, damage: str, step_flag: str | None = None) -> Checkpoint
     """The error for the damaged checkpoint `path`; with `step_flag`, when `path` is a step
     folder (DIR/N) after another step of DIR, naming the last earlier one and the flag."""
     directory, name = os.path.split(os.path.abspath(path))
-    steps = checkpoint_steps(directory) if step_flag and name.isdigit() else []
+    steps = checkpoint_steps(directory) if step_flag and is_step_name(name) else []
     earlier = max((s for s in steps if s < int(name)), default=None)
     if earlier is not None:
         return CheckpointError(

@@ -40,7 +40,8 @@ from bert_jax.tasks.base import check_saved_config, fill_saved_defaults, task_cl
 from bert_jax.training.checkpoints import restore_params, vanished_step
 from bert_jax.training.sharding import global_batch, mesh_from_config, replicated
 from bert_jax.training.train_step import abstract_train_state
-from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps
+from bert_jax.training.workdir import (
+    CHECKPOINT_DIR, CONFIG_FILE, check_step, check_workdir, checkpoint_steps)
 
 
 # Config keys any evaluation may change (a key or a `section.` prefix); a task
@@ -151,6 +152,7 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
     """The config a workdir's run was trained with (its `config.json`, JSON
     arrays back as tuples), checked against the task's model config, with the
     keys its task gained since filled in (`Task.saved_defaults`)."""
+    check_workdir(workdir)  # before anything reads it
     path = os.path.join(os.path.abspath(workdir), CONFIG_FILE)
     if not os.path.isfile(path):
         raise CheckpointError(f"--workdir={workdir} holds no {CONFIG_FILE}: it is not the "
@@ -228,6 +230,7 @@ def restore_for_inference(config: ml_collections.ConfigDict, workdir: str,
     if step not in steps:
         raise CheckpointError(f"no checkpoint for step {step} in {directory}; "
                               f"available: {steps}.")
+    check_step(workdir, step, "step")
     task, mesh, abstract = abstract_params(config, workdir)
     try:
         params, _, _ = restore_params(os.path.join(directory, str(step)), abstract,

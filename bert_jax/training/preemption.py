@@ -4,12 +4,13 @@ a checkpoint and stop, without a cross-host collective at every training step.
 
 `PreemptionWatcher` installs the signal handlers; the trainer
 (`bert_jax.training.trainer`) calls `requested(step)` after every step and
-saves and stops when it returns True, and `close()` at the end, which restores
-the previous handlers. How the processes agree depends on how they run
-(`choose_mechanism`, described in the class docstring): JAX's preemption sync
-manager under `jax.distributed`, a local flag for one process, else a flag
-all-gathered every `check_every` steps ($BERT_JAX_PREEMPTION_CHECK_EVERY,
-default 10).
+saves and stops when it returns True, and `close()` at the very end, after its
+workdir lock is released, which restores the previous handlers: until then a
+further signal cannot tear the final save. How the processes agree depends on
+how they run (`choose_mechanism`, described in the class docstring): JAX's
+preemption sync manager under `jax.distributed`, a local flag for one process,
+else a flag all-gathered every `check_every` steps
+($BERT_JAX_PREEMPTION_CHECK_EVERY, default 10).
 """
 
 from __future__ import annotations
@@ -77,23 +78,38 @@ class PreemptionWatcher:
       same on every process): up to `check_every - 1` more steps before the
       checkpoint, which must stay well inside the grace period.
 
-    `requested(step)` must be called at every step, with consecutive steps, the
-    same on every process: the sync manager fires only at exactly the agreed step.
-    `first_step` (where training resumes) is reported at once, so a notice before
-    the first `requested` is agreed on for the first step run.
+    `begin(first_step)` (the constructor, unless `first_step` is None) installs the
+    handlers and reports `first_step` (where training resumes) at once, so a notice
+    before the first `requested` is agreed on for the first step run. `requested(step)`
+    must then be called at every step, with consecutive steps, the same on every
+    process: the sync manager fires only at exactly the agreed step.
 
     Ctrl-C (SIGINT) is a notice too: the first saves and stops as SIGTERM does (under
     the sync manager this process sends itself SIGTERM, which JAX's handler reports);
     a second stops at once: `KeyboardInterrupt`, which `launch/cli.py` reports in one
-    line, and a third kills (the default action), should the clean-up hang.
+    line.
+
+    Once the run is stopping (`requested` returned True: its checkpoint is being saved;
+    or a second Ctrl-C stopped it), a signal interrupts nothing until `close`: it is
+    acknowledged in one line, and a Ctrl-C then is raised (`KeyboardInterrupt`) when
+    the watcher closes. The trainer closes it last, after the final save and the
+    workdir lock's release, so that no second signal tears the save or leaves the lock.
     """
 
-    def __init__(self, first_step: int = 0, check_every: int | None = None):
+    def __init__(self, first_step: int | None = 0, check_every: int | None = None):
         self.mechanism = choose_mechanism()
         self.check_every = check_every_steps(check_every)
         self._event = threading.Event()
         self._previous: dict[int, object] = {}
         self._interrupted = False  # a first Ctrl-C was received
+        self._stopping = False  # the final save began, or a second Ctrl-C stopped the run
+        self._acknowledged = False  # a signal while stopping was reported
+        self._interrupt_when_closed = False  # a Ctrl-C came while stopping
+        if first_step is not None:
+            self.begin(first_step)
+
+    def begin(self, first_step: int) -> None:
+        """Installs the handlers; `first_step`: where training resumes."""
         if self.mechanism == SYNC_MANAGER:
             multihost_utils.reached_preemption_sync_point(first_step)
         self._install_handlers()
@@ -111,6 +127,8 @@ class PreemptionWatcher:
         self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
 
     def _handle(self, signum, frame, advice: str = "") -> None:
+        if self._event.is_set() or self._stopping:
+            return self._acknowledge(signum)
         where = ("at the next step" if self.mechanism == LOCAL_FLAG else
                  "at the step every process agrees on" if self.mechanism == SYNC_MANAGER else
                  f"at the next preemption check (every {self.check_every} steps)")
@@ -119,8 +137,11 @@ class PreemptionWatcher:
         self._event.set()
 
     def _interrupt(self, signum, frame) -> None:
+        if self._stopping:
+            self._interrupt_when_closed = True
+            return self._acknowledge(signum)
         if self._interrupted:
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            self._stopping = True
             logging.warning("SIGINT received again: stopping now, without that checkpoint.")
             raise KeyboardInterrupt
         self._interrupted = True
@@ -128,13 +149,26 @@ class PreemptionWatcher:
         if self.mechanism == SYNC_MANAGER:
             os.kill(os.getpid(), signal.SIGTERM)  # to JAX's handler: a preemption notice
 
+    def _acknowledge(self, signum) -> None:
+        """One line for the signals that come while the run is already stopping."""
+        if not self._acknowledged:
+            self._acknowledged = True
+            logging.warning("%s received again: the run is already stopping%s; it exits "
+                            "once its checkpoint is saved and its workdir lock released "
+                            "(further signals are ignored until then).",
+                            signal.Signals(signum).name,
+                            "" if self._stopping else " (a checkpoint at the next step)")
+
     def requested(self, step: int) -> bool:
         """True when a checkpoint must be saved at `step` (then stop training)."""
         if self.mechanism == SYNC_MANAGER:
-            return self._reached_sync_point(step)
-        if self.mechanism == LOCAL_FLAG:
-            return self._event.is_set()
-        return step % self.check_every == 0 and self._any_process_flagged()
+            requested = self._reached_sync_point(step)
+        elif self.mechanism == LOCAL_FLAG:
+            requested = self._event.is_set()
+        else:
+            requested = step % self.check_every == 0 and self._any_process_flagged()
+        self._stopping = self._stopping or requested
+        return requested
 
     def _reached_sync_point(self, step: int) -> bool:
         if not multihost_utils.reached_preemption_sync_point(step):
@@ -148,8 +182,22 @@ class PreemptionWatcher:
         flags = multihost_utils.process_allgather(np.array(self._event.is_set()))
         return bool(np.any(flags))
 
-    def close(self):
-        """Restores the handlers that were there before, where this set one."""
+    def close(self) -> None:
+        """Restores the handlers that were there before, where this set one; then raises
+        the `KeyboardInterrupt` of a Ctrl-C that came while the run was stopping."""
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
+        if self._interrupt_when_closed:
+            self._interrupt_when_closed = False
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> "PreemptionWatcher":
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        try:
+            self.close()
+        except KeyboardInterrupt:
+            if exc_type is None:  # never in place of the error that stopped the run
+                raise

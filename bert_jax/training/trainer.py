@@ -10,6 +10,11 @@ position is saved with the state, so a resumed run computes the same numbers
 as one that never stopped. Non-finite losses or gradients are tracked on
 device and checked before anything is logged or saved: the run stops naming
 the first bad step, and the last checkpoint on disk is the last good one.
+
+Fencing: before each metrics write, evaluator file and checkpoint save (a
+preemption's included), and where an asynchronous save is committed, the
+workdir's lock must still name this run (`WorkdirLock.lost`: host, pid and
+token); once another run has it, this one stops at once, writing nothing more.
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ from bert_jax.training.metrics import (
 from bert_jax.training.preemption import PreemptionWatcher
 from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.workdir import (
-    CHECKPOINT_DIR, CONFIG_FILE, DEFAULT_LOCK_TIMEOUT, WorkdirError, WorkdirLock,
-    checkpoint_steps)
+    CHECKPOINT_DIR, CONFIG_FILE, WorkdirError, check_step, check_workdir, checkpoint_steps)
+from bert_jax.training.workdir_lock import DEFAULT_LOCK_TIMEOUT, WorkdirLock
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
     TrainState, abstract_like, create_train_state, jit_train_step, make_train_step)
@@ -176,30 +181,41 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     which another host's lock on the workdir, not renewed, is taken over
     (`WorkdirLock`)."""
     check_training_config(config)
+    check_workdir(workdir)  # before anything reads or writes it
+    check_step(workdir, restore_step, "restore_step")  # the step it resumes from
     if config.model.get("dtype") == AUTO:
         config = resolve_model_dtype(config, saved_dtype=_saved_model_dtype(workdir))
     workdir = prepare_workdir(workdir, config)
-    with _lock(workdir, lock_timeout):
-        return _train(config, workdir, restore_step)
+    # The watcher closes last: no signal interrupts the final save or the lock's release.
+    with PreemptionWatcher(first_step=None) as preemption:
+        with _lock(workdir, lock_timeout) as lock:
+            return _train(config, workdir, restore_step, lock, preemption)
 
 
 def _lock(workdir: str, timeout: float) -> contextlib.AbstractContextManager:
+    """The workdir's `WorkdirLock` on process 0 (a context without one on the others),
+    or its refusal raised on every process."""
     lock, refused = contextlib.nullcontext(), None
     if jax.process_index() == 0:
         try:
             lock = WorkdirLock(workdir, timeout)
         except WorkdirError as e:
             refused = e
-    if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(refused is not None):
-        refused = refused or WorkdirError(f"{workdir} is in use by another run (process "
-                                          "0 names it).")
-    if refused:
-        raise refused
+    _raise_everywhere(refused, f"{workdir} is in use by another run (process 0 names it).")
     return lock
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | None
-           ) -> dict[str, float]:
+def _raise_everywhere(error: UserError | None, elsewhere: str) -> None:
+    """Raises process 0's `error` on every process (the others raise a `WorkdirError`
+    saying `elsewhere`): what process 0 alone reads (the workdir's lock) stops all."""
+    if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(error is not None):
+        error = error or WorkdirError(elsewhere)
+    if error:
+        raise error
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | None,
+           lock: WorkdirLock | None, preemption: PreemptionWatcher) -> dict[str, float]:
     if restore_step is not None:
         _restore_point(workdir, restore_step)
     task = build_task(config, workdir)
@@ -217,7 +233,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
     write_config(workdir, config)  # the task, its data and its model are built
     checkpointer = Checkpointer(workdir, keep_last=train.keep_last,
                                 keep_best=train.keep_best, best_metric=train.best_metric,
-                                best_mode=train.best_mode, async_saves=train.async_saves)
+                                best_mode=train.best_mode, async_saves=train.async_saves,
+                                fence=lock.fence if lock else lambda: None)
     latest = checkpointer.latest_step()
     if latest is not None:
         state = checkpointer.restore(latest, abstract_like(state), train_iter)
@@ -230,13 +247,14 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
     writer = MetricWriter(workdir, resume_step=first_step)
     step_fn = jit_train_step(make_train_step(task.loss_fn, train.grad_accum_steps),
                              shardings, mesh)
-    evaluate = make_evaluator(task, mesh, workdir)
+    # The evaluators' files are written after `report` has seen the metrics: fenced.
+    evaluate = make_evaluator(task, mesh, workdir, report=lambda _: fence())
     progress = Progress(total_steps=train.num_steps, first_step=first_step,
                         flops_per_step=task.flops_per_step(),
                         tokens_per_step=task.tokens_per_step(),
                         peak_flops=peak_flops_per_device(config.get("peak_flops", 0.0),
                                                          config.model.get("dtype", "float32")))
-    preemption = PreemptionWatcher(first_step)
+    preemption.begin(first_step)
     profile = profile_range(train.get("profile_steps"), "config.train.profile_steps")
     if profile and profile[0] <= first_step:
         logging.warning("config.train.profile_steps=%s: this run resumes after step %d, "
@@ -256,6 +274,20 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
                      f"No checkpoint was saved before it; {fix}.")
             raise TrainingDiverged(
                 f"loss or gradients became NaN/Inf at step {bad}; stopping. {where}")
+
+    def fence() -> None:  # before each write into the workdir: the lock still names this run
+        _raise_everywhere(lock and lock.lost(), f"{workdir}: process 0 lost the workdir's "
+                          "lock to another run (its error names it); stopping.")
+
+    def write_metrics(step: int, scalars: dict[str, float]) -> None:
+        fence()
+        writer.write(step, scalars)
+        logged.update(scalars)
+
+    def save(step: int, metrics: dict[str, float] | None = None) -> None:
+        check_finite()  # never save a diverged state as the last good one
+        fence()
+        checkpointer.save(step, state, train_iter, metrics=metrics)
 
     logged: dict[str, float] = {}
     interrupted = False
@@ -282,19 +314,16 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
                     try:
                         eval_metrics = evaluate(state.params, step)
                     except UserError:  # e.g. an evaluator the task cannot feed
-                        check_finite()  # never save a diverged state as the last good one
-                        checkpointer.save(step, state, train_iter)  # keep the training
+                        save(step)  # keep the training
                         raise
                     progress.restart(step)  # evaluation time is not training time
                     scalars.update(eval_metrics)
                     logging.info("step %d eval: %s", step, eval_metrics)
                 if scalars:
-                    writer.write(step, scalars)
-                    logged.update(scalars)
+                    write_metrics(step, scalars)
                 preempted = preemption.requested(step)
                 if step % train.checkpoint_every == 0 or last or preempted:
-                    check_finite()
-                    checkpointer.save(step, state, train_iter, metrics=eval_metrics)
+                    save(step, eval_metrics)
                 if preempted:
                     logging.warning("stopping after the preemption checkpoint at step %d.",
                                     step)
@@ -304,7 +333,6 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
         raise
     finally:
         profiler.close()
-        preemption.close()
         train_iter.close()
         if not interrupted:  # the Ctrl-C may have landed inside tensorboardX's write of
             writer.close()   # a step: its writer thread would never finish, close() hang
