@@ -14,9 +14,8 @@ from ml_collections import config_flags
 
 from bert_jax.analysis.sweeps.points import apply_overrides
 from bert_jax.convert import pretrained
-from bert_jax.errors import MissingFileError
+from bert_jax.errors import ConfigError, MissingFileError
 from bert_jax.evaluation import evaluators, squad
-from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax.tasks.bert_backbone import resolve_backbone
 from bert_jax.tasks.finetune import ROW, carve_heldout, training_subset, truncate_pair

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError
 from bert_jax.training import evaluation, trainer
 from bert_jax.training.checkpoints import CheckpointError, Checkpointer
 from bert_jax.training.evaluation import evaluate_checkpoint

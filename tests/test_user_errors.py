@@ -17,8 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bert_jax.data import input_lines, sources
-from bert_jax.errors import DamagedFileError, DataError, UserError
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError, DamagedFileError, DataError, UserError
 from bert_jax.tasks import build_task
 from bert_jax import auto_dtype
 from bert_jax.training import trainer
@@ -213,8 +212,8 @@ def test_the_resume_command_replaces_the_old_flag():
     ("bert_jax.errors", "WorkdirError"),
     ("bert_jax.errors", "MissingFileError"),
     ("bert_jax.errors", "DamagedFileError"),
-    ("bert_jax.training.trainer", "TrainingDiverged"),
-    ("bert_jax.training.aot", "DoesNotFit"),
+    ("bert_jax.errors", "TrainingDiverged"),
+    ("bert_jax.errors", "DoesNotFit"),
 ])
 def test_the_project_errors_are_user_errors(module, name):
     assert issubclass(getattr(importlib.import_module(module), name), UserError)

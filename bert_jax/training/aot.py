@@ -35,8 +35,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from bert_jax.errors import UserError
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError, DoesNotFit
 from bert_jax.tasks import build_task
 from bert_jax.auto_dtype import Hardware, resolve_model_dtype
 from bert_jax.training import hlo
@@ -52,10 +51,6 @@ COLLECTIVES = hlo.COLLECTIVES
 _CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([A-Za-z_][\w\-]*?)(?:\.\d+)*\s*=")
 GiB = float(1 << 30)
-
-
-class DoesNotFit(UserError, RuntimeError):
-    """A step needs more memory per device than the chip has."""
 
 
 @dataclasses.dataclass

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import optax
 
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError
 from bert_jax.modeling.layers import SCANNED_LAYERS
 
 SCHEDULES = ("constant", "linear", "cosine", "rsqrt", "poly")

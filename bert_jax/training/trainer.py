@@ -29,7 +29,7 @@ from jax.experimental import multihost_utils
 from bert_jax.auto_dtype import AUTO, resolve_model_dtype
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.data.concurrency import DevicePrefetch
-from bert_jax.errors import ConfigError, UserError
+from bert_jax.errors import ConfigError, TrainingDiverged, UserError
 from bert_jax.file_io import read_json, write_json
 from bert_jax.modeling.embeddings import tile_learned_positions
 from bert_jax.tasks import build_task
@@ -54,11 +54,6 @@ PROFILE_DIR = "profile"  # jax.profiler traces of config.train.profile_steps
 # Config sections that define what a workdir's checkpoints are; the rest (step
 # counts, logging, mesh) may change when a run is resumed.
 IDENTITY_SECTIONS = ("task", "model", "data")
-
-
-class TrainingDiverged(UserError, FloatingPointError):
-    """The loss or gradients became NaN/Inf; nothing after the last good step
-    was saved."""
 
 
 def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
