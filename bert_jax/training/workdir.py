@@ -25,10 +25,10 @@ from typing import Any, Callable
 from absl import logging
 
 from bert_jax.errors import WorkdirError
+from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps  # noqa: F401 (re-exported)
 
 CONFIG_FILE = "config.json"     # the resolved config a training run writes
 METRICS_FILE = "metrics.jsonl"  # one JSON object a line: {"step": N, "train/loss": ...}
-CHECKPOINT_DIR = "checkpoints"
 LOCK_FILE = "train.lock"        # {"host", "pid", "started", "renewed"}: `WorkdirLock`
 # Seconds a lock of another host stays valid without renewal (`--lock_timeout`):
 # ten of its holder's renewals (every minute) can fail, a slow bucket included,
@@ -294,11 +294,3 @@ def report_metrics_damage(path: str, problems: list[str], kept: str | None = Non
         _REPORTED.add(tuple(problems))  # the problems name the file
         logging.warning("%s.%s", "; ".join(problems),
                         f" The file as it was is kept as {kept}." if kept else "")
-
-
-def checkpoint_steps(directory: str) -> list[int]:
-    """The complete checkpoint steps in a workdir's `checkpoints/` folder,
-    ascending (an interrupted save's `N.orbax-checkpoint-tmp*` is not one)."""
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
