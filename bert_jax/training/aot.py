@@ -42,6 +42,7 @@ from bert_jax.training import hlo
 from bert_jax.training.evaluation import jit_predict
 from bert_jax.training.hlo_cost import ProgramCost, program_cost
 from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_config
+from bert_jax.training.optimizer import optimizer_from_config
 from bert_jax.training.step_bound import Machine, StepBound, step_bound
 from bert_jax.training.topologies import GPUS, Target, machine
 from bert_jax.training.train_step import (
@@ -279,14 +280,12 @@ def target_hardware(target: Target) -> Hardware:
 
 def compile_experiment(config: ml_collections.ConfigDict, target: Target,
                        eval_step: bool = True) -> CompileReport:
-    from bert_jax.training.trainer import make_optimizer  # the trainer imports this module's peers
-
     config = resolve_model_dtype(config, target_hardware(target))
     task = build_task(config, None, abstract=True)
     mesh = mesh_from_config(config.mesh, target.devices)
     num_devices = len(target.devices)
     state, shardings = abstract_train_state(task.init_variables, task.model.apply,
-                                            make_optimizer(config), mesh)
+                                            optimizer_from_config(config), mesh)
     rng = jax.ShapeDtypeStruct((2,), jax.numpy.uint32,
                                sharding=jax.sharding.NamedSharding(
                                    mesh, jax.sharding.PartitionSpec()))
