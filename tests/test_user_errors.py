@@ -28,9 +28,8 @@ from bert_jax.training.workdir import read_metrics
 from bert_jax.training.validation import check_training_config
 from helpers import REPO, finish, launch, tiny_config
 
-sys.path.insert(0, str(REPO / "launch"))
-import cli  # noqa: E402
-import common_flags  # noqa: E402
+import cli
+import common_flags
 
 # ----------------------------------------------------------------------------
 # The launch scripts: `error: ...`, exit 2, no traceback; bugs keep theirs.
