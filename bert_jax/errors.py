@@ -80,3 +80,13 @@ class CheckpointError(UserError, RuntimeError):
 class WorkdirError(UserError, RuntimeError):
     """A workdir cannot be used: not writable, an object-store URL, or locked by
     another run."""
+
+
+class TrainingDiverged(UserError, FloatingPointError):
+    """The loss or gradients became NaN/Inf; nothing after the last good step
+    was saved."""
+
+
+class DoesNotFit(UserError, RuntimeError):
+    """A step needs more memory per device than the chip has (`launch/compile.py`'s
+    ahead-of-time plan)."""

@@ -13,7 +13,7 @@ BLEU of beam-search outputs on 64 validation examples) is reported too.
 
 import ml_collections
 
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -27,7 +27,7 @@ import os
 
 import ml_collections
 
-from bert_jax.modeling.configs import ConfigError  # a user error: `error: ...`, no traceback
+from bert_jax.errors import ConfigError  # a user error: `error: ...`, no traceback
 
 SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                            "shared", "data")

@@ -16,17 +16,15 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from absl import app, flags, logging
 
-from absl import app, flags, logging  # noqa: E402
+import common_flags as launch_flags
+import jax
 
-import common_flags as launch_flags  # noqa: E402
-import jax  # noqa: E402
-
-from bert_jax.analysis import ablation  # noqa: E402
-from bert_jax.training.evaluation import make_evaluator, restore_for_inference  # noqa: E402
-from bert_jax.training.sharding import global_batch  # noqa: E402
-from bert_jax.training.workdir import refuse_writing_into  # noqa: E402
+from bert_jax.analysis import ablation
+from bert_jax.training.evaluation import make_evaluator, restore_for_inference
+from bert_jax.training.sharding import global_batch
+from bert_jax.training.workdir import refuse_writing_into
 
 _METRIC = flags.DEFINE_string("metric", "eval/accuracy", "Metric to ablate (higher is better).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")

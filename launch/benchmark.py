@@ -59,7 +59,7 @@ from bert_jax.training.step_bound import Interconnect, Machine, Place
 from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import create_train_state, jit_train_step, make_train_step
-from bert_jax.training.trainer import make_optimizer
+from bert_jax.training.optimizer import optimizer_from_config
 
 _MODELS = flags.DEFINE_list("models", ["bert-base:128"], "MODEL:LENGTH entries; MODEL: "
                             "bert-{mini,small,base,large}, transformer-{base,big}.")
@@ -170,7 +170,7 @@ def time_bert_jax(task: Task, batch: dict[str, np.ndarray], steps: int, warmup: 
     config = task.config
     mesh = mesh_from_config(config.mesh)
     state, shardings = create_train_state(task.init_variables, task.model.apply,
-                                          make_optimizer(config), mesh, jax.random.PRNGKey(0))
+                                          optimizer_from_config(config), mesh, jax.random.PRNGKey(0))
     step_fn = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps),
                              shardings, mesh)
     batch = global_batch(batch, mesh)

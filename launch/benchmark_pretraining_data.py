@@ -23,20 +23,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-import common_flags  # noqa: E402
-from bert_jax.data.bert_pretraining import BertPretraining  # noqa: E402
-from bert_jax.data.pretraining_data import read_documents  # noqa: E402
-from bert_jax.data.sources import load_source  # noqa: E402
-from bert_jax.data.wordpiece import WordPiece  # noqa: E402
-from bert_jax.tasks import build_task  # noqa: E402
+import common_flags
+from bert_jax.data.bert_pretraining import BertPretraining
+from bert_jax.data.pretraining_data import read_documents
+from bert_jax.data.sources import load_source
+from bert_jax.data.wordpiece import WordPiece
+from bert_jax.tasks import build_task
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
                       "data", "pretrain")

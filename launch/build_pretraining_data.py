@@ -18,16 +18,13 @@ reads the dataset and does not build it again. Prints the corpus statistics.
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from absl import app
 
-from absl import app  # noqa: E402
-
-import common_flags as launch_flags  # noqa: E402
-from bert_jax.data import sources  # noqa: E402
-from bert_jax.tasks import build_task  # noqa: E402
-from bert_jax.training.validation import check_files  # noqa: E402
+import common_flags as launch_flags
+from bert_jax.data import sources
+from bert_jax.tasks import build_task
+from bert_jax.training.validation import check_files
 
 
 def main(argv):

@@ -27,8 +27,7 @@ import os
 import shlex
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bert_jax.training import topologies  # noqa: E402  (imports no JAX)
+from bert_jax.training import topologies  # imports no JAX
 
 # Compile on the CPU for accelerators that are not here: before JAX starts.
 for _name, _value in topologies.COMPILE_ONLY_ENVIRONMENT.items():

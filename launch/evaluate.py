@@ -27,16 +27,14 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-import common_flags as launch_flags  # noqa: E402
-from bert_jax.errors import UserError  # noqa: E402
-from bert_jax.file_io import write_json  # noqa: E402
-from bert_jax.training import evaluation  # noqa: E402
-from bert_jax.training.averaging import average_workdir  # noqa: E402
-from bert_jax.training.workdir import is_step_name, refuse_writing_into  # noqa: E402
+import common_flags as launch_flags
+from bert_jax.errors import UserError
+from bert_jax.file_io import write_json
+from bert_jax.training import evaluation
+from bert_jax.training.averaging import average_workdir
+from bert_jax.training.workdir import is_step_name, refuse_writing_into
 
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the metrics as JSON to this file "

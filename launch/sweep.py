@@ -21,13 +21,11 @@ import os
 import shlex
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from absl import app, flags
+from ml_collections import config_flags
 
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-import common_flags as launch_flags  # noqa: E402
-from bert_jax.analysis import sweeps  # noqa: E402
+import common_flags as launch_flags
+from bert_jax.analysis import sweeps
 
 flags.mark_flags_as_required(["config", "workdir"])
 SWEEP = flags.DEFINE_string("sweep", None, "Sweep spec (default: the config's get_sweep()).")

@@ -13,16 +13,11 @@ Multi-process: add --coordinator_address=HOST:PORT --num_processes=N
 --process_id=I (TPU VMs and SLURM need none of these).
 """
 
-import os
-import sys
+from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from absl import flags  # noqa: E402
-
-import common_flags as launch_flags  # noqa: E402
-from bert_jax.training import trainer  # noqa: E402
-from bert_jax.training.workdir_lock import DEFAULT_LOCK_TIMEOUT  # noqa: E402
+import common_flags as launch_flags
+from bert_jax.training import trainer
+from bert_jax.training.workdir_lock import DEFAULT_LOCK_TIMEOUT
 
 flags.mark_flags_as_required(["config", "workdir"])
 _RESTORE_STEP = flags.DEFINE_integer(

@@ -29,14 +29,12 @@ DIR/results.csv, results.md and learning_curves.png and prints the table.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from absl import flags
+from ml_collections import config_flags
 
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-import common_flags as launch_flags  # noqa: E402
-from bert_jax.analysis import transfer  # noqa: E402
-from bert_jax.errors import ConfigError  # noqa: E402
+import common_flags as launch_flags
+from bert_jax.analysis import transfer
+from bert_jax.errors import ConfigError
 
 EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "experiments")

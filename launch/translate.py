@@ -12,16 +12,13 @@ or warnings on stderr with the line skipped (an empty output line: skip) or
 translated as it is (warn).
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-import common_flags as launch_flags  # noqa: E402
-from bert_jax.data.input_lines import ON_ERROR, screen_lines  # noqa: E402
-from bert_jax.training import evaluation  # noqa: E402
+import common_flags as launch_flags
+from bert_jax.data.input_lines import ON_ERROR, screen_lines
+from bert_jax.training import evaluation
 
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _INPUT = flags.DEFINE_string("input", None, "File of source sentences (default: stdin).")

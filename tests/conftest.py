@@ -11,10 +11,14 @@ for name, value in COMPILE_ONLY_ENVIRONMENT.items():
     os.environ.setdefault(name, value)
 
 import pathlib  # noqa: E402
+import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+# A launch script imports its neighbours (`import cli`) from its own folder, first on
+# sys.path when it runs as `python launch/X.py`; the tests import them the same way.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "launch"))
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,15 @@ def tiny_config(data_dir, **overrides) -> ml_collections.ConfigDict:
     return config
 
 
+# The end of a `python -c CODE SCRIPT FLAGS...` wrapper (after CODE patched something):
+# runs SCRIPT as `python SCRIPT FLAGS...` would, its folder first on sys.path.
+RUN_AS_SCRIPT = """
+sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def flags_for(config_overrides: dict) -> list[str]:
     return [f"--config.{k}={v}" for k, v in config_overrides.items()]
 

@@ -14,8 +14,7 @@ import pytest
 from bert_jax.modeling import bert_preset, transformer_preset
 from helpers import REPO
 
-sys.path.insert(0, str(REPO / "launch"))
-import benchmark  # noqa: E402
+import benchmark
 
 
 @pytest.mark.parametrize("spec, bert, inputs", [("bert-tiny:32", True, ("input_ids",)),

@@ -14,18 +14,16 @@ from ml_collections import config_flags
 
 from bert_jax.analysis.sweeps.points import apply_overrides
 from bert_jax.convert import pretrained
-from bert_jax.errors import MissingFileError
+from bert_jax.errors import ConfigError, MissingFileError
 from bert_jax.evaluation import evaluators, squad
-from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax.tasks.bert_backbone import resolve_backbone
 from bert_jax.tasks.finetune import ROW, carve_heldout, training_subset, truncate_pair
 from bert_jax.training import evaluation, trainer
 from bert_jax.training.validation import check_training_config
-from helpers import REPO, finish, launch
+from helpers import finish, launch
 
-sys.path.insert(0, str(REPO / "launch"))
-import common_flags  # noqa: E402
+import common_flags
 
 EXPERIMENT = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "finetune.py"
 WORDS = ["the", "film", "was", "good", "bad", "great", "awful", "plot", "acting", "really",

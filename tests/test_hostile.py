@@ -28,7 +28,7 @@ from bert_jax.tasks import build_task
 from bert_jax.training import evaluation, trainer
 from bert_jax.training.averaging import average_workdir
 from bert_jax.training.checkpoints import STEP_RECORD, CheckpointError
-from helpers import REPO, finish, launch, tiny_config
+from helpers import REPO, RUN_AS_SCRIPT, finish, launch, tiny_config
 
 RUN = {"train.num_steps": 2, "train.checkpoint_every": 1, "train.eval_every": 2,
        "train.log_every": 1, "optimizer.warmup_steps": 1, "train.keep_best": 0,
@@ -285,9 +285,7 @@ def list_then_lose_the_latest(directory):  # as a training run with keep_last=1 
     shutil.rmtree(os.path.join(directory, str(steps[-1])))
     return steps
 evaluation.checkpoint_steps = list_then_lose_the_latest
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+""" + RUN_AS_SCRIPT
 
 
 @pytest.mark.slow

@@ -32,8 +32,7 @@ from bert_jax.training.workdir import (
 from bert_jax.training.workdir_lock import WorkdirLock
 from helpers import REPO, finish, launch, tiny_config
 
-sys.path.insert(0, str(REPO / "launch"))
-import cli  # noqa: E402
+import cli
 
 RUN = {"train.num_steps": 20, "train.checkpoint_every": 10, "train.log_every": 5,
        "train.eval_every": 20, "optimizer.warmup_steps": 5, "train.keep_best": 0,

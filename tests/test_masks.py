@@ -10,7 +10,7 @@ import pytest
 from bert_jax.modeling import BertForSequenceClassification, BertModel, Transformer
 from bert_jax.modeling.masks import causal_mask, combine_masks, padding_mask, segment_mask
 from bert_jax.modeling.bert import POOLINGS
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError
 from bert_jax.modeling.layers import EncoderStack
 
 from tiny_models import BERT, TRANSFORMER, random_variables, jitted, max_diff

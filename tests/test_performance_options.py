@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax.evaluation.decoding import transformer_search
 from bert_jax.modeling import BertForPreTraining, Transformer, precision
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError
 from bert_jax.modeling.layers import scan_params, unscan_params
 from bert_jax.training.sharding import make_mesh
 from bert_jax.training.train_step import create_train_state

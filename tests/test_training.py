@@ -18,14 +18,14 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError
 from bert_jax.training import evaluation, trainer
 from bert_jax.training.checkpoints import CheckpointError, Checkpointer
 from bert_jax.training.evaluation import evaluate_checkpoint
 from bert_jax.training.workdir import LOCK_FILE, read_metrics
 from bert_jax.training.workdir_lock import WorkdirLock
 
-from helpers import REPO, finish, flags_for, free_port, launch, losses, tiny_config
+from helpers import REPO, RUN_AS_SCRIPT, finish, flags_for, free_port, launch, losses, tiny_config
 
 
 def saved_params(workdir, step):
@@ -508,7 +508,7 @@ def test_corrupted_checkpoint_is_reported_and_kept(tmp_path, data_dir):
 
 
 FULL_DISK = """
-import resource, runpy, signal, sys
+import os, resource, runpy, signal, sys
 from bert_jax.training.checkpoints import Checkpointer
 save = Checkpointer.save
 def save_on_a_full_disk(self, step, *args, **kwargs):  # writes after the first save fail
@@ -518,9 +518,7 @@ def save_on_a_full_disk(self, step, *args, **kwargs):  # writes after the first 
     return save(self, step, *args, **kwargs)
 Checkpointer.save = save_on_a_full_disk
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+""" + RUN_AS_SCRIPT
 
 
 @pytest.mark.slow

@@ -22,8 +22,8 @@ import flax.linen as nn
 from bert_jax.convert import load_hf_bert, load_pretrained
 from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
 from bert_jax.data.wordpiece import WordPiece, declared_casings
-from bert_jax.errors import MissingFileError
-from bert_jax.modeling.configs import BertConfig, ConfigError
+from bert_jax.errors import ConfigError, MissingFileError
+from bert_jax.modeling.configs import BertConfig
 from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE
 
 

@@ -90,7 +90,7 @@ LABELS = ("backbone", "n", "seed")
 ARCHITECTURE = tuple(f.name for f in dataclasses.fields(BertConfig)
                      if f.name not in RUNTIME_FIELDS and f.name != "vocab_size")
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
-_TASK = re.compile(r"[A-Za-z0-9._=,+-]+")
+_TASK = re.compile(r"[A-Za-z0-9._=,+-]+")  # a task variant: its runs' folder name as it is
 
 
 # -- what a study is -------------------------------------------------------------------
@@ -107,12 +107,14 @@ def _ints(name: str, values: Iterable[Any], minimum: int | None = None) -> tuple
     return tuple(dict.fromkeys(out))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Group:
     """Every task x backbone x size x seed of these is a run of the study.
     `tasks`: experiments/finetune.py arguments (`sst2,steps=800`);
     `train_examples`: sizes of the training subset (0: the whole split);
-    `backbones`: names (None: every backbone of the study)."""
+    `backbones`: names (None: every backbone of the study). Each may be given as one
+    value or a list (as flags and study files give them): it is kept as a tuple without
+    repeats, `seeds='0'` as `(0,)`."""
 
     tasks: tuple[str, ...]
     seeds: tuple[int, ...] = (0,)
@@ -124,13 +126,12 @@ class Group:
         if not tasks or not all(isinstance(t, str) and _TASK.fullmatch(t) for t in tasks):
             raise ConfigError(f"tasks={self.tasks!r}: give task variants such as "
                               "'sst2,steps=800' or 'mrpc'")
-        object.__setattr__(self, "tasks", tuple(dict.fromkeys(tasks)))
-        object.__setattr__(self, "seeds", _ints("seeds", self.seeds))
-        object.__setattr__(self, "train_examples",
-                           _ints("train_examples", self.train_examples, minimum=0))
+        self.tasks = tuple(dict.fromkeys(tasks))
+        self.seeds = _ints("seeds", self.seeds)
+        self.train_examples = _ints("train_examples", self.train_examples, minimum=0)
         if self.backbones is not None:
             names = (self.backbones,) if isinstance(self.backbones, str) else self.backbones
-            object.__setattr__(self, "backbones", tuple(dict.fromkeys(names)))
+            self.backbones = tuple(dict.fromkeys(names))
 
 
 def as_groups(groups: Iterable[Group | dict]) -> list[Group]:
@@ -235,10 +236,6 @@ def architecture_key(init_from: str) -> tuple:
     the vocabulary size."""
     architecture = backbone_model(init_from)[0]
     return tuple(getattr(architecture, f) for f in (*ARCHITECTURE, "vocab_size"))
-
-
-def task_directory(task: str) -> str:
-    return task   # `_TASK` characters only (Group): a safe directory name as it is
 
 
 def write_in_task_text(config: Any, path: str) -> int:
@@ -366,7 +363,7 @@ class Study:
             runs = self._runs(task)
             rates = [self.chosen.get((task, name, size)) for _, size, name in runs]
             self.sweeps[task] = Sweep(
-                self.configs[task], os.path.join(self.directory, task_directory(task)),
+                self.configs[task], os.path.join(self.directory, task),
                 [{**self.overrides[task][name], "seed": seed, SIZE_KEY: size,
                   **({LR_KEY: rate} if rate else {})}
                  for (seed, size, name), rate in zip(runs, rates)],
@@ -387,8 +384,7 @@ class Study:
         points = [{**self.overrides[task][name], "seed": 0, SIZE_KEY: size,
                    "data.eval_split": HELDOUT, LR_KEY: lr}
                   for size, name in pairs for lr in self.lr_grid]
-        return Sweep(self.configs[task], os.path.join(self.directory, LR_DIR,
-                                                      task_directory(task)),
+        return Sweep(self.configs[task], os.path.join(self.directory, LR_DIR, task),
                      points, labels=[{"backbone": name, "n": size, "lr": lr}
                                      for size, name in pairs for lr in self.lr_grid],
                      config_file=f"{self.config_file}:{task}",
@@ -438,7 +434,7 @@ class Study:
             raise ConfigError(f"the {IN_TASK_PREFIX} backbones need the config of their "
                               "masked-LM runs: give in_task_config "
                               "(experiments/pretrain_bert.py:in_task_mlm)")
-        directory = os.path.join(self.directory, IN_TASK_DIR, task_directory(task))
+        directory = os.path.join(self.directory, IN_TASK_DIR, task)
         corpus = {"data.corpus_files": (os.path.join(directory, IN_TASK_TEXT),),
                   "data.synthetic_documents": 0,
                   "data.data_dir": os.path.join(self.directory, IN_TASK_DIR, "tfds")}
@@ -663,7 +659,7 @@ def collect(directory: str) -> tuple[list[dict], dict]:
         others = []
     records = []
     for task in dict.fromkeys([*study.get("tasks", []), *others]):
-        for row in collect_runs(os.path.join(directory, task_directory(task))):
+        for row in collect_runs(os.path.join(directory, task)):
             if all(k in row["labels"] for k in LABELS):
                 records.append({"task": task, **{k: row["labels"][k] for k in LABELS},
                                 **{k: row[k] for k in ("status", "metrics", "wall_seconds",

@@ -23,8 +23,8 @@ from typing import Any
 import flax.linen as nn
 import orbax.checkpoint as ocp
 
-from bert_jax.errors import MissingFileError
-from bert_jax.modeling.configs import BertConfig, ConfigError, StackConfig, TransformerConfig
+from bert_jax.errors import ConfigError, MissingFileError
+from bert_jax.modeling.configs import BertConfig, StackConfig, TransformerConfig
 
 CONFIG_FILE = "model_config.json"
 PACKAGE_PREFIX = "package:"   # `init_from='package:NAME'`: a checkpoint a Python package ships

@@ -66,27 +66,24 @@ class GlueTaskSpec:
     description: str = ""
 
     def __post_init__(self):
-        columns = [c for c in (self.text_a, self.text_b, self.label_column) if c is not None]
-        # (fields, their values, what they must be, whether they are not)
-        problems = [
-            ("text_a, text_b, label_column", columns,
-             "all header names, or all 0-based indices",
-             len({type(c) for c in columns} & {str, int}) != 1 or any(
-                 not isinstance(c, (str, int)) or isinstance(c, int) and c < 0
-                 for c in columns)),
-            ("labels", self.labels, "without duplicates",
-             len(set(self.labels)) != len(self.labels)),
-            ("label_names, catalog_labels", (self.label_names, self.catalog_labels),
-             f"each empty or a reordering of {self.label_names or self.labels}", any(
-                 names and (len(names) != len(self.labels)
-                            or set(names) != set(self.label_names or self.labels))
-                 for names in (self.label_names, self.catalog_labels))),
-            ("splits", self.splits, "a non-empty map of split name -> file name",
-             not self.splits or not all(
-                 isinstance(k, str) and isinstance(v, str) for k, v in self.splits.items()))]
-        for fields, value, need, wrong in problems:
-            if wrong:
+        def check(ok: bool, fields: str, value: Any, need: str) -> None:
+            if not ok:
                 raise ValueError(f"GlueTaskSpec {self.name}: {fields}={value!r}; give {need}")
+
+        columns = [c for c in (self.text_a, self.text_b, self.label_column) if c is not None]
+        kinds = {type(c) for c in columns}
+        check(kinds == {str} or kinds == {int} and min(columns) >= 0,
+              "text_a, text_b, label_column", columns, "all header names, or all 0-based indices")
+        check(len(set(self.labels)) == len(self.labels), "labels", self.labels,
+              "without duplicates")
+        classes = self.label_names or self.labels
+        check(all(not names or len(names) == len(self.labels) and set(names) == set(classes)
+                  for names in (self.label_names, self.catalog_labels)),
+              "label_names, catalog_labels", (self.label_names, self.catalog_labels),
+              f"each empty or a reordering of {classes}")
+        check(bool(self.splits) and all(isinstance(k, str) and isinstance(v, str)
+                                        for k, v in self.splits.items()),
+              "splits", self.splits, "a non-empty map of split name -> file name")
 
     @property
     def is_regression(self) -> bool:

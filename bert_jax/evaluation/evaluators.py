@@ -24,7 +24,7 @@ import numpy as np
 
 from bert_jax.evaluation import classification_metrics, squad
 from bert_jax.evaluation.translation_metrics import bleu_and_chrf
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError
 from bert_jax.modeling.losses import sums_to_means
 
 

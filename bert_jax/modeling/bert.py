@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.modeling.masks import AttentionMask
-from bert_jax.modeling.configs import ACTIVATIONS, BertConfig, ConfigError
+from bert_jax.errors import ConfigError
+from bert_jax.modeling.configs import ACTIVATIONS, BertConfig
 from bert_jax.modeling.embeddings import PositionEmbedding, token_embedding
 from bert_jax.modeling.initializers import partitioned
 from bert_jax.modeling.layers import EncoderStack, dense, layer_norm

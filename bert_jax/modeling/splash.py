@@ -50,7 +50,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError
 
 Array = jax.Array
 

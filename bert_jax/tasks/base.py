@@ -27,10 +27,10 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-from bert_jax.errors import DamagedFileError
-from bert_jax.modeling.configs import ConfigError, StackConfig
+from bert_jax.errors import ConfigError, DamagedFileError
+from bert_jax.modeling.configs import StackConfig
 from bert_jax.auto_dtype import resolve_model_dtype
-from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps
+from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps
 
 Batch = dict[str, Any]
 Sums = dict[str, jax.Array]

@@ -23,10 +23,9 @@ from bert_jax.convert.hf_bert import config_from_hf
 from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.data import vocabulary, wordpiece
-from bert_jax.errors import MissingFileError
+from bert_jax.errors import ConfigError, MissingFileError
 from bert_jax.file_io import read_json
 from bert_jax.modeling import BertConfig
-from bert_jax.modeling.configs import ConfigError
 from bert_jax.tasks.base import check_saved_config, holds_checkpoints, written_by_process_zero
 from bert_jax.auto_dtype import resolve_model_dtype
 

@@ -53,7 +53,8 @@ from bert_jax.data import (
     pipeline, pretraining_data, sources, synthetic_documents, wordpiece)
 from bert_jax.data.bert_pretraining import BertPretraining, corpus_lines
 from bert_jax.modeling.bert import BertForPreTraining
-from bert_jax.modeling.configs import BertConfig, ConfigError
+from bert_jax.errors import ConfigError
+from bert_jax.modeling.configs import BertConfig
 from bert_jax.tasks.base import Batch, Task, cached_method, register, written_by_process_zero
 from bert_jax.tasks.bert_backbone import resolve_backbone
 from bert_jax.modeling.flops import bert_train_flops

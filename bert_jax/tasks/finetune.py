@@ -61,7 +61,8 @@ from bert_jax.data.splits import select
 from bert_jax.evaluation import classification_metrics
 from bert_jax.modeling.bert import (
     BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification)
-from bert_jax.modeling.configs import BertConfig, ConfigError
+from bert_jax.errors import ConfigError
+from bert_jax.modeling.configs import BertConfig
 from bert_jax.modeling.flops import bert_train_flops
 from bert_jax.modeling.losses import cross_entropy_sums
 from bert_jax.tasks.base import Batch, Task, cached_method, register

@@ -36,14 +36,14 @@ from typing import Any
 import jax
 import ml_collections
 
-from bert_jax.errors import UserError
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError, DoesNotFit
 from bert_jax.tasks import build_task
 from bert_jax.auto_dtype import Hardware, resolve_model_dtype
 from bert_jax.training import hlo
 from bert_jax.training.evaluation import jit_predict
 from bert_jax.training.hlo_cost import ProgramCost, program_cost
 from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_config
+from bert_jax.training.optimizer import optimizer_from_config
 from bert_jax.training.step_bound import Machine, StepBound, step_bound
 from bert_jax.training.topologies import GPUS, Target, machine
 from bert_jax.training.train_step import (
@@ -53,10 +53,6 @@ COLLECTIVES = hlo.COLLECTIVES
 _CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([A-Za-z_][\w\-]*?)(?:\.\d+)*\s*=")
 GiB = float(1 << 30)
-
-
-class DoesNotFit(UserError, RuntimeError):
-    """A step needs more memory per device than the chip has."""
 
 
 @dataclasses.dataclass
@@ -285,14 +281,12 @@ def target_hardware(target: Target) -> Hardware:
 
 def compile_experiment(config: ml_collections.ConfigDict, target: Target,
                        eval_step: bool = True) -> CompileReport:
-    from bert_jax.training.trainer import make_optimizer  # the trainer imports this module's peers
-
     config = resolve_model_dtype(config, target_hardware(target))
     task = build_task(config, None, abstract=True)
     mesh = mesh_from_config(config.mesh, target.devices)
     num_devices = len(target.devices)
     state, shardings = abstract_train_state(task.init_variables, task.model.apply,
-                                            make_optimizer(config), mesh)
+                                            optimizer_from_config(config), mesh)
     rng = jax.ShapeDtypeStruct((2,), jax.numpy.uint32,
                                sharding=jax.sharding.NamedSharding(
                                    mesh, jax.sharding.PartitionSpec()))

@@ -16,7 +16,7 @@ import os
 import jax
 from absl import logging
 
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError
 
 
 def present_platforms() -> str:

@@ -31,9 +31,10 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import ml_collections
 import optax
 
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError
 from bert_jax.modeling.layers import SCANNED_LAYERS
 
 SCHEDULES = ("constant", "linear", "cosine", "rsqrt", "poly")
@@ -123,3 +124,16 @@ def make_optimizer(name: str, learning_rate: optax.ScalarOrSchedule, *,
         optax.masked(trust, lambda p: decay_mask(p, scanned=False)),
         optax.masked(_per_layer(trust), lambda p: decay_mask(p, scanned=True)),
         optax.scale_by_learning_rate(learning_rate)))
+
+
+def optimizer_from_config(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """`make_optimizer` of `config.optimizer` over `config.train.num_steps`;
+    warmup_fraction > 0 overrides warmup_steps."""
+    opt, train = config.optimizer, config.train
+    fraction = opt.get("warmup_fraction", 0.0)
+    warmup = round(fraction * train.num_steps) if fraction > 0 else opt.warmup_steps
+    schedule = learning_rate_schedule(
+        opt.schedule, opt.learning_rate, warmup, train.num_steps, opt.get("decay_power", 0.5))
+    return make_optimizer(
+        opt.get("name", "adamw"), schedule, weight_decay=opt.weight_decay, b1=opt.b1,
+        b2=opt.b2, eps=opt.eps, max_grad_norm=opt.max_grad_norm)

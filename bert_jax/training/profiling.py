@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import jax
 from absl import logging
 
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError
 
 
 def profile_range(steps: Sequence[int | str] | None, field: str

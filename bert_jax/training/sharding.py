@@ -34,7 +34,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError
 from bert_jax.modeling.layers import BATCH_MESH_AXES, SCANNED_LAYERS
 
 MESH_AXES = ("data", "fsdp", "tensor")

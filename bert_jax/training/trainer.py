@@ -34,12 +34,12 @@ from jax.experimental import multihost_utils
 from bert_jax.auto_dtype import AUTO, resolve_model_dtype
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.data.concurrency import DevicePrefetch
-from bert_jax.errors import ConfigError, UserError
+from bert_jax.errors import ConfigError, TrainingDiverged, UserError
 from bert_jax.file_io import read_json, write_json
 from bert_jax.modeling.embeddings import tile_learned_positions
 from bert_jax.tasks import build_task
 from bert_jax.tasks.base import check_saved_config, fill_saved_defaults
-from bert_jax.training import optimizer as optimizer_lib
+from bert_jax.training.optimizer import optimizer_from_config
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, set_aside_steps_after)
 from bert_jax.training.evaluation import make_evaluator
@@ -59,11 +59,6 @@ PROFILE_DIR = "profile"  # jax.profiler traces of config.train.profile_steps
 # Config sections that define what a workdir's checkpoints are; the rest (step
 # counts, logging, mesh) may change when a run is resumed.
 IDENTITY_SECTIONS = ("task", "model", "data")
-
-
-class TrainingDiverged(UserError, FloatingPointError):
-    """The loss or gradients became NaN/Inf; nothing after the last good step
-    was saved."""
 
 
 def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -118,18 +113,6 @@ def _differences(old: dict, new: dict) -> list[str]:
     old, new = (traverse_util.flatten_dict(tree, sep=".") for tree in (old, new))
     return [f"{key}: {old.get(key)!r} in the workdir, {new.get(key)!r} now"
             for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
-
-
-def make_optimizer(config: ml_collections.ConfigDict):
-    """`config.optimizer`; warmup_fraction > 0 overrides warmup_steps."""
-    opt, train = config.optimizer, config.train
-    fraction = opt.get("warmup_fraction", 0.0)
-    warmup = round(fraction * train.num_steps) if fraction > 0 else opt.warmup_steps
-    schedule = optimizer_lib.learning_rate_schedule(
-        opt.schedule, opt.learning_rate, warmup, train.num_steps, opt.get("decay_power", 0.5))
-    return optimizer_lib.make_optimizer(
-        opt.get("name", "adamw"), schedule, weight_decay=opt.weight_decay, b1=opt.b1,
-        b2=opt.b2, eps=opt.eps, max_grad_norm=opt.max_grad_norm)
 
 
 def initialise_from(state: TrainState, path: str, workdir: str,
@@ -223,7 +206,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
     mesh = mesh_from_config(config.mesh)
     init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
     state, shardings = create_train_state(task.init_variables, task.model.apply,
-                                          make_optimizer(config), mesh, init_rng)
+                                          optimizer_from_config(config), mesh, init_rng)
     train_iter = DevicePrefetch(
         task.train_iterator(jax.process_index(), jax.process_count()),
         lambda batch: global_batch(batch, mesh), train.device_prefetch)

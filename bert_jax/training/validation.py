@@ -22,7 +22,7 @@ import ml_collections
 from bert_jax.auto_dtype import AUTO
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.evaluation import evaluators
-from bert_jax.modeling.configs import ConfigError
+from bert_jax.errors import ConfigError
 from bert_jax.tasks import build_task
 from bert_jax.tasks.base import task_class
 from bert_jax.tasks.translation import training_rows

@@ -24,10 +24,11 @@ from typing import Any
 from absl import logging
 
 from bert_jax.errors import CheckpointError, WorkdirError
+from bert_jax.workdir_layout import (  # noqa: F401 (re-exported)
+    CHECKPOINT_DIR, checkpoint_steps, is_step_name)
 
 CONFIG_FILE = "config.json"     # the resolved config a training run writes
 METRICS_FILE = "metrics.jsonl"  # one JSON object a line: {"step": N, "train/loss": ...}
-CHECKPOINT_DIR = "checkpoints"  # one folder a step, named by its number in ASCII digits
 VOCAB_DIR = "vocab"             # the vocabulary files (= bert_jax.data.vocabulary.VOCAB_DIR)
 LOCK_FILE = "train.lock"        # the lock of the run writing there: `workdir_lock.WorkdirLock`
 # What a training run makes in its workdir, by kind (`check_workdir`).
@@ -128,21 +129,6 @@ def report_metrics_damage(path: str, problems: list[str], kept: str | None = Non
         _REPORTED.add(tuple(problems))  # the problems name the file
         logging.warning("%s.%s", "; ".join(problems),
                         f" The file as it was is kept as {kept}." if kept else "")
-
-
-def is_step_name(name: str) -> bool:
-    """Whether `name` names a step folder: ASCII digits only (`str.isdigit` takes "²",
-    "٣" too, which `int` reads as another step or not at all)."""
-    return name.isascii() and name.isdigit()
-
-
-def checkpoint_steps(directory: str) -> list[int]:
-    """The checkpoint steps in a workdir's `checkpoints/` folder, ascending: its entries
-    named by `is_step_name` (an interrupted save's `N.orbax-checkpoint-tmp*` is not
-    one; `check_step` tells whether one holds a checkpoint)."""
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(d) for d in os.listdir(directory) if is_step_name(d))
 
 
 def check_workdir(workdir: str) -> None:
