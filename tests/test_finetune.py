@@ -264,6 +264,7 @@ def test_a_workdir_naming_an_unknown_package_does_not_import_it(tmp_path, monkey
     config.init_from = "package:side_effect_backbone"
     workdir = tmp_path / "workdir"
     (workdir / "checkpoints" / "1").mkdir(parents=True)
+    (workdir / "checkpoints" / "1" / "state").touch()  # a step folder that is not empty
     (workdir / "config.json").write_text(config.to_json_best_effort())
     with pytest.raises(ConfigError, match=r"config.init_from='package:side_effect_backbone'"):
         evaluation.restore_for_inference(evaluation.saved_config(workdir), str(workdir))
@@ -512,7 +513,8 @@ def test_a_second_phase_workdir_reads_the_vocabulary_of_the_phase_it_started_fro
                           (other, {"init_from": str(phase1)})):
         (folder / "checkpoints").mkdir(parents=True)
         (folder / "config.json").write_text(json.dumps(
-            {"model": model, "data": {"lowercase": True}, **extra}))
+            {"task": "bert_pretraining", "model": model, "data": {"lowercase": True}, "train": {},
+             **extra}))
     vocab.save(str(phase1 / "vocab"))
     config, vocab_file, lowercase = checkpoint_model(str(phase2), "workdir")
     assert (vocab_file, config.vocab_size, config.norm_position) == (
@@ -520,7 +522,8 @@ def test_a_second_phase_workdir_reads_the_vocabulary_of_the_phase_it_started_fro
     given = tmp_path / "given.txt"
     given.write_text("".join(t + "\n" for t in vocab.convert_ids_to_tokens(range(vocab.size - 2))))
     (other / "config.json").write_text(json.dumps(
-        {"model": model, "data": {"vocab_file": str(given)}, "init_from": str(phase1)}))
+        {"task": "bert_pretraining", "model": model, "data": {"vocab_file": str(given)},
+         "train": {}, "init_from": str(phase1)}))
     assert checkpoint_model(str(other), "workdir")[0].vocab_size == vocab.size - 2
     shutil.rmtree(phase1 / "vocab")  # phase 1 names no other vocabulary: never trained again
     with pytest.raises(MissingFileError, match=f"{phase1}/vocab/vocab.txt is missing"):
