@@ -221,9 +221,13 @@ def test_bert_step_compiles_to_cudnn_flash_attention(h100, shape):
                                    dtype="bfloat16"), shape)
     report = aot.compile_experiment(config, h100)
     assert report.train.xla_flops is None  # the GPU compiler counts none
-    # ... and cuDNN's attention is a custom call: the bound takes the model's FLOPs.
-    assert report.bound.flops == pytest.approx(report.model_flops / 2)
-    assert report.bound.sources["flops"].startswith("the model's matmuls")
+    # ... and cuDNN's attention is a custom call, costed by hlo_cost: with the
+    # backward pass's recomputed Q Kᵀ the program's FLOPs pass the model's.
+    assert report.bound.flops == report.train.program.flops > report.model_flops / 2
+    assert report.bound.sources["flops"].startswith("the program's dots")
+    attention = [i for i in report.train.program.instructions if i.opcode == "custom-call"]
+    assert sorted(i.flops for i in attention) == [4 * 16 * 2 * 64 * 64 * 64,
+                                                  10 * 16 * 2 * 64 * 64 * 64]
     # One layer: its self-attention forward, and backward in the train step.
     assert report.train.attention_kernels == {"__cudnn$fmhaSoftmax": 1,
                                               "__cudnn$fmhaSoftmaxBackward": 1}

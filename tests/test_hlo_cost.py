@@ -300,3 +300,44 @@ def test_vector_work_is_one_operation_an_element():
     assert [(i.name, i.vector_ops) for i in cost.instructions if i.vector_ops] == [
         ("f", 2 * 128 * 256), ("n", 128)]
     assert cost.flops == 0
+
+
+# cuDNN's fused attention as XLA:GPU writes it (from a compiled BERT step, the
+# backend config cut to the fields read): queries [batch 4, 128 positions,
+# 2 heads, 64], scores [4, 2, 128, 128]; the second call causal.
+CUDNN_ATTENTION = """\
+HloModule m, is_scheduled=true
+
+ENTRY %main (q: bf16[4,128,2,64], k: bf16[4,128,2,64], v: bf16[4,128,2,64], \
+s: f32[4,2,128], o: bf16[4,128,2,64]) -> bf16[4,2,128,64] {
+  %q = bf16[4,128,2,64]{3,2,1,0} parameter(0)
+  %k = bf16[4,128,2,64]{3,2,1,0} parameter(1)
+  %v = bf16[4,128,2,64]{3,2,1,0} parameter(2)
+  %s = f32[4,2,128]{2,1,0} parameter(3)
+  %o = bf16[4,128,2,64]{3,2,1,0} parameter(4)
+  %fwd = (bf16[4,2,128,64]{3,1,2,0}, f32[4,2,128]{2,1,0}, u8[0]{0}) custom-call(%q, %k, %v), \
+custom_call_target="__cudnn$fmhaSoftmax", backend_config={"operation_queue_id": "0", \
+"cudnn_fmha_backend_config": {"fmha_scale": 0.125, "intermediate_tensor_shape": \
+{"element_type": "BF16", "dimensions": ["4", "2", "128", "128"], "tuple_shapes": []}, \
+"is_flash_attention": true, "mask_type": "PADDING", "dropout_rate": 0.0}}
+  %bwd = (bf16[4,2,128,64]{3,1,2,0}, bf16[4,2,128,64]{3,1,2,0}, bf16[4,2,128,64]{3,1,2,0}, \
+u8[0]{0}) custom-call(%q, %k, %v, %s, %o, %o), custom_call_target="__cudnn$fmhaSoftmaxBackward", \
+backend_config={"operation_queue_id": "0", "cudnn_fmha_backend_config": {"fmha_scale": 0.125, \
+"intermediate_tensor_shape": {"element_type": "BF16", "dimensions": ["4", "2", "128", "128"], \
+"tuple_shapes": []}, "is_flash_attention": true, "mask_type": "CAUSAL", "dropout_rate": 0.0}}
+  ROOT %dq = bf16[4,2,128,64]{3,1,2,0} get-tuple-element(%bwd), index=0
+}
+"""
+
+
+def test_cudnn_attention_flops_are_counted():
+    """Forward: Q Kᵀ and P V, 2 x 2 FLOPs per score and head dimension.
+    Backward: 5 matmuls (Q Kᵀ again, dP, dV, dQ, dK), 10 per score, over the
+    128 x 129 / 2 scores a causal mask leaves. Nothing else in the program
+    multiplies."""
+    cost = hlo_cost.program_cost(CUDNN_ATTENTION)
+    flops = {i.name: i.flops for i in cost.instructions if i.opcode == "custom-call"}
+    batch, heads, length, head_dim = 4, 2, 128, 64
+    assert flops == {"fwd": 4 * batch * heads * length * length * head_dim,
+                     "bwd": 10 * batch * heads * (length * (length + 1) // 2) * head_dim}
+    assert cost.flops == sum(flops.values())

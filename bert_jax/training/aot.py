@@ -223,10 +223,11 @@ def bound_of(step: StepReport, hardware: Machine, model_flops_per_device: float
     """The time bound of `step` on `hardware` (its `places` indexed by the
     program's device ids; one slice's program on a multi-slice TPU: the first
     slice's devices come first). FLOPs: the program's matmuls, loops unrolled,
-    or the model's if more (the program's count misses custom calls: cuDNN
-    attention, Pallas kernels)."""
+    or the model's if more (the program's count misses the custom calls it
+    cannot cost: Pallas kernels; cuDNN attention it costs, `hlo_cost`)."""
     program = step.program or ProgramCost(0.0, 0.0, {}, [])
-    flops, source = ((program.flops, "the program's dots and convolutions, loops unrolled")
+    flops, source = ((program.flops, "the program's dots, convolutions and cuDNN attention, "
+                      "loops unrolled")
                      if program.flops >= model_flops_per_device else
                      (model_flops_per_device, "the model's matmuls (bert_jax.modeling.flops), "
                       f"above the program's count of {program.flops:.3e} (custom calls "

@@ -17,6 +17,14 @@ out and scanned, the model FLOPs of `bert_jax.modeling.flops`):
           they meet the input, not its padding, as XLA's HloCostAnalysis does),
           inside fusions too. Elementwise work is counted apart (vector,
           below): it runs on the vector units, far below the matmul peak.
+          cuDNN's fused attention (`__cudnn$fmha*` custom calls) is costed
+          from the scores' shape `[batch, heads, q_len, kv_len]` of its
+          backend config and the head size: 4 FLOPs per score and head
+          dimension forward (Q Kᵀ and P V), 10 backward (Q Kᵀ recomputed,
+          dP, dV, dQ, dK: "2.5 times" the forward, FlashAttention-2, Dao 2023,
+          arXiv 2307.08691, Section 4.1), half a square's scores under a
+          causal mask (the kernel skips masked tiles; a padding mask, known
+          only at run time, none). Its softmax is not counted as vector work.
   bytes   for each instruction the program runs (a fusion as one), the bytes
           of its operands and of its result: what it reads from and writes to
           device memory (on a CPU program without loops, exactly XLA's count).
@@ -71,6 +79,9 @@ _WINDOW = re.compile(r"window=\{([^}]*)\}")
 _DIM_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 _GROUPS = re.compile(r"\b(feature_group_count|batch_group_count)=(\d+)")
 _MEGASCALE = re.compile(r'_xla_megascale_transfer_type="(\w+)"')
+_CUDNN_ATTENTION = re.compile(r'custom_call_target="__cudnn\$fmha(\w*)"')
+_SCORES_SHAPE = re.compile(r'"intermediate_tensor_shape":\s*\{[^{}]*?"dimensions":\s*\[([^\]]*)\]')
+_MASK_TYPE = re.compile(r'"mask_type":\s*"(\w+)"')
 
 # Instructions that read and write no device memory of their own.
 _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
@@ -204,7 +215,9 @@ class _Work:
         """(matmul FLOPs, vector operations, collectives) of one execution."""
         opcode = instruction.opcode
         flops = (_matmul_flops(instruction, self.defined)
-                 if opcode in ("dot", "convolution") else 0.0)
+                 if opcode in ("dot", "convolution") else
+                 _cudnn_attention_flops(instruction, self.defined)
+                 if opcode == "custom-call" else 0.0)
         vector = _vector_ops(instruction, self.defined)
         collectives = ((instruction.name,) if opcode.removesuffix("-done") in hlo.COLLECTIVES
                        else ())
@@ -243,6 +256,29 @@ def _matmul_flops(instruction: Instruction, defined: dict[str, Instruction]) -> 
         return 2.0 * result * math.prod(lhs[int(d)] for d in dims if d)
     return _convolution_flops(instruction, lhs,
                               hlo.dimensions(_shape(instruction.operands[1], defined)))
+
+
+def _cudnn_attention_flops(instruction: Instruction, defined: dict[str, Instruction]
+                           ) -> float:
+    """Matmul FLOPs of a cuDNN fused-attention custom call (module docstring);
+    0 for any other custom call or one whose config gives no scores' shape."""
+    kernel = _CUDNN_ATTENTION.search(instruction.text)
+    scores = _SCORES_SHAPE.search(instruction.text)
+    query = hlo.dimensions(_shape(instruction.operands[0], defined)) if (
+        instruction.operands) else []
+    if not (kernel and scores and query):
+        return 0.0
+    batch, heads, q_len, kv_len = (int(d.strip().strip('"')) for d in
+                                   scores.group(1).split(","))
+    mask = _MASK_TYPE.search(instruction.text)
+    if mask and "CAUSAL" in mask.group(1):   # query i sees keys 0..i (top-left aligned)
+        visible = sum(min(i + 1, kv_len) for i in range(q_len))
+    else:
+        visible = q_len * kv_len
+    per_score = 10 if kernel.group(1).endswith("Backward") else 4
+    return float(per_score * batch * heads * visible * query[-1])
+
+
 def _convolution_flops(instruction: Instruction, lhs: list[int], rhs: list[int]) -> float:
     """2 x multiply-adds of a convolution, counting each output position's
     window taps that fall on the (base-dilated) input, not on padding."""

@@ -50,8 +50,9 @@ exceeds their added time by, the exposed part. The bound is the instructions'
 time plus the exposed communication (`instructions_s`,
 `exposed_communication_s`). A sum of maxima is at least the maximum of the
 sums, so this bound is the tighter one, but for the work it does not see:
-what asynchronous pairs hide, and the FLOPs of custom calls (cuDNN attention,
-Pallas kernels: their bytes are counted). Both are lower bounds.
+what asynchronous pairs hide, and the FLOPs of custom calls `hlo_cost` cannot
+cost (Pallas kernels: their bytes are counted; cuDNN attention's FLOPs are
+counted). Both are lower bounds.
 
 Inputs are plain (`Machine`, the collective ops as dicts, the instructions'
 costs) so that the bound can be computed and tested without a compiler;
