@@ -168,10 +168,10 @@ class WorkdirLock:
                      + (" (another run: its token differs)"
                         if _identity(current)[:2] == _identity(self.record)[:2] else ""))
         return WorkdirError(
-            f"{self.path} {found}, not this run (pid {self.record['pid']} on host "
-            f"{self.host}): another run may be writing in {self._workdir}. This run stops "
-            "before its next write there and writes nothing more; let the other run go "
-            "on, or stop it and rerun this command to resume from the last checkpoint.")
+            f"{self.path} {found}: this run (pid {self.record['pid']} on host {self.host}) "
+            f"no longer holds {self._workdir}, where another run may be writing. It stops "
+            "and writes nothing more there; let the other run go on, or stop it and rerun "
+            "this command to resume from the last checkpoint.")
 
     def fence(self) -> None:
         """Raises the error of `lost`, if any: the check before a write into the workdir
