@@ -39,12 +39,12 @@ from bert_jax.file_io import read_json, write_json
 from bert_jax.modeling.embeddings import tile_learned_positions
 from bert_jax.tasks import build_task
 from bert_jax.tasks.base import check_saved_config, fill_saved_defaults
-from bert_jax.training.optimizer import optimizer_from_config
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, set_aside_steps_after)
 from bert_jax.training.evaluation import make_evaluator
 from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
+from bert_jax.training.optimizer import optimizer_from_config
 from bert_jax.training.preemption import PreemptionWatcher
 from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.workdir import (
