@@ -465,7 +465,8 @@ def test_averaging_refuses_a_checkpoint_of_another_model_naming_the_array(traine
         average_workdir(config, run, str(output), steps=[100, 300])
     with pytest.raises(CheckpointError, match="the last 4 checkpoints"):
         average_workdir(config, run, str(output), last=4)
-    with pytest.raises(CheckpointError, match="--save_average=.*/run "):
+    with pytest.raises(trainer.WorkdirError,
+                       match="--save_average=.*/run lies inside --workdir="):
         average_workdir(config, run, run, last=2)
 
 
