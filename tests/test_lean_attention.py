@@ -261,3 +261,30 @@ def _rms_errors(grads, ref):
             exact, grad = np.asarray(exact, np.float64), np.asarray(grad, np.float64)
             errors[name] = np.sqrt(np.mean((grad - exact) ** 2) / np.mean(exact ** 2))
     return errors
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_no_score_sized_constant_enters_the_layer_loop(bert_batch, dtype):
+    """Under `nn.scan`, JAX computes what depends on the loop's constants alone
+    once, before the loop: a mask or a fill broadcast to `[batch, heads, q_len,
+    kv_len]` would enter the loop whole, read by every layer. The scans of the
+    training gradient take the padding mask at its own `[batch, 1, q_len,
+    kv_len]`, and score-sized arrays only stacked per layer (the residuals)."""
+    ids, attention_mask, _ = bert_batch
+    config = BERT.replace(scan_layers=True, dtype=dtype)
+    model = BertModel(config)
+    variables = random_variables(model, ids)
+
+    def loss(params):
+        out = model.apply({"params": params}, ids, attention_mask, deterministic=False,
+                          rngs={"dropout": jax.random.PRNGKey(0)})
+        return jnp.sum(out.sequence_output.astype(jnp.float32))
+
+    scores = (2, BERT.num_heads, 12, 12)
+    scans = [eqn for eqn in jax.make_jaxpr(jax.grad(loss))(variables["params"]).eqns
+             if eqn.primitive.name == "scan"]
+    assert scans
+    for eqn in scans:
+        shapes = [tuple(x.aval.shape) for x in eqn.invars]
+        assert scores not in shapes, shapes
+        assert (2, 1, 12, 12) in shapes

@@ -101,7 +101,7 @@ def dot_product_attention(
         if dropout_rng is None:
             raise ValueError("attention dropout needs a dropout_rng.")
         keep = lean_attention.dropout_keep(dropout_rng, dropout_rate, weights.shape)
-        weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+        weights = lean_attention.dropped(weights, keep, dropout_rate)
     out = precision.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
     return out, (weights if return_weights else None)
 

@@ -57,12 +57,32 @@ Array = jax.Array
 def scores(query: Array, key: Array, mask: Array | None) -> Array:
     """Float32 `Q Kᵀ / √head_dim`, `[batch, heads, q_len, kv_len]`; masked
     entries (mask False) replaced by the most negative float32. `mask`: bool,
-    broadcastable to the scores."""
+    broadcastable to the scores.
+
+    The mask and the fill pass through an optimization barrier with the
+    queries. Under `nn.scan` the mask is a constant of the layer loop, and JAX
+    computes whatever depends on the loop's constants alone once, before the
+    loop (`lax.scan`'s partial evaluation, `_scan_known_hoisting`): here the
+    mask and the fill broadcast to the scores' shape, which each layer then
+    reads (for BERT-large at 512, 32 rows: 640 MiB a layer and micro-batch,
+    and as much memory held). Tied to the queries they stay in the layer,
+    where XLA fuses the broadcasts into the matmul's epilogue."""
+    if mask is not None:
+        mask, fill, query = jax.lax.optimization_barrier(
+            (mask, jnp.float32(jnp.finfo(jnp.float32).min), query))
     out = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
     out = out / jnp.sqrt(jnp.float32(query.shape[-1]))
     if mask is not None:
-        out = jnp.where(mask, out, jnp.finfo(jnp.float32).min)
+        out = jnp.where(mask, out, fill)
     return out
+
+
+def dropped(values: Array, keep: Array, rate: float) -> Array:
+    """Inverted dropout: `values / (1 - rate)` where `keep`, 0 elsewhere (the
+    product with the mask, not a `jnp.where` with 0, whose broadcast zeros JAX
+    would hoist out of a layer loop as `scores` explains: the same values for
+    finite `values`)."""
+    return values / (1.0 - rate) * keep
 
 
 def dropout_keep(rng: Array, rate: float, shape: tuple[int, ...]) -> Array:
@@ -84,7 +104,7 @@ def _dropped(probabilities: Array, keep: Array | None, rate: float, dtype) -> Ar
     """Dropout applied to `probabilities` (rescaled in float32), in `dtype`."""
     probabilities = probabilities.astype(jnp.float32)
     if keep is not None:
-        probabilities = jnp.where(keep, probabilities / (1.0 - rate), 0.0)
+        probabilities = dropped(probabilities, keep, rate)
     return probabilities.astype(dtype)
 
 
@@ -110,7 +130,7 @@ def _attention_bwd(rate, recompute, residuals, d_out):
     d_probabilities = jnp.einsum("bqhd,bkhd->bhqk", d_out, value,
                                  preferred_element_type=jnp.float32)
     if keep is not None:
-        d_probabilities = jnp.where(keep, d_probabilities / (1.0 - rate), 0.0)
+        d_probabilities = dropped(d_probabilities, keep, rate)
     row = jnp.einsum("bqhd,bqhd->bhq", d_out.astype(jnp.float32),
                      out.astype(jnp.float32))[..., None]
     d_scores = (probabilities.astype(jnp.float32) * (d_probabilities - row)
