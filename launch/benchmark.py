@@ -171,7 +171,8 @@ def time_bert_jax(task: Task, batch: dict[str, np.ndarray], steps: int, warmup: 
     mesh = mesh_from_config(config.mesh)
     state, shardings = create_train_state(task.init_variables, task.model.apply,
                                           optimizer_from_config(config), mesh, jax.random.PRNGKey(0))
-    step_fn = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps),
+    step_fn = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps,
+                                             config.train.get("dropout_prng", "threefry")),
                              shardings, mesh)
     batch = global_batch(batch, mesh)
     rng = jax.random.PRNGKey(1)
