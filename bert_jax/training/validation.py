@@ -2,11 +2,11 @@
 trainer (`check_training_config`) before anything is written or built, so that
 a mistake costs a second, not a dataset build and a compile.
 
-They cover the step counts, the dropout generator and the optimizer's values and names, the names of
-the evaluators, the files and folders the config names (`config.data.*path`,
-`*_file`, `*_files`, `init_from`; `check_files` alone serves
-launch/build_pretraining_data.py), the model config (built without data where
-the task can be), and the global batch against the processes, the
+They cover the step counts, the dropout generator, the optimizer's values and
+names, the names of the evaluators, the files and folders the config names
+(`config.data.*path`, `*_file`, `*_files`, `init_from`; `check_files` alone
+serves launch/build_pretraining_data.py), the model config (built without data
+where the task can be), and the global batch against the processes, the
 gradient-accumulation steps and the mesh's data x fsdp devices. Every problem
 is reported together, one line each, in one `ConfigError`.
 """
