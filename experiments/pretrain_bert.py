@@ -208,7 +208,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         keep_last=2, keep_best=0, best_metric="eval/mlm_accuracy", best_mode="max",
         async_saves=True, device_prefetch=2,
         dropout_prng="threefry",   # or 'rbg'/'unsafe_rbg': XLA's RngBitGenerator draws
-                                   # the dropout bits (bert_jax/training/train_step.py)
+                                   # the dropout bits (bert_jax/training/train_step.py);
+                                   # 'rbg' pays on TPUs, not on GPUs (docs/ACCELERATORS.md)
         profile_steps=()))  # (START, END): a jax.profiler trace into WORKDIR/profile
 
     config.optimizer = ml_collections.ConfigDict(dict(
