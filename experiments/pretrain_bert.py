@@ -207,6 +207,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         log_every=50, eval_every=200, checkpoint_every=200,
         keep_last=2, keep_best=0, best_metric="eval/mlm_accuracy", best_mode="max",
         async_saves=True, device_prefetch=2,
+        dropout_prng="threefry",   # or 'rbg'/'unsafe_rbg': XLA's RngBitGenerator draws
+                                   # the dropout bits (bert_jax/training/train_step.py);
+                                   # 'rbg' pays on TPUs, not on GPUs (docs/ACCELERATORS.md)
         profile_steps=()))  # (START, END): a jax.profiler trace into WORKDIR/profile
 
     config.optimizer = ml_collections.ConfigDict(dict(

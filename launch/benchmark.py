@@ -2,9 +2,12 @@ r"""Steady-state train-step throughput of bert_jax, optionally against its peers
 
   python launch/benchmark.py --models=bert-base:128 --batch=8 \
       --dtypes=float32,bfloat16 --compare [--profile_steps=5,7 --profile_dir=DIR]
+  python launch/benchmark.py --models=bert-large:128:128,bert-large:512:32 \
+      --dtypes=bfloat16 --output=phases.json   # one GPU: a pod's per-device steps
 
-For every `MODEL:LENGTH` and dtype: the step `launch/train.py` runs, on all
-local devices, compiled (timed), `--warmup` steps, then the median of `--steps`
+For every `MODEL:LENGTH[:BATCH]` (BATCH: that entry's global batch, else
+`--batch`) and dtype: the step `launch/train.py` runs, on all local devices,
+compiled (timed), `--warmup` steps, then the median of `--steps`
 steps timed one by one: step time, sequences/s, tokens/s, MFU
 (`bert_jax.training.metrics`: on CPU relative to a measured matmul in the
 row's dtype, as the model computes it) and memory. The step is the trainer's
@@ -12,13 +15,20 @@ row's dtype, as the model computes it) and memory. The step is the trainer's
 the family's experiment (`EXPERIMENTS`: experiments/pretrain_bert.py:base_2018,
 experiments/translate.py:wmt_base), built without data (as launch/compile.py),
 its model the size preset (`bert_preset`, `transformer_preset`) with the
-dtype, `--attention_impl`, `--remat` and `--scan_layers`.
+dtype, `--attention_impl`, `--remat` and `--scan_layers`; `--dropout_prng` is
+`train.dropout_prng`.
 
-On CPU the step-time bound of the compiled step is checked against the time
-measured (`bert_jax.training.step_bound`): compute at the measured matmul peak
-of the row's dtype, memory traffic at the fastest measured copy bandwidth
-(from cache-sized to memory-sized arrays; all printed), the bound (their
-maximum) and measured / bound, which is at least 1 when the bound is one.
+The step-time bound of the compiled step is checked against the time measured
+(`bert_jax.training.step_bound`): the bound (the largest of compute, memory
+and communication), the per-instruction bound, and measured / each, at least
+1 when the bound is one. On CPU: compute at the measured matmul peak of the
+row's dtype, memory traffic at the fastest measured copy bandwidth (from
+cache-sized to memory-sized arrays; all printed); on a GPU or TPU in the chip
+table (`topologies.DEVICE_KINDS`), its published figures, as
+launch/compile.py bounds a pod: a per-device micro-batch of a pod's recipe on
+one chip (`bert-large:128:128` and `bert-large:512:32`: `large_lamb_phase1/2`
+at 256 devices and 2 and 4 micro-batches, with AdamW for LAMB) is the pod's
+step but for its once-a-step all-reduce.
 
 BERT steps are pretraining steps on a synthetic batch: 15% of the positions
 masked (20 per 128 tokens, as google-research/bert), MLM + NSP, the MLM head at
@@ -58,11 +68,14 @@ from bert_jax.training.metrics import (
 from bert_jax.training.step_bound import Interconnect, Machine, Place
 from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.sharding import global_batch, mesh_from_config
-from bert_jax.training.train_step import create_train_state, jit_train_step, make_train_step
+from bert_jax.training.topologies import local_machine
+from bert_jax.training.train_step import (
+    DROPOUT_PRNGS, create_train_state, jit_train_step, make_train_step)
 from bert_jax.training.optimizer import optimizer_from_config
 
-_MODELS = flags.DEFINE_list("models", ["bert-base:128"], "MODEL:LENGTH entries; MODEL: "
-                            "bert-{mini,small,base,large}, transformer-{base,big}.")
+_MODELS = flags.DEFINE_list("models", ["bert-base:128"], "MODEL:LENGTH[:BATCH] entries; "
+                            "MODEL: bert-{mini,small,base,large}, transformer-{base,big}; "
+                            "BATCH: its global batch (default --batch).")
 _BATCH = flags.DEFINE_integer("batch", 8, "Global batch (sequences).")
 _DTYPES = flags.DEFINE_list("dtypes", ["float32"], "Compute dtypes (state stays float32).")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (the median is reported).")
@@ -73,6 +86,8 @@ _ATTENTION = flags.DEFINE_enum("attention_impl", "einsum", ["einsum", "xla", "fl
 _REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch"],
                            "Rematerialisation policy.")
 _SCAN = flags.DEFINE_bool("scan_layers", False, "nn.scan over layers.")
+_DROPOUT_PRNG = flags.DEFINE_enum("dropout_prng", "threefry", list(DROPOUT_PRNGS),
+                                  "The dropout bits' generator (train.dropout_prng).")
 _PEAK = flags.DEFINE_float("peak_flops", 0.0, "Per-device peak FLOP/s (0: table or matmul).")
 _OUTPUT = flags.DEFINE_string("output", "", "Also write the results as JSON here.")
 _PROFILE_STEPS = flags.DEFINE_list(
@@ -85,6 +100,15 @@ _PROFILE_DIR = flags.DEFINE_string("profile_dir", "profile", "Where traces go.")
 EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                "experiments")
 EXPERIMENTS = {"bert": "pretrain_bert.py:base_2018", "transformer": "translate.py:wmt_base"}
+
+
+def model_and_batch(entry: str) -> tuple[str, int]:
+    """`MODEL:LENGTH[:BATCH]` -> (`MODEL:LENGTH`, BATCH or --batch)."""
+    spec, _, batch = entry.rpartition(":") if entry.count(":") == 2 else (entry, "", "")
+    if batch and not batch.isdigit():
+        raise app.UsageError(f"--models entry {entry!r}: BATCH must be a number, e.g. "
+                             "bert-large:512:32.")
+    return spec, int(batch) if batch else _BATCH.value
 
 
 def max_predictions(length: int) -> int:
@@ -110,7 +134,8 @@ def bert_batch(vocab_size: int, batch: int, length: int, predictions: int,
             "next_sentence_labels": rng.integers(0, 2, batch).astype(np.int32)}
 
 
-def workload(spec: str, batch: int, model_overrides: dict) -> tuple[Task, dict]:
+def workload(spec: str, batch: int, model_overrides: dict,
+             dropout_prng: str = "threefry") -> tuple[Task, dict]:
     """(the task `launch/train.py` would build from `EXPERIMENTS[family]` with the
     model the size preset with `model_overrides`, sequences of LENGTH and `batch`
     rows; a synthetic batch of its `batch_spec`). BERT: `max_predictions(LENGTH)`
@@ -126,6 +151,7 @@ def workload(spec: str, batch: int, model_overrides: dict) -> tuple[Task, dict]:
         size, max_len=max(512 if bert else 256, length), **model_overrides)
     config.model = ml_collections.ConfigDict(dataclasses.asdict(model))
     config.train.batch_size, config.data.vocab_size = batch, model.vocab_size
+    config.train.dropout_prng = dropout_prng
     config.data.update(dict(max_seq_length=length, max_predictions_per_seq=max_predictions(
         length)) if bert else dict(max_length=length, pack_length=0, batch_tokens=0))
     task = build_task(config, None, abstract=True)
@@ -171,7 +197,8 @@ def time_bert_jax(task: Task, batch: dict[str, np.ndarray], steps: int, warmup: 
     mesh = mesh_from_config(config.mesh)
     state, shardings = create_train_state(task.init_variables, task.model.apply,
                                           optimizer_from_config(config), mesh, jax.random.PRNGKey(0))
-    step_fn = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps),
+    step_fn = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps,
+                                             config.train.get("dropout_prng", "threefry")),
                              shardings, mesh)
     batch = global_batch(batch, mesh)
     rng = jax.random.PRNGKey(1)
@@ -194,6 +221,8 @@ def time_bert_jax(task: Task, batch: dict[str, np.ndarray], steps: int, warmup: 
         bound = bound_of(step_report(compiled, compile_seconds, devices), machine,
                          task.flops_per_step() / devices)
         result.update(bound.to_dict(), measured_over_bound=seconds / bound.bound_s)
+        if bound.roofline:
+            result["measured_over_per_instruction_bound"] = seconds / bound.roofline.bound_s
     stats = jax.local_devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         result["device_peak_gib"] = stats["peak_bytes_in_use"] / 2**30
@@ -286,7 +315,8 @@ def main(argv):
     print(f"devices: {len(devices)} x {devices[0].device_kind}; peak per device ({source}; "
           "before): "
           + ", ".join(f"{dtype} {peak / 1e12:.3f} TFLOP/s" for dtype, peak in peaks.items())
-          + f"; batch {_BATCH.value}; {_STEPS.value} timed steps after {_WARMUP.value} warm-up")
+          + f"; batch {_BATCH.value} (unless an entry gives its own); {_STEPS.value} timed "
+          f"steps after {_WARMUP.value} warm-up")
     bandwidths = memory_bandwidth_per_size() if cpu else {}
     bandwidth = max(bandwidths.values()) if cpu else None
     if cpu:
@@ -299,12 +329,13 @@ def main(argv):
         raise app.UsageError(f"--profile_steps={profile_steps[0]},{profile_steps[1]}: "
                              f"only {_STEPS.value} steps are timed (--steps).")
     results = []
-    for spec in _MODELS.value:
+    for entry in _MODELS.value:
+        spec, rows_per_step = model_and_batch(entry)
         rows = {}
         for dtype in _DTYPES.value:
-            task, batch = workload(spec, _BATCH.value, dict(
+            task, batch = workload(spec, rows_per_step, dict(
                 dtype=dtype, attention_impl=_ATTENTION.value, remat=_REMAT.value,
-                scan_layers=_SCAN.value))
+                scan_layers=_SCAN.value), _DROPOUT_PRNG.value)
             trace_dir = os.path.join(_PROFILE_DIR.value, f"{spec.replace(':', '_')}_{dtype}")
             profiler = StepProfiler(profile_steps, trace_dir) if profile_steps else None
 
@@ -315,11 +346,12 @@ def main(argv):
                     peaks[dtype] = max(peaks[dtype], time_matmul_flops(dtype))
                 return cpu_machine(peaks[dtype], bandwidth, len(devices))
 
+            chips = None if cpu else local_machine(devices)
             timing = time_bert_jax(task, batch, _STEPS.value, _WARMUP.value, profiler,
-                                   hardware if cpu else None)
+                                   hardware if cpu else chips and (lambda: chips))
             peak, flops = peaks[dtype], task.flops_per_step()
             timing.update(
-                sequences_per_second=_BATCH.value / timing["step_seconds"],
+                sequences_per_second=rows_per_step / timing["step_seconds"],
                 tokens_per_second=task.tokens_per_step() / timing["step_seconds"],
                 mfu=flops / timing["step_seconds"] / (peak * len(devices)),
                 model_tflops_per_step=flops / 1e12, peak_flops_per_device=peak)
@@ -330,21 +362,21 @@ def main(argv):
                                 ("hf-flax float32", time_flax_hf_bert)):
                 timing = timer(size, batch, _STEPS.value, _WARMUP.value)
                 rows[name] = timing if timing is not None else {"unavailable": True}
-        results.append({"model": spec, "batch": _BATCH.value, "rows": rows})
-        print_table(spec, rows)
+        results.append({"model": spec, "batch": rows_per_step, "rows": rows})
+        print_table(spec, rows_per_step, rows)
     if _OUTPUT.value:
         with open(_OUTPUT.value, "w") as f:
             json.dump({"device": devices[0].device_kind, "num_devices": len(devices),
                        "peak_flops_per_device": peaks, "memory_bandwidth": bandwidth,
                        "memory_bandwidth_per_megabytes": bandwidths,
                        "flags": {
-                           "attention_impl": _ATTENTION.value,
-                           "remat": _REMAT.value, "scan_layers": _SCAN.value},
+                           "attention_impl": _ATTENTION.value, "remat": _REMAT.value,
+                           "scan_layers": _SCAN.value, "dropout_prng": _DROPOUT_PRNG.value},
                        "results": results}, f, indent=2)
 
 
-def print_table(spec: str, rows: dict[str, dict]) -> None:
-    print(f"\n{spec}, batch {_BATCH.value}")
+def print_table(spec: str, batch: int, rows: dict[str, dict]) -> None:
+    print(f"\n{spec}, batch {batch}")
     print(f"  {'':<18} {'step ms':>9} {'seq/s':>8} {'tokens/s':>9} {'MFU':>6} "
           f"{'compile s':>9} {'memory GiB':>10} {'bound ms':>9} {'measured/bound':>14}")
     for name, row in rows.items():
@@ -354,14 +386,17 @@ def print_table(spec: str, rows: dict[str, dict]) -> None:
             continue
         seconds = row["step_seconds"]
         memory = row.get("device_peak_gib", row.get("planned_gib"))
-        print(f"  {name:<18} {seconds * 1e3:>9.1f} {_BATCH.value / seconds:>8.2f} "
+        print(f"  {name:<18} {seconds * 1e3:>9.1f} {batch / seconds:>8.2f} "
               f"{row.get('tokens_per_second', 0):>9.0f} "
               f"{row['mfu'] * 100 if 'mfu' in row else float('nan'):>5.1f}% "
               f"{row.get('compile_seconds', float('nan')):>9.1f} "
               f"{memory if memory is not None else float('nan'):>10.2f} "
               + (f"{row['step_time_bound']['bound_s'] * 1e3:>9.1f} "
                  f"{row['measured_over_bound']:>14.2f} ({row['bottleneck']}-bound; peak "
-                 f"{row['peak_flops_per_device'] / 1e12:.3f} TFLOP/s)"
+                 f"{row['peak_flops_per_device'] / 1e12:.3f} TFLOP/s"
+                 + (f"; per instruction {row['per_instruction_bound']['bound_s'] * 1e3:.1f} ms"
+                    f", measured / it {row['measured_over_per_instruction_bound']:.2f}"
+                    if "per_instruction_bound" in row else "") + ")"
                  if "step_time_bound" in row else ""))
     baselines = {name: row["step_seconds"] for name, row in rows.items()
                  if not name.startswith("bert_jax") and "step_seconds" in row}

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from bert_jax.modeling import bert_preset, transformer_preset
+from bert_jax.training import topologies
 from helpers import REPO
 
 import benchmark
@@ -104,3 +105,34 @@ def test_benchmark_writes_a_profile_of_the_steps_asked_for(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     traces = list(tmp_path.glob("profile/bert-tiny_32_float32/plugins/profile/*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+def test_chips_in_the_table_bound_a_step_timed_on_them():
+    """A GPU (or TPU) timed by benchmark.py is bounded with its table's figures,
+    one node; a kind not in the table has none."""
+    h100 = type("Device", (), {"device_kind": "NVIDIA H100 80GB HBM3"})()
+    machine = topologies.local_machine([h100])
+    spec = topologies.GPUS["h100"]
+    assert (machine.peak_flops, machine.memory_bandwidth, machine.vector_flops) == (
+        spec.peak_flops, spec.memory_bandwidth, spec.vector_flops)
+    assert machine.interconnect.local == "NVLink" and len(machine.places) == 1
+    assert topologies.local_machine([type("Device", (), {"device_kind": "cpu"})()]) is None
+
+
+@pytest.mark.slow
+def test_entries_give_their_own_batch_and_the_dropout_generator(tmp_path):
+    """The pod's per-device steps at two shapes in one run (`MODEL:LENGTH:BATCH`),
+    each with measured beside the step-total and per-instruction bounds."""
+    result, output = _benchmark("--models=bert-tiny:32:4,bert-tiny:64:2", "--batch=8",
+                                "--dtypes=bfloat16", "--steps=2", "--warmup=1",
+                                "--dropout_prng=rbg", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(output.read_text())
+    assert report["flags"]["dropout_prng"] == "rbg"
+    assert [(r["model"], r["batch"]) for r in report["results"]] == [
+        ("bert-tiny:32", 4), ("bert-tiny:64", 2)]
+    for entry in report["results"]:
+        row = entry["rows"]["bert_jax bfloat16"]
+        roofline = row["per_instruction_bound"]["bound_s"]
+        assert row["measured_over_per_instruction_bound"] == row["step_seconds"] / roofline
+        assert row["sequences_per_second"] == entry["batch"] / row["step_seconds"]

@@ -302,6 +302,37 @@ def test_vector_work_is_one_operation_an_element():
     assert cost.flops == 0
 
 
+# XLA's RngBitGenerator as a TPU program keeps it (JAX's 'rbg' keys): the
+# hardware generator (rng_default) inside a dropout fusion, and Philox written out.
+RNG_BITS = """\
+HloModule m, is_scheduled=true
+
+%keep (s: u64[2]) -> pred[8,128] {
+  %s = u64[2]{0} parameter(0)
+  %g = (u64[2]{0}, u32[8,128]{1,0}) rng-bit-generator(%s), algorithm=rng_default
+  %b = u32[8,128]{1,0} get-tuple-element(%g), index=1
+  %c = u32[8,128]{1,0} constant({...})
+  ROOT %k = pred[8,128]{1,0} compare(%b, %c), direction=LT
+}
+
+ENTRY %main (s: u64[2]) -> u32[4,256] {
+  %s = u64[2]{0} parameter(0)
+  %dropout = pred[8,128]{1,0} fusion(%s), kind=kLoop, calls=%keep
+  %philox = (u64[2]{0}, u32[4,256]{1,0}) rng-bit-generator(%s), algorithm=rng_philox
+  ROOT %bits = u32[4,256]{1,0} get-tuple-element(%philox), index=1
+}
+"""
+
+
+def test_random_bits_cost_their_generators_operations_a_word():
+    """An rng-bit-generator costs per 32-bit word of its bits (not its state):
+    the TPU's generator one operation, Philox-4x32-10 its rounds' 25."""
+    cost = hlo_cost.program_cost(RNG_BITS)
+    vector = {i.name: i.vector_ops for i in cost.instructions if i.vector_ops}
+    assert vector == {"dropout": 8 * 128 * (1 + 1),   # the bits, then the compare
+                      "philox": 4 * 256 * 25}
+
+
 # cuDNN's fused attention as XLA:GPU writes it (from a compiled BERT step, the
 # backend config cut to the fields read): queries [batch 4, 128 positions,
 # 2 heads, 64], scores [4, 2, 128, 128]; the second call causal.

@@ -14,8 +14,9 @@ from bert_jax.modeling import BertForTokenClassification, bert_preset
 from bert_jax.training import hlo
 from bert_jax.training.optimizer import decay_mask, learning_rate_schedule, make_optimizer
 from bert_jax.training.sharding import global_batch, make_mesh, mesh_shape
+from bert_jax.errors import ConfigError
 from bert_jax.training.train_step import (
-    create_train_state, jit_train_step, make_train_step)
+    DROPOUT_PRNGS, create_train_state, jit_train_step, make_train_step)
 
 CONFIG = bert_preset("tiny", hidden_size=32, num_heads=4, mlp_dim=64, vocab_size=96,
                      max_len=16, dropout_rate=0.0, attention_dropout_rate=0.0)
@@ -130,11 +131,9 @@ def test_data_parallel_accumulation_reduces_once_and_equals_one_batch():
     assert "all-gather" not in found.executed and "reduce-scatter" not in found.executed
 
 
-def test_devices_draw_their_own_randomness_when_accumulating_data_parallel():
-    """Under the one-reduction accumulation each device draws for its own rows:
-    its key folds in its position, so no two rows share a draw (the gradient
-    of `w[row] * u_row` is each row's draw `u_row`)."""
-    rows, steps = 32, 4
+def _device_draws(dropout_prng: str, rows: int = 32, steps: int = 4) -> np.ndarray:
+    """Each row's uniform draw in one data-parallel accumulated step on 8
+    devices (the gradient of `w[row] * u_row` is the row's draw `u_row`)."""
     mesh = make_mesh((8, 1, 1), jax.devices())
 
     def loss_fn(params, batch, rng):
@@ -144,13 +143,35 @@ def test_devices_draw_their_own_randomness_when_accumulating_data_parallel():
     state, shardings = create_train_state(
         lambda r: {"params": {"w": jnp.zeros(rows)}}, None, optax.sgd(1.0), mesh,
         jax.random.PRNGKey(0))
-    step = jit_train_step(make_train_step(loss_fn, steps), shardings, mesh)
+    step = jit_train_step(make_train_step(loss_fn, steps, dropout_prng), shardings, mesh)
     with jax.set_mesh(mesh):
         state, metrics = step(state, global_batch({"row": np.arange(rows)}, mesh),
                               jax.random.PRNGKey(1))
-    draws = -np.asarray(state.params["w"]) * metrics["weight"]
-    assert metrics["weight"] == rows and np.all((draws > 0) & (draws < 1))
-    assert len(set(draws.tolist())) == rows
+    assert metrics["weight"] == rows
+    return -np.asarray(state.params["w"]) * metrics["weight"]
+
+
+@pytest.mark.parametrize("dropout_prng", DROPOUT_PRNGS)
+def test_devices_draw_their_own_randomness_when_accumulating_data_parallel(dropout_prng):
+    """Under the one-reduction accumulation each device draws for its own rows:
+    its key folds in its position, so no two rows share a draw, whatever the
+    generator of the bits."""
+    draws = _device_draws(dropout_prng)
+    assert np.all((draws > 0) & (draws < 1)) and len(set(draws.tolist())) == len(draws)
+
+
+def test_dropout_prng_changes_the_stream_and_repeats_it():
+    threefry = _device_draws("threefry")
+    np.testing.assert_array_equal(threefry, _device_draws("threefry"))
+    for name in DROPOUT_PRNGS[1:]:
+        draws = _device_draws(name)
+        np.testing.assert_array_equal(draws, _device_draws(name))
+        assert not np.isin(draws, threefry).any(), name
+
+
+def test_an_unknown_dropout_prng_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"^config\.train\.dropout_prng='philox'.*\.$"):
+        make_train_step(loss_fn, 1, "philox")
 
 
 @pytest.mark.slow

@@ -211,27 +211,31 @@ RESUME = {"train.num_steps": 200, "train.checkpoint_every": 100, "train.log_ever
           "train.eval_every": 100, "model.dropout_rate": 0.1}
 
 
-# The tiny experiment with LAMB and the 'poly' schedule (tiny_translate.py has no
-# optimizer.name: the trainer reads it with a default).
-LAMB_CONFIG = f"""import sys
+# The tiny experiment with LAMB and the 'poly' schedule, or with the dropout bits
+# of XLA's RngBitGenerator (tiny_translate.py has neither optimizer.name nor
+# train.dropout_prng: the trainer reads them with defaults).
+VARIANT_CONFIG = f"""import sys
 sys.path.insert(0, {str(REPO / 'experiments')!r})
 import tiny_translate
 def get_config():
     config = tiny_translate.get_config()
-    config.optimizer.name, config.optimizer.schedule = "lamb", "poly"
-    config.optimizer.warmup_fraction = 0.1
+    {{}}
     return config
 """
+VARIANTS = {
+    "lamb": "config.optimizer.name, config.optimizer.schedule = 'lamb', 'poly'\n"
+            "    config.optimizer.warmup_fraction = 0.1",
+    "rbg": "config.train.dropout_prng = 'rbg'"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
-def test_kill_and_resume_is_exact(tmp_path, data_dir, optimizer):
+@pytest.mark.parametrize("variant", ["adamw", "lamb", "rbg"])
+def test_kill_and_resume_is_exact(tmp_path, data_dir, variant):
     overrides = {**RESUME, "data.data_dir": data_dir}
     config = "tiny_translate.py"
-    if optimizer == "lamb":
-        config = tmp_path / "tiny_lamb.py"
-        config.write_text(LAMB_CONFIG)
+    if variant in VARIANTS:
+        config = tmp_path / f"tiny_{variant}.py"
+        config.write_text(VARIANT_CONFIG.format(VARIANTS[variant]))
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     reference = launch("train.py", straight, overrides, config=config)
     # The same run, killed with SIGKILL once its step-100 checkpoint is complete.

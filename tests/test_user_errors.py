@@ -259,6 +259,8 @@ def test_a_missing_file_the_user_named_is_a_user_error(tmp_path):
      ("config.optimizer.schedule='bogus': ", "['constant', 'linear', 'cosine', 'rsqrt', "
       "'poly']")),
     ({"optimizer.name": "sgd"}, ("config.optimizer.name='sgd': ", "['adamw', 'lamb']")),
+    ({"train.dropout_prng": "philox"},
+     ("config.train.dropout_prng='philox': ", "['threefry', 'rbg', 'unsafe_rbg']")),
     ({"optimizer.warmup_fraction": 1.0}, ("config.optimizer.warmup_fraction=1.0: ",)),
     ({"optimizer.learning_rate": -1e-3}, ("config.optimizer.learning_rate=-0.001: ",)),
     ({"evals": ("loss", "nosuch")}, ("config.evals: ", "['nosuch']")),

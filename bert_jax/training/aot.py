@@ -304,7 +304,8 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
                          f"{batch_devices(mesh)} devices (data x fsdp): set "
                          "config.train.batch_size (or data.batch_tokens) to a multiple.")
     with jax.set_mesh(mesh):
-        step = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps),
+        step = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps,
+                                              config.train.get("dropout_prng", "threefry")),
                               shardings, mesh)
         train = _compile(step, (state, train_batch, rng), num_devices)
         evaluation = None

@@ -51,6 +51,23 @@ out and scanned, the model FLOPs of `bert_jax.modeling.flops`):
           (softmax, LayerNorm, dropout's random bits), a lower count than
           the instructions they issue (an `exp` is several). Data movement
           (copies, transposes, broadcasts, slices, gathers) counts none.
+          JAX's default threefry bits arrive as that arithmetic (about 129
+          operations a 32-bit word in a compiled BERT step). An
+          `rng-bit-generator` (JAX's 'rbg' keys) costs per 32-bit word of
+          its bits by its algorithm (`RNG_OPS_PER_WORD`; the counts of Salmon
+          et al. 2011, "Parallel random numbers: as easy as 1, 2, 3", SC'11):
+          Philox-4x32-10 25 (10 rounds, each two 32x32->64-bit
+          multiplications, high and low halves, four xors and two key
+          additions on a 4-word block), Threefry-2x32-20 59 (20 rounds of
+          an addition, a rotation as two shifts and an or, and a xor on a
+          2-word block; 6 key injections of 3 additions), `rng_default` 1:
+          XLA expands that into Philox arithmetic for CPUs and GPUs before
+          the text is written, so only a TPU program keeps it, where it is
+          the chip's hardware generator (Flax commit 7b20ed2, "Allow use of
+          RngBitGenerator TPU hardware PRNG system"; JAX's Pallas TPU guide,
+          "Pseudo-Random Number Generation": "the fastest to compute"),
+          which publishes no rate: one operation a word, the least an
+          instruction that writes the word can cost.
 
 `ProgramCost.instructions` gives the three per top-level instruction (a
 fusion with what it fuses) with its executions a step: the input of the
@@ -93,15 +110,19 @@ _ALIASED = "output_to_operand_aliasing={{}: (0, {})}"
 _CONTROL = {"while", "conditional", "call"}   # their callees are costed instruction by instruction
 # One vector operation per result element: XLA's elementwise opcodes
 # (HloInstruction::IsElementwise, less copy and bitcast-convert, which move
-# data) and the random-number generators.
+# data) and `rng` (rng-bit-generator: RNG_OPS_PER_WORD).
 _ELEMENTWISE = frozenset("""
     abs add and atan2 cbrt ceil clamp compare complex convert cosine count-leading-zeros
     divide erf exponential exponential-minus-one floor imag is-finite log log-plus-one
     logistic map maximum minimum multiply negate not or popcnt power real reduce-precision
-    remainder rng rng-bit-generator round-nearest-afz round-nearest-even rsqrt select
+    remainder rng round-nearest-afz round-nearest-even rsqrt select
     shift-left shift-right-arithmetic shift-right-logical sign sine sqrt stochastic-convert
     subtract tan tanh xor""".split())
 _REDUCTIONS = {"reduce", "reduce-window"}   # one vector operation per input element
+# rng-bit-generator: vector operations per 32-bit word of its bits, by algorithm
+# (module docstring: Philox-4x32-10, Threefry-2x32-20, a TPU's hardware generator).
+RNG_OPS_PER_WORD = {"rng_philox": 25.0, "rng_three_fry": 59.0, "rng_default": 1.0}
+_RNG_ALGORITHM = re.compile(r"\balgorithm=(\w+)")
 
 
 @dataclasses.dataclass
@@ -244,6 +265,10 @@ def _vector_ops(instruction: Instruction, defined: dict[str, Instruction]) -> fl
     if instruction.opcode in _REDUCTIONS:   # operands: the inputs, then their initial values
         inputs = instruction.operands[:len(instruction.operands) // 2]
         return float(sum(_elements(_shape(name, defined)) for name in inputs))
+    if instruction.opcode == "rng-bit-generator":   # (new state, bits)
+        algorithm = _RNG_ALGORITHM.search(instruction.text)
+        words = hlo.array_bytes(hlo.tuple_parts(instruction.shape)[-1]) / 4
+        return words * RNG_OPS_PER_WORD[algorithm.group(1) if algorithm else "rng_default"]
     return 0.0
 
 

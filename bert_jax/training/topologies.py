@@ -191,12 +191,33 @@ CUDNN_VERSION = (9, 8)       # the cuDNN and CUDA the target configs describe
 CUDA_VERSION = (12, 8)
 
 
+def chip(device_kind: str) -> TpuChip | GpuSpec | None:
+    """The `TPUS` or `GPUS` entry of a `jax.Device.device_kind` (None: unknown)."""
+    for prefix, name in DEVICE_KINDS.items():
+        if device_kind.startswith(prefix):
+            return TPUS.get(name) or GPUS[name]
+    return None
+
+
 def peak_flops(device_kind: str) -> float | None:
     """Dense bfloat16 peak FLOP/s of one device of `device_kind` (None: unknown)."""
-    for prefix, chip in DEVICE_KINDS.items():
-        if device_kind.startswith(prefix):
-            return (TPUS.get(chip) or GPUS[chip]).peak_flops
-    return None
+    spec = chip(device_kind)
+    return spec.peak_flops if spec else None
+
+
+def local_machine(devices: Sequence) -> Machine | None:
+    """Real `devices` of one host (one chip, or a GPU node on its NVLink) as
+    the chip table describes them: the bound of a step timed on them (None:
+    a kind not in the table)."""
+    spec = chip(devices[0].device_kind)
+    if spec is None:
+        return None
+    gpu = isinstance(spec, GpuSpec)
+    links = (Interconnect("NVLink", spec.nvlink_bandwidth) if gpu
+             else Interconnect("ICI", spec.ici_bandwidth))
+    return Machine(devices[0].device_kind, spec.peak_flops,
+                   spec.memory_bandwidth if gpu else spec.hbm_bandwidth, links,
+                   (Place(0),) * len(devices), spec.vector_flops)
 
 
 def gpu_target_config(spec: GpuSpec) -> str:

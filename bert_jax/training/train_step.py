@@ -31,6 +31,21 @@ key also folds in its index along the batch axes: without it every device
 would draw the same dropout masks. The masks therefore depend on the number of
 data-parallel devices there (not so in the global view, where they are drawn
 for the whole micro-batch).
+
+`dropout_prng` chooses the generator of the dropout bits (`DROPOUT_PRNGS`,
+`jax.random`'s implementations): 'threefry' (JAX's default: the keys above as
+they are); 'rbg'/'unsafe_rbg', whose bits come from XLA's `RngBitGenerator`
+(the TPU's hardware generator; Philox written out on GPUs and CPUs), as
+MaxText (`jax_default_prng_impl='unsafe_rbg'`,
+src/maxtext/trainers/pre_train/train.py:1075) and T5X
+(`utils.set_hardware_rng_ops`, t5x/utils.py:799) run on TPUs. JAX's own
+'philox4x32' is left out: its `mulhi` has no XLA lowering on CPU (JAX 0.10.2).
+Each loss call's threefry key seeds a key of that implementation
+(`dropout_key`), so folding in steps, micro-batches and devices is unchanged
+and a run stays exactly resumable; the masks differ from threefry's ('rbg'
+ones also with the XLA version, and, in the global view, with the sharding of
+the bits, which XLA partitions efficiently only with
+`--xla_tpu_spmd_rng_bit_generator_unsafe=1`: jax.random's docs).
 """
 
 from __future__ import annotations
@@ -45,12 +60,34 @@ import optax
 from flax.training import train_state
 from jax.sharding import Mesh, PartitionSpec
 
+from bert_jax.errors import ConfigError
 from bert_jax.modeling.losses import sums_to_means
 from bert_jax.training.sharding import (
     BATCH_AXES, RULES, batch_sharding, logical_shardings, replicated)
 
 LossFn = Callable[[Any, dict[str, jax.Array], jax.Array],
                   tuple[jax.Array, jax.Array, dict[str, jax.Array]]]
+
+
+DROPOUT_PRNGS = ("threefry", "rbg", "unsafe_rbg")   # jax.random's implementations
+
+
+def check_dropout_prng(name: str) -> str:
+    """`name` if it is one of `DROPOUT_PRNGS`, else a one-line `ConfigError`."""
+    if name not in DROPOUT_PRNGS:
+        raise ConfigError(f"config.train.dropout_prng={name!r}: unknown; choose one of "
+                          f"{list(DROPOUT_PRNGS)}.")
+    return name
+
+
+def dropout_key(rng: jax.Array, dropout_prng: str = "threefry") -> jax.Array:
+    """The key dropout draws from: `rng` (a raw threefry key, `uint32[2]`) itself
+    for 'threefry', else a typed key of `dropout_prng` seeded by its bits."""
+    if dropout_prng == "threefry":
+        return rng
+    shape = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=dropout_prng)))
+    return jax.random.wrap_key_data(jax.random.bits(rng, shape.shape, jnp.uint32),
+                                    impl=dropout_prng)
 
 
 class TrainState(train_state.TrainState):
@@ -121,14 +158,18 @@ def _reduce_after_accumulation(rows: int, grad_accum_steps: int, rules=RULES) ->
     return devices > 1 and not rest and micro_rows % devices == 0
 
 
-def make_train_step(loss_fn: LossFn, grad_accum_steps: int = 1) -> Callable:
+def make_train_step(loss_fn: LossFn, grad_accum_steps: int = 1,
+                    dropout_prng: str = "threefry") -> Callable:
     """`step(state, batch, rng) -> (state, metrics)`, un-jitted; metrics: loss
     (mean over real targets), weight, grad_norm, and the means of the other sums.
     With `grad_accum_steps` > 1 and replicated parameters, it must be traced with
-    the mesh in context (`jax.set_mesh`) to reduce once a step (module docstring)."""
+    the mesh in context (`jax.set_mesh`) to reduce once a step (module docstring).
+    `dropout_prng`: the generator of the dropout bits (module docstring)."""
+    check_dropout_prng(dropout_prng)
+
     def gradients(params, batch, rng):
         def summed(p):
-            loss_sum, weight, sums = loss_fn(p, batch, rng)
+            loss_sum, weight, sums = loss_fn(p, batch, dropout_key(rng, dropout_prng))
             return loss_sum, (weight, sums)
         (loss_sum, (weight, sums)), grads = jax.value_and_grad(summed, has_aux=True)(params)
         return grads, loss_sum, weight, sums

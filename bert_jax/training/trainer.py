@@ -228,7 +228,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | 
     first_step = int(state.step)
 
     writer = MetricWriter(workdir, resume_step=first_step)
-    step_fn = jit_train_step(make_train_step(task.loss_fn, train.grad_accum_steps),
+    step_fn = jit_train_step(make_train_step(task.loss_fn, train.grad_accum_steps,
+                                             train.get("dropout_prng", "threefry")),
                              shardings, mesh)
     # The evaluators' files are written after `report` has seen the metrics: fenced.
     evaluate = make_evaluator(task, mesh, workdir, report=lambda _: fence())

@@ -2,11 +2,11 @@
 trainer (`check_training_config`) before anything is written or built, so that
 a mistake costs a second, not a dataset build and a compile.
 
-They cover the step counts and the optimizer's values and names, the names of
-the evaluators, the files and folders the config names (`config.data.*path`,
-`*_file`, `*_files`, `init_from`; `check_files` alone serves
-launch/build_pretraining_data.py), the model config (built without data where
-the task can be), and the global batch against the processes, the
+They cover the step counts, the dropout generator, the optimizer's values and
+names, the names of the evaluators, the files and folders the config names
+(`config.data.*path`, `*_file`, `*_files`, `init_from`; `check_files` alone
+serves launch/build_pretraining_data.py), the model config (built without data
+where the task can be), and the global batch against the processes, the
 gradient-accumulation steps and the mesh's data x fsdp devices. Every problem
 is reported together, one line each, in one `ConfigError`.
 """
@@ -29,6 +29,7 @@ from bert_jax.tasks.translation import training_rows
 from bert_jax.training.optimizer import OPTIMIZERS, SCHEDULES
 from bert_jax.training.profiling import profile_range
 from bert_jax.training.sharding import mesh_from_config
+from bert_jax.training.train_step import check_dropout_prng
 
 # Config fields (anywhere under `config.data`) that name files or folders that
 # must exist; `init_from` is checked too. A `path:FORMAT` suffix is allowed.
@@ -68,6 +69,10 @@ def _step_problems(train: ml_collections.ConfigDict,
     if optimizer.learning_rate < 0:
         problems.append(f"config.optimizer.learning_rate={optimizer.learning_rate}: must not "
                         "be negative.")
+    try:
+        check_dropout_prng(train.get("dropout_prng", "threefry"))
+    except ConfigError as e:
+        problems.extend(e.args)
     try:
         profile = profile_range(train.get("profile_steps"), "config.train.profile_steps")
     except ConfigError as e:
