@@ -207,6 +207,16 @@ def test_training_masking_rate_leaves_evaluation_at_the_original(tmp_path):
     assert 0.1 < np.mean([_masked_fraction(b) for b in evaluation]) < 0.2
 
 
+def test_a_bad_training_masking_rate_is_named_before_the_data_is_built(tmp_path):
+    """The maskers are made on first use, but the train iterator makes them at once:
+    not at its first batch, after the trainer has written into the workdir."""
+    task = build_task(experiment_config(tmp_path / "tfds", train_masked_lm_prob=1.5),
+                      str(tmp_path / "work"))
+    with pytest.raises(ValueError, match=r"masked_lm_prob=1.5"):
+        task.train_iterator(0, 1)
+    assert not (tmp_path / "tfds").exists()
+
+
 @pytest.mark.slow
 def test_random_position_offsets_shift_training_rows_only(tmp_path):
     config = experiment_config(tmp_path / "tfds", random_position_offsets=True)

@@ -130,9 +130,10 @@ POD_RECIPES = ["base_lamb_phase1", "base_lamb_phase2", "large_lamb_phase1", "lar
 def test_the_pod_recipes_pass_the_checks_before_training(variant):
     """LAMB, whole-word masking, and phase 2 able to start from phase 1 (the
     same model, positions to 512)."""
+    from bert_jax.tasks import build_task
     from bert_jax.training.validation import check_training_config
     config = load("pretrain_bert.py").get_config(variant)
-    check_training_config(config)  # raises ConfigError on a problem
+    check_training_config(build_task(config, None))  # raises ConfigError on a problem
     phase1 = load("pretrain_bert.py").get_config(variant[:-1] + "1")
     assert (config.optimizer.name, config.data.whole_word_masking) == ("lamb", True)
     assert config.model.to_dict() == phase1.model.to_dict()

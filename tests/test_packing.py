@@ -80,7 +80,7 @@ def test_batch_tokens_must_divide_into_rows(packed_task):
     config = packed_task.config.copy_and_resolve_references()
     config.data.batch_tokens = 100
     with pytest.raises(Exception, match=r"batch_tokens=100.*row length 40"):
-        build_task(config, packed_task.workdir)
+        build_task(config, packed_task.workdir).batch_rows
 
 
 @pytest.mark.slow

@@ -162,7 +162,7 @@ def test_the_scratch_backbone_copies_the_architecture_and_vocabulary(sst2, backb
     scratch = build_task(sweeps.apply_overrides(config, overrides), str(tmp_path / "s"))
     pre = build_task(sweeps.apply_overrides(config, {"init_from": backbone}),
                      str(tmp_path / "p"))
-    assert (scratch.backbone_kind, pre.backbone_kind) == ("scratch", "pretrained")
+    assert (scratch.backbone.kind, pre.backbone.kind) == ("scratch", "pretrained")
     assert scratch.model_config == pre.model_config
     assert scratch.vocab.path == pre.vocab.path and scratch.vocab.size == pre.vocab.size
 

@@ -280,10 +280,23 @@ def test_config_problems_are_named_before_anything_is_written(tmp_path, data_dir
     assert not (tmp_path / "run").exists()
 
 
+def test_the_task_checked_is_the_task_trained_and_read_nothing_before(tmp_path, data_dir,
+                                                                     monkeypatch):
+    """One task per run: the checks see it built, its data, vocabulary and model
+    not made yet; the train loop then gets that very task."""
+    tasks, check = [], trainer.check_training_config
+    monkeypatch.setattr(trainer, "check_training_config", lambda task: (
+        tasks.append((task, {"vocab", "model_config", "model"} & set(vars(task)))),
+        check(task)))
+    monkeypatch.setattr(trainer, "_train", lambda task, *_: tasks.append((task, None)) or {})
+    trainer.train_and_evaluate(tiny_config(data_dir), str(tmp_path / "run"))
+    assert len(tasks) == 2 and tasks[0][0] is tasks[1][0] and tasks[0][1] == set()
+
+
 def test_warmup_fraction_replaces_warmup_steps(data_dir):
     config = tiny_config(data_dir, **{"train.num_steps": 20, "optimizer.warmup_steps": 50})
     config.optimizer.warmup_fraction = 0.3
-    check_training_config(config)  # warmup_steps=50 > 20 steps: not used
+    check_training_config(build_task(config, None))  # warmup_steps=50 > 20: not used
 
 
 def test_a_config_that_fails_to_build_leaves_no_config_json(tmp_path, data_dir):
@@ -318,7 +331,7 @@ def test_several_problems_are_reported_together(data_dir):
     config = tiny_config(data_dir, **{"train.batch_size": 60, "train.num_steps": 10})
     config.data.builder_kwargs.path = "/no/such/corpus.txt:wikitext"
     with pytest.raises(UserError) as error:
-        check_training_config(config)
+        check_training_config(build_task(config, None))
     lines = str(error.value).splitlines()
     assert len(lines) == 4, lines
     assert any(line.startswith("  config.data.builder_kwargs.path=") for line in lines)
@@ -652,8 +665,9 @@ def test_the_choice_and_its_reason_are_logged_once(data_dir, caplog, monkeypatch
     monkeypatch.setattr(auto_dtype, "local_hardware", lambda: zen3)
     config = tiny_config(data_dir, **{"model.dtype": "auto"})
     with caplog.at_level("INFO", logger="absl"):
-        check_training_config(config)  # checks the model without choosing its dtype
-        assert auto_dtype.resolve_model_dtype(config).model.dtype == "float32"
+        task = build_task(config, None)  # chooses the dtype
+        check_training_config(task)  # checks the model without choosing it again
+        assert task.config.model.dtype == "float32"
     chosen = [r.getMessage() for r in caplog.records if "model.dtype='auto'" in r.getMessage()]
     assert chosen == ["model.dtype='auto' -> float32 (AMD EPYC 7B13 has neither avx512_bf16 "
                       "nor amx_bf16: bfloat16 matmuls would run slower than float32 there)"]

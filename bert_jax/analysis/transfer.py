@@ -534,6 +534,7 @@ class Study:
                     overrides["init_from"] = self.in_task[run.labels["backbone"]]
                 with tempfile.TemporaryDirectory() as workdir:
                     tasks[key] = build_task(apply_overrides(sweep.config, overrides), workdir)
+                    tasks[key].model_config  # made while the workdir of its vocabulary exists
             if key not in rates:
                 throughput = throughput or self._throughput(sweep.config)
                 flops = tasks[key].flops_per_step()

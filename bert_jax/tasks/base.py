@@ -8,8 +8,8 @@ model's initial variables (`init_variables`, a pytree), for a loss returning
 sums (`loss_fn(params, batch, rng) -> (loss_sum, weight_sum, other sums)`),
 and for evaluation outputs (`predict`: the sums, and per-row predictions that
 `decode_predictions` maps back to examples for the evaluators). The loop
-divides sums by weights itself, so padding never counts. A subclass sets
-`model_config` and `model` and registers itself with `@register("name")`;
+divides sums by weights itself, so padding never counts. A subclass gives
+`model_config` and `make_model` and registers itself with `@register("name")`;
 `translation`, `bert_pretraining` and `finetune` are the project's.
 """
 
@@ -54,20 +54,21 @@ def task_class(name: str) -> type["Task"] | None:
 def build_task(config: ml_collections.ConfigDict, workdir: str | None,
                abstract: bool = False) -> "Task":
     """The task named by `config.task`; `workdir` holds its state (vocabularies).
-    `abstract=True`: the model and batch shapes only, reading no data and
-    writing nothing (ahead-of-time compilation); vocabulary sizes from the config."""
+    Building reads and writes nothing: the task reads its data, trains its
+    vocabulary and makes its model on first use (`model_config`, `model`, the
+    iterators), so the trainer checks the very task it then trains
+    (`training.validation`). `abstract=True`: the model and batch shapes only,
+    never reading data (ahead-of-time compilation); vocabulary sizes from the config."""
     config = resolve_model_dtype(config)  # 'auto' -> the local devices' dtype
     if config.task not in _REGISTRY:
         raise ConfigError(f"config.task={config.task!r}: unknown; use one of "
                           f"{sorted(_REGISTRY)}.")
     cls = _REGISTRY[config.task]
-    if not abstract:
-        return cls(config, workdir)
-    if not cls.supports_abstract:
+    if abstract and not cls.supports_abstract:
         supported = sorted(name for name, c in _REGISTRY.items() if c.supports_abstract)
         raise ConfigError(f"config.task={config.task!r} cannot be compiled ahead of time "
                           f"(it needs its data); tasks that can: {supported}.")
-    return cls(config, workdir, abstract=True)
+    return cls(config, workdir, abstract=True) if abstract else cls(config, workdir)
 
 
 # The sections of every config a training run saves (config.json).
@@ -139,10 +140,10 @@ def written_by_process_zero(load_or_create: Callable[[bool], T], what: str) -> T
 
 
 class Task(abc.ABC):
-    """One experiment family. Subclasses set `model_config` and `model`."""
+    """One experiment family. Subclasses give `model_config` (a property: made on
+    first use, like the data) and `make_model`."""
 
     model_config: StackConfig
-    model: nn.Module
     # The class `config.model` builds: its fields are the keys a workdir's
     # config.json may hold under "model" (`check_saved_config`); None: unchecked.
     model_config_class: type[StackConfig] | None = None
@@ -162,6 +163,25 @@ class Task(abc.ABC):
         self.config = config
         self.workdir = workdir
         self.abstract = abstract
+
+    def declared_model_config(self) -> StackConfig | None:
+        """The model config as `config` declares it (vocabulary size from the
+        config), made without data and checked against the input length: what
+        `training.validation` checks. None: the task learns it from its data."""
+        return None
+
+    @functools.cached_property
+    def model(self) -> nn.Module:
+        return self.make_model()
+
+    @abc.abstractmethod
+    def make_model(self) -> nn.Module:
+        """The model of `model_config` (made once, on first use of `model`)."""
+
+    @functools.cached_property
+    def batch_rows(self) -> int:
+        """Rows of a global training batch."""
+        return self.config.train.batch_size
 
     @abc.abstractmethod
     def dummy_batch(self) -> Batch:

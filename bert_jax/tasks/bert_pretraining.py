@@ -56,7 +56,7 @@ from bert_jax.modeling.bert import BertForPreTraining
 from bert_jax.errors import ConfigError
 from bert_jax.modeling.configs import BertConfig
 from bert_jax.tasks.base import Batch, Task, cached_method, register, written_by_process_zero
-from bert_jax.tasks.bert_backbone import resolve_backbone
+from bert_jax.tasks.bert_backbone import Backbone, resolve_backbone
 from bert_jax.modeling.flops import bert_train_flops
 from bert_jax.modeling.losses import bert_pretraining_sums
 
@@ -86,24 +86,36 @@ class BertPretrainingTask(Task):
         self.max_predictions = data.max_predictions_per_seq
         self.next_sentence = bool(data.get(
             "next_sentence_prediction", self.saved_defaults["data.next_sentence_prediction"]))
-        train_prob = data.get("train_masked_lm_prob", 0.0)
+        self.train_prob = data.get("train_masked_lm_prob", 0.0)
         self.train_predictions = (max(self.max_predictions,
-                                      math.ceil(train_prob * self.max_length))
-                                  if train_prob else self.max_predictions)
-        if abstract:  # shapes only: the vocabulary size the config asks for
-            self.corpus_files, self.vocab, self.pad_id = [], None, 0
-            self.model_config = BertConfig(**{**config.model.to_dict(),
-                                              "vocab_size": data.vocab_size})
-        else:
-            self.corpus_files = self._corpus_files()
-            backbone = resolve_backbone(config, workdir, self._corpus_texts)
-            self.vocab, self.model_config = backbone.vocab, backbone.config
-            self.pad_id = self.vocab.pad_id
-            self.masker = self._masker(data.masked_lm_prob, self.max_predictions)
-            self.train_masker = (self._masker(train_prob, self.train_predictions)
-                                 if train_prob else self.masker)
-        self.model_config.check_length(self.max_length, "config.data.max_seq_length")
-        self.model = BertForPreTraining(self.model_config)
+                                      math.ceil(self.train_prob * self.max_length))
+                                  if self.train_prob else self.max_predictions)
+
+    def declared_model_config(self) -> BertConfig:
+        model_config = BertConfig(**{**self.config.model.to_dict(),
+                                     "vocab_size": self.config.data.vocab_size})
+        model_config.check_length(self.max_length, "config.data.max_seq_length")
+        return model_config
+
+    @functools.cached_property
+    def model_config(self) -> BertConfig:  # abstract: the vocabulary size configured
+        return self.declared_model_config() if self.abstract else self.backbone.config
+
+    def make_model(self):
+        return BertForPreTraining(self.model_config)
+
+    vocab = property(lambda self: None if self.abstract else self.backbone.vocab)
+    pad_id = property(lambda self: 0 if self.abstract else self.vocab.pad_id)
+
+    @functools.cached_property
+    def masker(self) -> pretraining_data.Masker:  # held-out rows
+        return self._masker(self.config.data.masked_lm_prob, self.max_predictions)
+
+    @functools.cached_property
+    def train_masker(self) -> pretraining_data.Masker:  # data.train_masked_lm_prob if > 0
+        held_out = self.masker  # made first: its problem is named first
+        return (self._masker(self.train_prob, self.train_predictions) if self.train_prob
+                else held_out)
 
     def _masker(self, masked_lm_prob: float, max_predictions: int) -> pretraining_data.Masker:
         vocab_tokens = self.vocab.convert_ids_to_tokens(range(self.vocab.size))
@@ -118,7 +130,8 @@ class BertPretrainingTask(Task):
 
     # -- corpus and vocabulary --------------------------------------------------
 
-    def _corpus_files(self) -> list[str]:
+    @functools.cached_property
+    def corpus_files(self) -> list[str]:
         data = self.config.data
         if data.synthetic_documents:
             path = os.path.join(self.workdir, SYNTHETIC_CORPUS)
@@ -133,11 +146,17 @@ class BertPretrainingTask(Task):
                               "'path:wikitext') or config.data.synthetic_documents.")
         return files
 
-    def _corpus_texts(self):
-        """The vocabulary's training text: the corpus, or `data.vocab_sample` of
-        its documents (`bert_pretraining.corpus_lines`)."""
-        return corpus_lines(self.corpus_files, self.config.data.get(
-            "vocab_sample", self.saved_defaults["data.vocab_sample"]), self.config.seed)
+    @functools.cached_property
+    def backbone(self) -> Backbone:
+        """Architecture and vocabulary (`resolve_backbone`). The corpus comes first,
+        on every process (its barrier before the vocabulary's); a vocabulary trained
+        here reads it, or `data.vocab_sample` of its documents (`corpus_lines`)."""
+        files = self.corpus_files
+        sample = self.config.data.get("vocab_sample", self.saved_defaults["data.vocab_sample"])
+        backbone = resolve_backbone(self.config, self.workdir,
+                                    lambda: corpus_lines(files, sample, self.config.seed))
+        backbone.config.check_length(self.max_length, "config.data.max_seq_length")
+        return backbone
 
     def dataset_builder(self) -> BertPretraining:
         data = self.config.data
@@ -222,11 +241,12 @@ class BertPretrainingTask(Task):
     def train_iterator(self, process_index: int, process_count: int):
         data = self.config.data
         static = data.static_masking
+        masker = self.train_masker  # made now (both maskers), before the data is built
         return pipeline.train_iterator(
             self._source("train"), global_batch_size=self.config.train.batch_size,
             seed=self.config.seed, process_index=process_index, process_count=process_count,
             preprocess=(functools.partial(self._masked_row, purpose=_STATIC_MASKING,
-                                          masker=self.train_masker)
+                                          masker=masker)
                         if static else self._row),
             max_length=self._lengths(self.train_predictions),
             batch_transform=self._train_transform,

@@ -66,7 +66,7 @@ from bert_jax.modeling.configs import BertConfig
 from bert_jax.modeling.flops import bert_train_flops
 from bert_jax.modeling.losses import cross_entropy_sums
 from bert_jax.tasks.base import Batch, Task, cached_method, register
-from bert_jax.tasks.bert_backbone import resolve_backbone
+from bert_jax.tasks.bert_backbone import Backbone, resolve_backbone
 
 ROW = "row"  # the row's index in its split's rows: predictions map back through it
 HELDOUT = "heldout"  # the evaluation split carved from the training subset
@@ -132,16 +132,21 @@ class FinetuneTask(Task):
 
     def __init__(self, config, workdir):
         super().__init__(config, workdir)
-        data = config.data
-        self.max_length = data.max_seq_length
-        self.buckets = _buckets(data.get("length_buckets", ()), self.max_length)
-        backbone = resolve_backbone(config, workdir, self.training_texts)
-        self.vocab, self.backbone_kind = backbone.vocab, backbone.kind
-        self.model_config = backbone.config
-        self.model_config.check_length(self.max_length, "config.data.max_seq_length")
-        self.model = self.make_model()
+        self.max_length = config.data.max_seq_length
+        self.buckets = _buckets(config.data.get("length_buckets", ()), self.max_length)
+
+    @functools.cached_property
+    def backbone(self) -> Backbone:
+        """Architecture and vocabulary (`resolve_backbone`); a vocabulary trained
+        here reads the training examples."""
+        backbone = resolve_backbone(self.config, self.workdir, self.training_texts)
+        backbone.config.check_length(self.max_length, "config.data.max_seq_length")
         logging.info("%s: %s backbone, %d-token vocabulary %s, %s", type(self).__name__,
-                     self.backbone_kind, self.vocab.size, self.vocab.path, self.model_config)
+                     backbone.kind, backbone.vocab.size, backbone.vocab.path, backbone.config)
+        return backbone
+
+    vocab = property(lambda self: self.backbone.vocab)
+    model_config = property(lambda self: self.backbone.config)
 
     # -- what a subclass provides --------------------------------------------------
 
@@ -164,10 +169,6 @@ class FinetuneTask(Task):
     @abc.abstractmethod
     def featurize(self, split: str) -> list[Batch]:
         """The split's examples -> rows: `input_ids`, `token_type_ids`, labels."""
-
-    @abc.abstractmethod
-    def make_model(self):
-        """The backbone with the task's head."""
 
     @abc.abstractmethod
     def head_sums(self, outputs, batch: Batch, real: jax.Array) -> dict[str, jax.Array]:
@@ -372,15 +373,11 @@ class GlueTask(FinetuneTask):
 class TaggingTask(FinetuneTask):
     """`labels`: tag id + 1 on a word's first sub-token, 0 (not scored) elsewhere."""
 
-    def __init__(self, config, workdir):
-        data = config.data
-        self._files = conllu.split_files(data.path, dict(data.get("splits") or {}) or None)
-        super().__init__(config, workdir)
-
     @functools.cached_property
     def _sentences(self) -> dict[str, list[dict]]:
         data = self.config.data
-        return conllu.read_splits(self._files, data.tag_column or None,
+        files = conllu.split_files(data.path, dict(data.get("splits") or {}) or None)
+        return conllu.read_splits(files, data.tag_column or None,
                                   data.get("format", "conllu"), data.get("word_column", 0))
 
     @functools.cached_property

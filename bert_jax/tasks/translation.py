@@ -16,9 +16,9 @@ chrF of beam-search translations (`decode.*`) into `WORKDIR/samples/<step>.jsonl
 
 from __future__ import annotations
 
+import functools
 
 import jax
-import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -44,19 +44,6 @@ def _is_id(token: str) -> bool:
     return token.isascii() and token.isdigit() and len(token) <= MAX_ID_DIGITS
 
 
-def training_rows(config: ml_collections.ConfigDict) -> int:
-    """Rows of a global training batch: `train.batch_size`, or
-    `data.batch_tokens // row length`."""
-    tokens = config.data.get("batch_tokens", 0)
-    if not tokens:
-        return config.train.batch_size
-    row_length = config.data.get("pack_length", 0) or config.data.max_length
-    if tokens % row_length:
-        raise ConfigError(f"config.data.batch_tokens={tokens}: make it a multiple of the "
-                          f"row length {row_length} (data.pack_length or data.max_length).")
-    return tokens // row_length
-
-
 @register("translation")
 class TranslationTask(Task):
 
@@ -67,25 +54,47 @@ class TranslationTask(Task):
 
     def __init__(self, config, workdir, abstract=False):
         super().__init__(config, workdir, abstract)
-        data = config.data
-        self.max_length = data.max_length
-        self.vocab = None
-        if data.vocab_size and not abstract:
-            self.vocab = self._vocabulary()
-        model_values = config.model.to_dict()
-        if data.vocab_size:  # abstract: the size the vocabulary is trained to
-            model_values["vocab_size"] = self.vocab.size if self.vocab else data.vocab_size
-        self.model_config = TransformerConfig(**model_values)
-        self.model = Transformer(self.model_config)
-        self.model_config.check_length(self.max_length, "config.data.max_length")
-        self.pack_length = data.get("pack_length", 0)
+        self.max_length = config.data.max_length
+        self.pack_length = config.data.get("pack_length", 0)
         self.row_length = self.pack_length or self.max_length
-        self.batch_rows = training_rows(config)
+
+    def declared_model_config(self) -> TransformerConfig:
+        values = self.config.model.to_dict()
+        if self.config.data.vocab_size:  # the size the vocabulary is trained to
+            values["vocab_size"] = self.config.data.vocab_size
+        model_config = TransformerConfig(**values)
+        model_config.check_length(self.max_length, "config.data.max_length")
+        return model_config
+
+    @functools.cached_property
+    def model_config(self) -> TransformerConfig:
+        declared = self.declared_model_config()
+        return declared.replace(vocab_size=self.vocab.size) if self.vocab else declared
+
+    def make_model(self):
+        return Transformer(self.model_config)
+
+    @functools.cached_property
+    def batch_rows(self) -> int:
+        """`train.batch_size`, or `data.batch_tokens // row_length`."""
+        tokens = self.config.data.get("batch_tokens", 0)
+        if not tokens:
+            return self.config.train.batch_size
+        if tokens % self.row_length:
+            raise ConfigError(f"config.data.batch_tokens={tokens}: make it a multiple of the "
+                              f"row length {self.row_length} (data.pack_length or "
+                              "data.max_length).")
+        return tokens // self.row_length
 
     # -- data ------------------------------------------------------------------
 
-    def _vocabulary(self) -> vocabulary.Vocabulary:
+    @functools.cached_property
+    def vocab(self) -> vocabulary.Vocabulary | None:
+        """The workdir's vocabulary, trained on first use; None: the examples are
+        ids (`data.vocab_size=0`), or the task is abstract."""
         data = self.config.data
+        if not data.vocab_size or self.abstract:
+            return None
         return written_by_process_zero(
             lambda is_writer: vocabulary.load_or_train(
                 self.workdir, self._training_texts(), data.vocab_size,

@@ -37,7 +37,7 @@ from bert_jax.data.concurrency import DevicePrefetch
 from bert_jax.errors import ConfigError, TrainingDiverged, UserError
 from bert_jax.file_io import read_json, write_json
 from bert_jax.modeling.embeddings import tile_learned_positions
-from bert_jax.tasks import build_task
+from bert_jax.tasks import Task, build_task
 from bert_jax.tasks.base import check_saved_config, fill_saved_defaults
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, set_aside_steps_after)
@@ -163,16 +163,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     metrics dropped). Returns the last metrics logged. `lock_timeout`: seconds after
     which another host's lock on the workdir, not renewed, is taken over
     (`WorkdirLock`)."""
-    check_training_config(config)
     check_workdir(workdir)  # before anything reads or writes it
     check_step(workdir, restore_step, "restore_step")  # the step it resumes from
     if config.model.get("dtype") == AUTO:
         config = resolve_model_dtype(config, saved_dtype=_saved_model_dtype(workdir))
+    task = build_task(config, os.path.abspath(workdir))  # its data: read on first use
+    check_training_config(task)
     workdir = prepare_workdir(workdir, config)
     # The watcher closes last: no signal interrupts the final save or the lock's release.
     with PreemptionWatcher(first_step=None) as preemption:
         with _lock(workdir, lock_timeout) as lock:
-            return _train(config, workdir, restore_step, lock, preemption)
+            return _train(task, workdir, restore_step, lock, preemption)
 
 
 def _lock(workdir: str, timeout: float) -> contextlib.AbstractContextManager:
@@ -197,12 +198,11 @@ def _raise_everywhere(error: UserError | None, elsewhere: str) -> None:
         raise error
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, restore_step: int | None,
-           lock: WorkdirLock | None, preemption: PreemptionWatcher) -> dict[str, float]:
+def _train(task: Task, workdir: str, restore_step: int | None, lock: WorkdirLock | None,
+           preemption: PreemptionWatcher) -> dict[str, float]:
     if restore_step is not None:
         _restore_point(workdir, restore_step)
-    task = build_task(config, workdir)
-    train = config.train
+    config, train = task.config, task.config.train
     mesh = mesh_from_config(config.mesh)
     init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
     state, shardings = create_train_state(task.init_variables, task.model.apply,

@@ -1,12 +1,13 @@
 """The checks of a training config that need no data and no workdir, run by the
-trainer (`check_training_config`) before anything is written or built, so that
-a mistake costs a second, not a dataset build and a compile.
+trainer on the task it will train (`check_training_config(task)`: built, its
+data not yet read) before anything is written or built, so that a mistake
+costs a second, not a dataset build and a compile.
 
 They cover the step counts, the dropout generator, the optimizer's values and
 names, the names of the evaluators, the files and folders the config names
 (`config.data.*path`, `*_file`, `*_files`, `init_from`; `check_files` alone
-serves launch/build_pretraining_data.py), the model config (built without data
-where the task can be), and the global batch against the processes, the
+serves launch/build_pretraining_data.py), the model config the task declares
+(made without data where the task can), and the global batch against the processes, the
 gradient-accumulation steps and the mesh's data x fsdp devices. Every problem
 is reported together, one line each, in one `ConfigError`.
 """
@@ -19,13 +20,10 @@ from typing import Iterator
 import jax
 import ml_collections
 
-from bert_jax.auto_dtype import AUTO
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.evaluation import evaluators
 from bert_jax.errors import ConfigError
-from bert_jax.tasks import build_task
-from bert_jax.tasks.base import task_class
-from bert_jax.tasks.translation import training_rows
+from bert_jax.tasks.base import Task
 from bert_jax.training.optimizer import OPTIMIZERS, SCHEDULES
 from bert_jax.training.profiling import profile_range
 from bert_jax.training.sharding import mesh_from_config
@@ -36,18 +34,23 @@ from bert_jax.training.train_step import check_dropout_prng
 PATH_SUFFIXES = ("path", "_file", "_files")
 
 
-def check_training_config(config: ml_collections.ConfigDict) -> None:
-    """Raises `ConfigError` listing every problem found (none: returns)."""
+def check_training_config(task: Task) -> None:
+    """Raises `ConfigError` listing every problem found in `task`, the one the
+    trainer will train, and its config (none: returns)."""
+    config = task.config
     problems = [*_step_problems(config.train, config.optimizer),
                 *_name_problems(config), *_missing_files(config)]
-    if not problems:  # the model: built without data where the task can be
-        problems += _model_problems(config)
+    if not problems and not config.get("init_from"):  # else the checkpoint's model
+        try:
+            task.declared_model_config()  # None where the task learns it from its data
+        except ConfigError as e:
+            problems.extend(e.args)
     try:
         mesh = mesh_from_config(config.mesh)
     except ValueError as e:
         problems.append(f"config.mesh.shape={tuple(config.mesh.shape)}: {e}")
     else:
-        problems += _batch_problems(config, mesh.shape["data"] * mesh.shape["fsdp"])
+        problems += _batch_problems(task, mesh.shape["data"] * mesh.shape["fsdp"])
     if problems:
         raise ConfigError("the config cannot train:\n  " + "\n  ".join(problems))
 
@@ -110,27 +113,12 @@ def _name_problems(config: ml_collections.ConfigDict) -> list[str]:
     return problems
 
 
-def _model_problems(config: ml_collections.ConfigDict) -> list[str]:
-    """The model config's own checks, where the task builds it without data; not
-    with `init_from` (a BERT task then takes the architecture from there)."""
-    task = task_class(config.get("task"))
-    if task is None or not task.supports_abstract or config.get("init_from"):
-        return []  # an unknown task is named when it is built
-    if config.model.get("dtype") == AUTO:  # resolved and logged once, by the trainer
-        config = config.copy_and_resolve_references()
-        config.model.dtype = "float32"
-    try:
-        build_task(config, None, abstract=True)
-    except ConfigError as e:
-        return list(e.args)
-    return []
-
-
-def _batch_problems(config: ml_collections.ConfigDict, batch_shards: int) -> list[str]:
+def _batch_problems(task: Task, batch_shards: int) -> list[str]:
     """Global batch and micro-batch against the devices that split the batch
     (mesh axes data x fsdp) and the processes that load it."""
+    config = task.config
     try:
-        rows = training_rows(config)
+        rows = task.batch_rows
     except ConfigError as e:
         return list(e.args)
     field = ("config.data.batch_tokens // row length" if config.data.get("batch_tokens")
