@@ -7,8 +7,8 @@ They cover the step counts, the dropout generator, the optimizer's values and
 names, the names of the evaluators, the files and folders the config names
 (`config.data.*path`, `*_file`, `*_files`, `init_from`; `check_files` alone
 serves launch/build_pretraining_data.py), the model config the task declares
-(made without data where the task can), and the global batch against the processes, the
-gradient-accumulation steps and the mesh's data x fsdp devices. Every problem
+(made without data where the task can), and the global batch against the
+processes, the gradient-accumulation steps and the mesh's data x fsdp devices. Every problem
 is reported together, one line each, in one `ConfigError`.
 """
 
