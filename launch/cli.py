@@ -11,6 +11,7 @@ only tear the interpreter's exit into a traceback) and the process ends within
 
 import ctypes
 import functools
+import gc
 import os
 import shlex
 import signal
@@ -63,12 +64,16 @@ def _raise_swallowed_interrupts() -> None:
     """From now on, a `KeyboardInterrupt` that Python would report as unraisable (raised
     by the Ctrl-C inside a callback: JAX's gc callback, a `__del__`) is not reported but
     raised again in the main thread a moment later, from a timer thread: raised at once,
-    it would land in this hook, unraisable again."""
+    it would land in this hook, unraisable again. The garbage collector's callbacks are
+    dropped first (the command is stopping): while the main thread is inside
+    `gc.collect()`, the first Python code it runs is a callback, where the interrupt
+    raised again would be swallowed again."""
     previous = sys.unraisablehook
 
     def hook(unraisable):
         if not issubclass(unraisable.exc_type, KeyboardInterrupt):
             return previous(unraisable)
+        gc.callbacks.clear()
         main_thread = ctypes.c_ulong(threading.main_thread().ident)
         timer = threading.Timer(0.05, ctypes.pythonapi.PyThreadState_SetAsyncExc,
                                 (main_thread, ctypes.py_object(KeyboardInterrupt)))
