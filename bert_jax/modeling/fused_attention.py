@@ -23,7 +23,13 @@ The platform is the one the step is compiled for: that of the mesh in context
 (`jax.set_mesh`, as the train loop and `launch/compile.py` use), otherwise JAX's
 default backend. A kernel that cannot run the mask it is given raises
 `ConfigError` naming the mask and the alternatives; nothing falls
-back silently. The kernels apply no attention dropout.
+back silently. The kernels apply no attention dropout. cuDNN has its own
+(JAX's private `fused_attention_stablehlo.dot_product_attention(dropout_rate=)`),
+but its seed is a compile-time constant and XLA's runtime advances the offset
+per thunk in host memory: the backward's mask is the forward's only while the
+two run equally often (not with scanned layers), every device draws the same
+masks, and a resumed run draws other ones (docs/ACCELERATORS.md, "Why not
+cuDNN's own attention dropout").
 """
 
 from __future__ import annotations
