@@ -19,12 +19,12 @@ dtype, `--attention_impl`, `--remat` and `--scan_layers`; `--dropout_prng` is
 `train.dropout_prng`.
 
 The step-time bound of the compiled step is checked against the time measured
-(`bert_jax.training.step_bound`): the bound (the largest of compute, memory
+(`bert_jax.planning.step_bound`): the bound (the largest of compute, memory
 and communication), the per-instruction bound, and measured / each, at least
 1 when the bound is one. On CPU: compute at the measured matmul peak of the
 row's dtype, memory traffic at the fastest measured copy bandwidth (from
 cache-sized to memory-sized arrays; all printed); on a GPU or TPU in the chip
-table (`topologies.DEVICE_KINDS`), its published figures, as
+table (`chips.DEVICE_KINDS`), its published figures, as
 launch/compile.py bounds a pod: a per-device micro-batch of a pod's recipe on
 one chip (`bert-large:128:128` and `bert-large:512:32`: `large_lamb_phase1/2`
 at 256 devices and 2 and 4 micro-batches, with AdamW for LAMB) is the pod's
@@ -62,13 +62,13 @@ from bert_jax.modeling import bert_preset, transformer_preset
 from bert_jax.modeling.losses import bert_pretraining_sums
 from bert_jax.tasks import Task, build_task
 from bert_jax.training import distributed
-from bert_jax.training.aot import bound_of, compiled_memory, step_report
+from bert_jax.planning.aot import bound_of, compiled_memory, step_report
 from bert_jax.training.metrics import (
     memory_bandwidth_per_size, peak_flops_per_device, time_matmul_flops)
-from bert_jax.training.step_bound import Interconnect, Machine, Place
+from bert_jax.planning.step_bound import Interconnect, Machine, Place
 from bert_jax.training.profiling import StepProfiler, profile_range
 from bert_jax.training.sharding import global_batch, mesh_from_config
-from bert_jax.training.topologies import local_machine
+from bert_jax.planning.topologies import local_machine
 from bert_jax.training.train_step import (
     DROPOUT_PRNGS, create_train_state, jit_train_step, make_train_step)
 from bert_jax.training.optimizer import optimizer_from_config
