@@ -305,7 +305,7 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
                          "config.train.batch_size (or data.batch_tokens) to a multiple.")
     with jax.set_mesh(mesh):
         step = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps,
-                                              config.train.get("dropout_prng", "threefry")),
+                                              config.train.dropout_prng),
                               shardings, mesh)
         train = _compile(step, (state, train_batch, rng), num_devices)
         evaluation = None

@@ -47,8 +47,8 @@ from bert_jax.training.metrics import (
 from bert_jax.training.optimizer import optimizer_from_config
 from bert_jax.training.preemption import PreemptionWatcher
 from bert_jax.training.profiling import StepProfiler, profile_range
-from bert_jax.training.workdir import (
-    CHECKPOINT_DIR, CONFIG_FILE, WorkdirError, check_step, check_workdir, checkpoint_steps)
+from bert_jax.training.workdir import CONFIG_FILE, WorkdirError, check_step, check_workdir
+from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps
 from bert_jax.training.workdir_lock import DEFAULT_LOCK_TIMEOUT, WorkdirLock
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
@@ -229,7 +229,7 @@ def _train(task: Task, workdir: str, restore_step: int | None, lock: WorkdirLock
 
     writer = MetricWriter(workdir, resume_step=first_step)
     step_fn = jit_train_step(make_train_step(task.loss_fn, train.grad_accum_steps,
-                                             train.get("dropout_prng", "threefry")),
+                                             train.dropout_prng),
                              shardings, mesh)
     # The evaluators' files are written after `report` has seen the metrics: fenced.
     evaluate = make_evaluator(task, mesh, workdir, report=lambda _: fence())

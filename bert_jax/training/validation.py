@@ -73,7 +73,7 @@ def _step_problems(train: ml_collections.ConfigDict,
         problems.append(f"config.optimizer.learning_rate={optimizer.learning_rate}: must not "
                         "be negative.")
     try:
-        check_dropout_prng(train.get("dropout_prng", "threefry"))
+        check_dropout_prng(train.dropout_prng)
     except ConfigError as e:
         problems.extend(e.args)
     try:
