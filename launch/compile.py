@@ -36,6 +36,7 @@ for _name, _value in topologies.COMPILE_ONLY_ENVIRONMENT.items():
 from absl import app, flags  # noqa: E402
 
 import common_flags as launch_flags  # noqa: E402
+from bert_jax.config_schema import check_config  # noqa: E402
 from bert_jax.planning import aot  # noqa: E402
 
 _CONFIG = launch_flags.CONFIG
@@ -69,7 +70,7 @@ flags.mark_flags_as_required(["config", "topology"])
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value
+    check_config(config := _CONFIG.value)
     target = topologies.target(_TOPOLOGY.value, _NUM_SLICES.value)
     if _MEMORY_GIB.value:
         target = dataclasses.replace(target, memory_bytes=int(_MEMORY_GIB.value * aot.GiB),
