@@ -18,6 +18,7 @@ rules, and those modules import them from here. This module imports only
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 from bert_jax.errors import ConfigError
@@ -26,6 +27,7 @@ DROPOUT_PRNGS = ("threefry", "rbg", "unsafe_rbg")   # jax.random's implementatio
 SCHEDULES = ("constant", "linear", "cosine", "rsqrt", "poly")
 OPTIMIZERS = ("adamw", "lamb")
 ATTENTION_IMPLS = ("einsum", "xla", "cudnn", "splash", "flash")  # modeling.fused_attention
+MESH_AXES = ("data", "fsdp", "tensor")  # config.mesh.shape (training.sharding)
 
 # field -> the names it may take (a field the config lacks is not checked).
 CHOICES = {
@@ -52,6 +54,45 @@ def choice(field: str, value: Any, choices: Sequence[str]) -> Any:
     if value not in choices:
         raise ConfigError(unknown(field, value, choices))
     return value
+
+
+def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
+    """`config.mesh.shape` `(data, fsdp, tensor)` with its -1 replaced by the
+    devices left, checked to use exactly `num_devices` (a fact of the run)."""
+    shape = tuple(int(s) for s in shape)
+    known = math.prod(s for s in shape if s != -1)
+    problem = None
+    if len(shape) != len(MESH_AXES):
+        problem = f"mesh shape {shape} must give sizes for {MESH_AXES}."
+    elif shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+        problem = (f"mesh shape {shape}: sizes must be positive, with at most one -1 "
+                   "(the rest of the devices).")
+    elif -1 in shape and num_devices % known:
+        problem = f"mesh shape {shape}: {num_devices} devices are not divisible by {known}."
+    else:
+        shape = tuple(num_devices // known if s == -1 else s for s in shape)
+        if math.prod(shape) != num_devices:
+            problem = (f"mesh shape {shape} uses {math.prod(shape)} devices but "
+                       f"{num_devices} are available; use -1 for one axis.")
+    if problem:
+        raise ConfigError(problem)
+    return shape
+
+
+def profile_range(steps: Sequence[int | str] | None, field: str
+                  ) -> tuple[int, int] | None:
+    """`(start, end)` of a config or flag value (numbers or text; `field` names
+    it, e.g. 'config.train.profile_steps'); empty: None."""
+    if not steps:
+        return None
+    try:
+        start, end = (int(step) for step in steps)
+    except ValueError:  # not two numbers
+        start, end = 0, 0
+    if not 1 <= start <= end:
+        raise ConfigError(f"{field}={tuple(steps)}: give (START, END) with "
+                          "1 <= START <= END, e.g. (10, 12).")
+    return start, end
 
 
 def _get(config, path: str) -> Any:

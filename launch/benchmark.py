@@ -58,7 +58,7 @@ from absl import app, flags
 import cli
 
 from bert_jax.analysis.sweeps.points import load_config
-from bert_jax.config_schema import DROPOUT_PRNGS
+from bert_jax.config_schema import DROPOUT_PRNGS, profile_range
 from bert_jax.modeling import bert_preset, transformer_preset
 from bert_jax.modeling.configs import REMAT_POLICIES
 from bert_jax.modeling.losses import bert_pretraining_sums
@@ -68,7 +68,7 @@ from bert_jax.planning.aot import bound_of, compiled_memory, step_report
 from bert_jax.training.metrics import (
     memory_bandwidth_per_size, peak_flops_per_device, time_matmul_flops)
 from bert_jax.planning.step_bound import Interconnect, Machine, Place
-from bert_jax.training.profiling import StepProfiler, profile_range
+from bert_jax.training.profiling import StepProfiler
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.planning.topologies import local_machine
 from bert_jax.training.train_step import create_train_state, jit_train_step, make_train_step

@@ -32,6 +32,7 @@ from flax import traverse_util
 from jax.experimental import multihost_utils
 
 from bert_jax.auto_dtype import AUTO, resolve_model_dtype
+from bert_jax.config_schema import profile_range
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.data.concurrency import DevicePrefetch
 from bert_jax.errors import ConfigError, TrainingDiverged, UserError
@@ -46,7 +47,7 @@ from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
 from bert_jax.training.optimizer import optimizer_from_config
 from bert_jax.training.preemption import PreemptionWatcher
-from bert_jax.training.profiling import StepProfiler, profile_range
+from bert_jax.training.profiling import StepProfiler
 from bert_jax.training.workdir import CONFIG_FILE, WorkdirError, check_step, check_workdir
 from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps
 from bert_jax.training.workdir_lock import DEFAULT_LOCK_TIMEOUT, WorkdirLock

@@ -21,12 +21,11 @@ from typing import Iterator
 import jax
 import ml_collections
 
-from bert_jax.config_schema import config_problems
+from bert_jax.config_schema import config_problems, profile_range
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.evaluation import evaluators
 from bert_jax.errors import ConfigError
 from bert_jax.tasks.base import Task
-from bert_jax.training.profiling import profile_range
 from bert_jax.training.sharding import mesh_from_config
 
 # Config fields (anywhere under `config.data`) that name files or folders that
