@@ -20,7 +20,7 @@ import re
 import sys
 from typing import Callable, Iterable
 
-from bert_jax.errors import ConfigError, DataError
+from bert_jax.errors import ConfigError, DataError, where
 
 ON_ERROR = ("fail", "skip", "warn")
 NOT_UTF8 = re.compile("[\udc80-\udcff]")  # a byte read with errors="surrogateescape"
@@ -46,7 +46,7 @@ def screen_lines(lines: Iterable[str], problems_of: Callable[[str], list[str]],
         if byte:  # processed (warn) with U+FFFD in its place
             line = line.encode(errors="surrogateescape").decode(errors="replace")
         if problems:
-            reports.append(f"{name}:{number}: {'; '.join(problems)}")
+            reports.append(f"{where(name, number)}: {'; '.join(problems)}")
             if on_error != "fail":
                 action = "skipped" if on_error == "skip" else "processed as it is"
                 print(f"warning: {reports[-1]} ({action})", file=sys.stderr, flush=True)
