@@ -124,7 +124,15 @@ def _learning_rate(config) -> list[str]:
             if rate < 0 else [])
 
 
-CROSS_FIELD_RULES: tuple[Callable[[Any], list[str]], ...] = (_warmup, _learning_rate)
+def _length_buckets(config) -> list[str]:
+    """Fine-tuning's row lengths (`data.length_buckets`), each positive."""
+    buckets = _get(config, "data.length_buckets") or ()
+    return ([f"config.data.length_buckets={tuple(buckets)} must be positive."]
+            if any(int(b) <= 0 for b in buckets) else [])
+
+
+CROSS_FIELD_RULES: tuple[Callable[[Any], list[str]], ...] = (
+    _warmup, _learning_rate, _length_buckets)
 
 
 def config_problems(config) -> list[str]:

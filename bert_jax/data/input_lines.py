@@ -20,7 +20,8 @@ import re
 import sys
 from typing import Callable, Iterable
 
-from bert_jax.errors import ConfigError, DataError, where
+from bert_jax.config_schema import choice
+from bert_jax.errors import DataError, where
 
 ON_ERROR = ("fail", "skip", "warn")
 NOT_UTF8 = re.compile("[\udc80-\udcff]")  # a byte read with errors="surrogateescape"
@@ -36,8 +37,7 @@ def shorten(text: str, limit: int = 40) -> str:
 def screen_lines(lines: Iterable[str], problems_of: Callable[[str], list[str]],
                  on_error: str, name: str) -> list[str | None]:
     """The lines (without newlines), bad ones handled per `on_error` (see module doc)."""
-    if on_error not in ON_ERROR:
-        raise ConfigError(f"on_error={on_error!r}: use one of {', '.join(ON_ERROR)}.")
+    choice("on_error", on_error, ON_ERROR)
     kept, reports = [], []
     for number, line in enumerate(lines, 1):
         line, byte = line.rstrip("\n"), NOT_UTF8.search(line)
