@@ -148,7 +148,13 @@ def config_problems(config) -> list[str]:
     return problems
 
 
+def refuse(problems: Sequence[str], headline: str = "the config cannot train") -> None:
+    """Raises one `ConfigError` of `headline` and `problems`, one a line (none:
+    returns): the one report of every config check."""
+    if problems:
+        raise ConfigError(f"{headline}:\n  " + "\n  ".join(problems))
+
+
 def check_config(config) -> None:
     """Raises one `ConfigError` listing every problem of `config_problems`."""
-    if problems := config_problems(config):
-        raise ConfigError("the config cannot train:\n  " + "\n  ".join(problems))
+    refuse(config_problems(config))

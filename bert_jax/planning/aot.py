@@ -46,6 +46,7 @@ from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_con
 from bert_jax.training.optimizer import optimizer_from_config
 from bert_jax.planning.step_bound import Machine, StepBound, step_bound
 from bert_jax.planning.topologies import GPUS, Target, machine
+from bert_jax.training.validation import check_batch
 from bert_jax.training.train_step import (
     abstract_train_state, jit_train_step, make_train_step)
 
@@ -297,12 +298,9 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
                                           sharding=batch_sharding(mesh))
                 for key, spec in task.batch_spec(train).items()}
 
+    check_batch(task, batch_devices(mesh))
     train_batch = batch(True)
     global_rows = next(iter(train_batch.values())).shape[0]
-    if global_rows % batch_devices(mesh):
-        raise ConfigError(f"a batch of {global_rows} rows does not split over "
-                         f"{batch_devices(mesh)} devices (data x fsdp): set "
-                         "config.train.batch_size (or data.batch_tokens) to a multiple.")
     with jax.set_mesh(mesh):
         step = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps,
                                               config.train.dropout_prng),

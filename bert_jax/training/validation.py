@@ -21,7 +21,7 @@ from typing import Iterator
 import jax
 import ml_collections
 
-from bert_jax.config_schema import config_problems, profile_range
+from bert_jax.config_schema import config_problems, profile_range, refuse
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.evaluation import evaluators
 from bert_jax.errors import ConfigError
@@ -50,8 +50,13 @@ def check_training_config(task: Task) -> None:
         problems.append(f"config.mesh.shape={tuple(config.mesh.shape)}: {e}")
     else:
         problems += _batch_problems(task, mesh.shape["data"] * mesh.shape["fsdp"])
-    if problems:
-        raise ConfigError("the config cannot train:\n  " + "\n  ".join(problems))
+    refuse(problems)
+
+
+def check_batch(task: Task, batch_shards: int) -> None:
+    """The global batch's rules alone, against `batch_shards` devices (data x
+    fsdp) of a mesh that may not be here (`bert_jax.planning.aot`)."""
+    refuse(_batch_problems(task, batch_shards))
 
 
 def _step_problems(config: ml_collections.ConfigDict) -> list[str]:
@@ -116,10 +121,7 @@ def _batch_problems(task: Task, batch_shards: int) -> list[str]:
 
 def check_files(config: ml_collections.ConfigDict) -> None:
     """What a data build needs: the files and folders the config names exist."""
-    problems = _missing_files(config)
-    if problems:
-        raise ConfigError("the config names files that do not exist:\n  "
-                          + "\n  ".join(problems))
+    refuse(_missing_files(config), "the config names files that do not exist")
 
 
 def _missing_files(config: ml_collections.ConfigDict) -> list[str]:
