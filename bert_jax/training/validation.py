@@ -9,7 +9,8 @@ the evaluators, the files and folders the config names (`config.data.*path`,
 `*_file`, `*_files`, `init_from`; `check_files` alone serves
 launch/build_pretraining_data.py), the model config the task declares (made
 without data where the task can), and the global batch against the processes,
-the gradient-accumulation steps and the mesh's data x fsdp devices. Every
+the gradient-accumulation steps and the mesh's data x fsdp devices
+(`check_batch` alone serves `launch/compile.py`, for a target's mesh). Every
 problem is reported together, one line each, in one `ConfigError`.
 """
 
