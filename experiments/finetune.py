@@ -146,7 +146,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         batch_size=32, num_steps=0, grad_accum_steps=1,
         log_every=50, eval_every=0, checkpoint_every=0,
         keep_last=1, keep_best=0, best_metric="eval/loss", best_mode="min",
-        async_saves=True, device_prefetch=2,
+        async_saves=True, device_prefetch=2, dropout_prng="threefry",
         profile_steps=()))  # (START, END): a jax.profiler trace into WORKDIR/profile
 
     config.optimizer = ml_collections.ConfigDict(dict(

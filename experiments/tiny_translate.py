@@ -61,7 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         batch_size=64, num_steps=300, grad_accum_steps=1,
         log_every=25, eval_every=100, checkpoint_every=100,
         keep_last=2, keep_best=1, best_metric="eval/nll", best_mode="min",
-        async_saves=True,
+        async_saves=True, dropout_prng="threefry",
         device_prefetch=2,             # batches transferred to the devices ahead
         profile_steps=()))             # (START, END): a jax.profiler trace in WORKDIR/profile
 

@@ -76,7 +76,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         batch_size=64, num_steps=1400, grad_accum_steps=1,
         log_every=100, eval_every=700, checkpoint_every=700,
         keep_last=2, keep_best=1, best_metric="eval/bleu", best_mode="max",
-        async_saves=True, device_prefetch=2,
+        async_saves=True, device_prefetch=2, dropout_prng="threefry",
         profile_steps=()))  # (START, END): a jax.profiler trace into WORKDIR/profile
 
     config.optimizer = ml_collections.ConfigDict(dict(

@@ -19,12 +19,12 @@ dtype, `--attention_impl`, `--remat` and `--scan_layers`; `--dropout_prng` is
 `train.dropout_prng`.
 
 The step-time bound of the compiled step is checked against the time measured
-(`bert_jax.training.step_bound`): the bound (the largest of compute, memory
+(`bert_jax.planning.step_bound`): the bound (the largest of compute, memory
 and communication), the per-instruction bound, and measured / each, at least
 1 when the bound is one. On CPU: compute at the measured matmul peak of the
 row's dtype, memory traffic at the fastest measured copy bandwidth (from
 cache-sized to memory-sized arrays; all printed); on a GPU or TPU in the chip
-table (`topologies.DEVICE_KINDS`), its published figures, as
+table (`chips.DEVICE_KINDS`), its published figures, as
 launch/compile.py bounds a pod: a per-device micro-batch of a pod's recipe on
 one chip (`bert-large:128:128` and `bert-large:512:32`: `large_lamb_phase1/2`
 at 256 devices and 2 and 4 micro-batches, with AdamW for LAMB) is the pod's
@@ -58,19 +58,20 @@ from absl import app, flags
 import cli
 
 from bert_jax.analysis.sweeps.points import load_config
+from bert_jax.config_schema import DROPOUT_PRNGS, profile_range
 from bert_jax.modeling import bert_preset, transformer_preset
+from bert_jax.modeling.configs import REMAT_POLICIES
 from bert_jax.modeling.losses import bert_pretraining_sums
 from bert_jax.tasks import Task, build_task
 from bert_jax.training import distributed
-from bert_jax.training.aot import bound_of, compiled_memory, step_report
+from bert_jax.planning.aot import bound_of, compiled_memory, step_report
 from bert_jax.training.metrics import (
     memory_bandwidth_per_size, peak_flops_per_device, time_matmul_flops)
-from bert_jax.training.step_bound import Interconnect, Machine, Place
-from bert_jax.training.profiling import StepProfiler, profile_range
+from bert_jax.planning.step_bound import Interconnect, Machine, Place
+from bert_jax.training.profiling import StepProfiler
 from bert_jax.training.sharding import global_batch, mesh_from_config
-from bert_jax.training.topologies import local_machine
-from bert_jax.training.train_step import (
-    DROPOUT_PRNGS, create_train_state, jit_train_step, make_train_step)
+from bert_jax.planning.topologies import local_machine
+from bert_jax.training.train_step import create_train_state, jit_train_step, make_train_step
 from bert_jax.training.optimizer import optimizer_from_config
 
 _MODELS = flags.DEFINE_list("models", ["bert-base:128"], "MODEL:LENGTH[:BATCH] entries; "
@@ -83,11 +84,11 @@ _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
 _COMPARE = flags.DEFINE_bool("compare", False, "Also time the Hugging Face peers.")
 _ATTENTION = flags.DEFINE_enum("attention_impl", "einsum", ["einsum", "xla", "flash"],
                                "Attention implementation.")
-_REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch"],
+_REMAT = flags.DEFINE_enum("remat", "none", list(REMAT_POLICIES),
                            "Rematerialisation policy.")
 _SCAN = flags.DEFINE_bool("scan_layers", False, "nn.scan over layers.")
-_DROPOUT_PRNG = flags.DEFINE_enum("dropout_prng", "threefry", list(DROPOUT_PRNGS),
-                                  "The dropout bits' generator (train.dropout_prng).")
+_DROPOUT_PRNG = flags.DEFINE_enum("dropout_prng", None, list(DROPOUT_PRNGS), "The dropout "
+                                  "bits' generator (train.dropout_prng; default: the experiment's).")
 _PEAK = flags.DEFINE_float("peak_flops", 0.0, "Per-device peak FLOP/s (0: table or matmul).")
 _OUTPUT = flags.DEFINE_string("output", "", "Also write the results as JSON here.")
 _PROFILE_STEPS = flags.DEFINE_list(
@@ -135,7 +136,7 @@ def bert_batch(vocab_size: int, batch: int, length: int, predictions: int,
 
 
 def workload(spec: str, batch: int, model_overrides: dict,
-             dropout_prng: str = "threefry") -> tuple[Task, dict]:
+             dropout_prng: str | None = None) -> tuple[Task, dict]:
     """(the task `launch/train.py` would build from `EXPERIMENTS[family]` with the
     model the size preset with `model_overrides`, sequences of LENGTH and `batch`
     rows; a synthetic batch of its `batch_spec`). BERT: `max_predictions(LENGTH)`
@@ -151,7 +152,7 @@ def workload(spec: str, batch: int, model_overrides: dict,
         size, max_len=max(512 if bert else 256, length), **model_overrides)
     config.model = ml_collections.ConfigDict(dataclasses.asdict(model))
     config.train.batch_size, config.data.vocab_size = batch, model.vocab_size
-    config.train.dropout_prng = dropout_prng
+    config.train.dropout_prng = dropout_prng or config.train.dropout_prng
     config.data.update(dict(max_seq_length=length, max_predictions_per_seq=max_predictions(
         length)) if bert else dict(max_length=length, pack_length=0, batch_tokens=0))
     task = build_task(config, None, abstract=True)
@@ -198,7 +199,7 @@ def time_bert_jax(task: Task, batch: dict[str, np.ndarray], steps: int, warmup: 
     state, shardings = create_train_state(task.init_variables, task.model.apply,
                                           optimizer_from_config(config), mesh, jax.random.PRNGKey(0))
     step_fn = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps,
-                                             config.train.get("dropout_prng", "threefry")),
+                                             config.train.dropout_prng),
                              shardings, mesh)
     batch = global_batch(batch, mesh)
     rng = jax.random.PRNGKey(1)

@@ -22,7 +22,7 @@ from ml_collections import config_flags
 
 import cli
 from bert_jax import noise
-from bert_jax.errors import UserError, chain
+from bert_jax.errors import UserError, chain, where
 from bert_jax.training import distributed, evaluation
 
 CONFIG = config_flags.DEFINE_config_file(
@@ -53,7 +53,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
     except (AttributeError, KeyError) as e:
         raise flags.Error(_unknown_field(argv, config)) from e
     except SyntaxError as e:
-        raise flags.Error(f"{config}: {e.filename}:{e.lineno}: {e.msg}") from e
+        raise flags.Error(f"{config}: {where(str(e.filename), e.lineno)}: {e.msg}") from e
     except (flags.Error, OSError) as e:
         causes = [c for c in chain(e) if isinstance(c, UserError)]
         if causes:

@@ -6,10 +6,10 @@ nodes that are not here, and says whether they fit.
   python launch/compile.py --config=experiments/pretrain_bert.py:large_lamb_phase1 \
       --topology=v5e-256 --fit_global_batch [--mfu=0.5] [--memory_gib=15]
 
-Topologies: bert_jax/training/topologies.py (TPUs need `pip install -e ".[tpu]"`,
+Topologies: bert_jax/planning/topologies.py (TPUs need `pip install -e ".[tpu]"`,
 GPUs `".[cuda12]"`); runs on a CPU machine. Prints compile seconds, per-device
 memory against the chip's, FLOPs, collectives and attention kernels, and the
-train step's time bound (`bert_jax/training/step_bound.py`: compute, memory and
+train step's time bound (`bert_jax/planning/step_bound.py`: compute, memory and
 communication time at the chips' peak figures, the bottleneck, the MFU ceiling;
 JSON keys `step_time_bound`, `bottleneck`, `mfu_ceiling`) and beside it the
 per-instruction roofline with its costliest instructions (`per_instruction_bound`);
@@ -27,7 +27,7 @@ import os
 import shlex
 import sys
 
-from bert_jax.training import topologies  # imports no JAX
+from bert_jax.planning import topologies  # imports no JAX
 
 # Compile on the CPU for accelerators that are not here: before JAX starts.
 for _name, _value in topologies.COMPILE_ONLY_ENVIRONMENT.items():
@@ -36,7 +36,8 @@ for _name, _value in topologies.COMPILE_ONLY_ENVIRONMENT.items():
 from absl import app, flags  # noqa: E402
 
 import common_flags as launch_flags  # noqa: E402
-from bert_jax.training import aot  # noqa: E402
+from bert_jax.config_schema import check_config  # noqa: E402
+from bert_jax.planning import aot  # noqa: E402
 
 _CONFIG = launch_flags.CONFIG
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU slice or GPU nodes, e.g. "
@@ -69,7 +70,7 @@ flags.mark_flags_as_required(["config", "topology"])
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value
+    check_config(config := _CONFIG.value)
     target = topologies.target(_TOPOLOGY.value, _NUM_SLICES.value)
     if _MEMORY_GIB.value:
         target = dataclasses.replace(target, memory_bytes=int(_MEMORY_GIB.value * aot.GiB),

@@ -34,7 +34,8 @@ from bert_jax.errors import UserError
 from bert_jax.file_io import write_json
 from bert_jax.training import evaluation
 from bert_jax.training.averaging import average_workdir
-from bert_jax.training.workdir import is_step_name, refuse_writing_into
+from bert_jax.training.workdir import refuse_writing_into
+from bert_jax.workdir_layout import is_step_name
 
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the metrics as JSON to this file "

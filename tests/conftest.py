@@ -3,7 +3,7 @@ accelerators that are not here, and shared paths."""
 
 import os
 
-from bert_jax.training.topologies import COMPILE_ONLY_ENVIRONMENT  # imports no JAX
+from bert_jax.planning.topologies import COMPILE_ONLY_ENVIRONMENT  # imports no JAX
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # JAX on the CPU; compilers for the GPUs and TPUs that are not here (test_compile.py).

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bert_jax.modeling import bert_preset, transformer_preset
-from bert_jax.training import topologies
+from bert_jax.planning import topologies
 from helpers import REPO
 
 import benchmark
@@ -90,7 +90,7 @@ def test_benchmark_rejects_a_bad_model_spec(tmp_path):
 def test_a_user_error_is_one_line_in_a_plain_shell(tmp_path):
     """Without the tests' JAX_PLATFORMS=cpu, the script itself keeps the start-up
     errors of installed GPU/TPU plugins without hardware off stderr."""
-    from bert_jax.training.topologies import COMPILE_ONLY_ENVIRONMENT
+    from bert_jax.planning.topologies import COMPILE_ONLY_ENVIRONMENT
     env = {k: v for k, v in os.environ.items() if k not in COMPILE_ONLY_ENVIRONMENT}
     result, _ = _benchmark("--steps=6", "--profile_steps=5,9", tmp_path=tmp_path, env=env)
     assert result.returncode == 2 and result.stderr.splitlines() == [

@@ -21,7 +21,7 @@ import pytest
 
 from bert_jax.errors import ConfigError
 from bert_jax.tasks import build_task
-from bert_jax.training import aot, topologies
+from bert_jax.planning import aot, topologies
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))

@@ -1,10 +1,10 @@
-"""The HLO-text reader of `bert_jax.training.hlo` on small hand-written
+"""The HLO-text reader of `bert_jax.planning.hlo` on small hand-written
 programs: loops' trip counts (XLA's `known_trip_count`, libtpu's condition
 constants), collectives as written and as executed, replica groups."""
 
 import pytest
 
-from bert_jax.training import hlo
+from bert_jax.planning import hlo
 
 # A micro-batch loop (4) around a layer loop (3), as libtpu prints them: no
 # known_trip_count; the counter starts at a copied constant 0. The layer body

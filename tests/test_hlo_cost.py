@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bert_jax.training import hlo_cost
+from bert_jax.planning import hlo_cost
 
 L, N, D = 6, 8, 256      # layers, rows, width: the weights dominate the traffic
 

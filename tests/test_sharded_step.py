@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from bert_jax.modeling import BertForTokenClassification, bert_preset
-from bert_jax.training import hlo
+from bert_jax.planning import hlo
 from bert_jax.training.optimizer import decay_mask, learning_rate_schedule, make_optimizer
 from bert_jax.training.sharding import global_batch, make_mesh, mesh_shape
 from bert_jax.errors import ConfigError

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from bert_jax.training import aot, hlo, topologies
-from bert_jax.training.hlo_cost import ProgramCost, program_cost
-from bert_jax.training.step_bound import (
+from bert_jax.planning import aot, hlo, topologies
+from bert_jax.planning.hlo_cost import ProgramCost, program_cost
+from bert_jax.planning.step_bound import (
     Interconnect, Machine, Place, collective_seconds, step_bound)
 
 B = 64 * 2**20          # bytes of one collective's result per device

@@ -211,9 +211,9 @@ RESUME = {"train.num_steps": 200, "train.checkpoint_every": 100, "train.log_ever
           "train.eval_every": 100, "model.dropout_rate": 0.1}
 
 
-# The tiny experiment with LAMB and the 'poly' schedule, or with the dropout bits
-# of XLA's RngBitGenerator (tiny_translate.py has neither optimizer.name nor
-# train.dropout_prng: the trainer reads them with defaults).
+# The tiny experiment with LAMB and the 'poly' schedule (tiny_translate.py has
+# no optimizer.name: the trainer reads it with its default), or with the dropout
+# bits of XLA's RngBitGenerator.
 VARIANT_CONFIG = f"""import sys
 sys.path.insert(0, {str(REPO / 'experiments')!r})
 import tiny_translate

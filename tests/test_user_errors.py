@@ -674,7 +674,7 @@ def test_the_choice_and_its_reason_are_logged_once(data_dir, caplog, monkeypatch
 
 
 def test_compile_resolves_auto_for_the_target_not_this_cpu():
-    from bert_jax.training import aot, topologies
+    from bert_jax.planning import aot, topologies
     gpu = topologies.Target("h100-8", "gpu", (), topologies.GPUS["h100"].description, 0, 0)
     tpu = topologies.Target("v5e-8", "tpu", (), "TPU v5e", 0, 0)
     for target in (gpu, tpu):  # from this CPU, whatever its flags

@@ -24,7 +24,8 @@ from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
 from bert_jax.data.wordpiece import WordPiece, declared_casings
 from bert_jax.errors import ConfigError, MissingFileError
 from bert_jax.modeling.configs import BertConfig
-from bert_jax.training.workdir import CHECKPOINT_DIR, CONFIG_FILE
+from bert_jax.training.workdir import CONFIG_FILE
+from bert_jax.workdir_layout import CHECKPOINT_DIR
 
 
 @dataclasses.dataclass

@@ -20,7 +20,8 @@ import re
 import sys
 from typing import Callable, Iterable
 
-from bert_jax.errors import ConfigError, DataError
+from bert_jax.config_schema import choice
+from bert_jax.errors import DataError, where
 
 ON_ERROR = ("fail", "skip", "warn")
 NOT_UTF8 = re.compile("[\udc80-\udcff]")  # a byte read with errors="surrogateescape"
@@ -36,8 +37,7 @@ def shorten(text: str, limit: int = 40) -> str:
 def screen_lines(lines: Iterable[str], problems_of: Callable[[str], list[str]],
                  on_error: str, name: str) -> list[str | None]:
     """The lines (without newlines), bad ones handled per `on_error` (see module doc)."""
-    if on_error not in ON_ERROR:
-        raise ConfigError(f"on_error={on_error!r}: use one of {', '.join(ON_ERROR)}.")
+    choice("on_error", on_error, ON_ERROR)
     kept, reports = [], []
     for number, line in enumerate(lines, 1):
         line, byte = line.rstrip("\n"), NOT_UTF8.search(line)
@@ -46,7 +46,7 @@ def screen_lines(lines: Iterable[str], problems_of: Callable[[str], list[str]],
         if byte:  # processed (warn) with U+FFFD in its place
             line = line.encode(errors="surrogateescape").decode(errors="replace")
         if problems:
-            reports.append(f"{name}:{number}: {'; '.join(problems)}")
+            reports.append(f"{where(name, number)}: {'; '.join(problems)}")
             if on_error != "fail":
                 action = "skipped" if on_error == "skip" else "processed as it is"
                 print(f"warning: {reports[-1]} ({action})", file=sys.stderr, flush=True)

@@ -35,7 +35,7 @@ from absl import logging
 from bert_jax.data.builder_configs import LocalFilesBuilder
 from bert_jax.data.splits import check_split_files
 from bert_jax.data.text_files import utf8_lines
-from bert_jax.errors import ConfigError, DataError, MissingFileError
+from bert_jax.errors import ConfigError, DataError, MissingFileError, where
 
 # Conventional file stems and the standard tfds split names they get by default.
 STEM_ALIASES: dict[str, str] = {
@@ -174,7 +174,7 @@ def check_split(cfg: ParallelTextConfig, split: str) -> tuple[int, list[int]]:
             skipped.append(src[0])
     paths = (src_path, tgt_path)
     if counts[0] != counts[1]:
-        hint = "; ".join(f"first empty line: {paths[s]}:{first_empty[s]}"
+        hint = "; ".join(f"first empty line: {where(paths[s], first_empty[s])}"
                          for s in (0, 1) if first_empty[s] is not None)
         raise DataError(src_path, f"{counts[0]} lines, {tgt_path} {counts[1]}",
                         "line i of one must translate line i of the other"

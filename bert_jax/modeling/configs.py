@@ -19,8 +19,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.config_schema import ATTENTION_IMPLS
 from bert_jax.errors import ConfigError, DamagedFileError, UserError
-from bert_jax.modeling.fused_attention import IMPLS as ATTENTION_IMPLS
 
 ACTIVATIONS = {
     "gelu": functools.partial(nn.gelu, approximate=False),

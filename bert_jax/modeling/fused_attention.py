@@ -37,12 +37,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from bert_jax.config_schema import ATTENTION_IMPLS, choice
 from bert_jax.errors import ConfigError
 from bert_jax.modeling.masks import AttentionMask, Mask, dense_mask
 
 Array = jax.Array
 
-IMPLS = ("einsum", "xla", "cudnn", "splash", "flash")
+IMPLS = ATTENTION_IMPLS
 FLASH_KERNELS = {"gpu": "cudnn", "cuda": "cudnn", "tpu": "splash", "cpu": "xla"}
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
@@ -58,10 +59,7 @@ def platform() -> str:
 
 def resolve(impl: str) -> str:
     """`impl` with 'flash' replaced by the platform's kernel."""
-    if impl not in IMPLS:
-        raise ConfigError(
-            f"config.model.attention_impl={impl!r}: unknown; choose one of {list(IMPLS)}.")
-    if impl != "flash":
+    if choice("config.model.attention_impl", impl, IMPLS) != "flash":
         return impl
     if (here := platform()) not in FLASH_KERNELS:
         raise ConfigError(f"config.model.attention_impl='flash': no flash kernel "

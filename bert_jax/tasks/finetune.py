@@ -73,10 +73,8 @@ HELDOUT = "heldout"  # the evaluation split carved from the training subset
 
 
 def _buckets(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
-    out = tuple(sorted({int(b) for b in buckets if int(b) < max_length})) + (max_length,)
-    if out[0] <= 0:
-        raise ConfigError(f"config.data.length_buckets={tuple(buckets)} must be positive.")
-    return out
+    """The row lengths, ascending, up to `max_length` (positive: `config_schema`)."""
+    return tuple(sorted({int(b) for b in buckets if int(b) < max_length})) + (max_length,)
 
 
 def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int], list[int]]:

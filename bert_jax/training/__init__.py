@@ -20,8 +20,9 @@ and writes checkpoints and metrics to the workdir.
   distributed      multi-host start-up (`jax.distributed`)
   metrics          the metric writers (JSON lines, TensorBoard), MFU
   profiling        a `jax.profiler` trace of chosen steps
-  aot, topologies  ahead-of-time compilation for accelerators that are not here
-                   (`launch/compile.py`), and their chips and links
-  hlo, hlo_cost    the reading and costing of a compiled program's text
-  step_bound       the roofline bound on a step's time
+  chips            the chip table: peak FLOP/s for MFU (and, for
+                   `bert_jax.planning`, memory and bandwidths)
+
+Planning for accelerators that are not here (ahead-of-time compilation, step
+bounds) is `bert_jax.planning`, above this package: nothing here imports it.
 """

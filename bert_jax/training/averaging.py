@@ -29,8 +29,8 @@ from bert_jax.file_io import write_json
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, vanished_step)
 from bert_jax.training.evaluation import abstract_params
-from bert_jax.training.workdir import (
-    CHECKPOINT_DIR, CONFIG_FILE, check_step, checkpoint_steps, refuse_writing_into)
+from bert_jax.training.workdir import CONFIG_FILE, check_step, refuse_writing_into
+from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps
 
 
 def average_params(paths: Sequence[str], abstract: Any) -> Any:

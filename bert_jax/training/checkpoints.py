@@ -37,7 +37,7 @@ from orbax.checkpoint import checkpoint_managers
 from bert_jax import noise
 from bert_jax.errors import CheckpointError, DamagedFileError, UserError, chain
 from bert_jax.file_io import read_json
-from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps, is_step_name
+from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps, is_step_name
 
 SET_ASIDE_DIR = "checkpoints_set_aside"
 DIGEST_ITEM = "digest"

@@ -40,8 +40,8 @@ from bert_jax.tasks.base import check_saved_config, fill_saved_defaults, task_cl
 from bert_jax.training.checkpoints import restore_params, vanished_step
 from bert_jax.training.sharding import global_batch, mesh_from_config, replicated
 from bert_jax.training.train_step import abstract_train_state
-from bert_jax.training.workdir import (
-    CHECKPOINT_DIR, CONFIG_FILE, check_step, check_workdir, checkpoint_steps)
+from bert_jax.training.workdir import CONFIG_FILE, check_step, check_workdir
+from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps
 
 
 # Config keys any evaluation may change (a key or a `section.` prefix); a task

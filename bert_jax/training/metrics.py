@@ -6,14 +6,14 @@ line) and TensorBoard events to `WORKDIR/tensorboard/` (tensorboardX).
 MFU = model FLOPs per second / (devices x peak FLOP/s per device). Model FLOPs
 count the model's matmuls only (3x the forward pass for a training step),
 without recomputation (`bert_jax.modeling.flops`). Peak: the config's, else the
-chip table of `topologies` (dense bfloat16), else (CPU) a timed matmul in the
+chip table of `chips` (dense bfloat16), else (CPU) a timed matmul in the
 dtype the model computes in, as the model computes it (`precision.contract`:
 bfloat16 operands, float32 accumulation). A CPU with `amx_bf16` multiplies
 bfloat16 several times faster than float32, so a float32 peak put a bfloat16
 model above 100% there; on a CPU without native bfloat16 the bfloat16 peak is
 the lower one. The CPU's memory bandwidth is a timed streaming op (read +
 write) at sizes from a core's cache to main memory, for the step-time bound of
-`bert_jax.training.step_bound`.
+`bert_jax.planning.step_bound`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from absl import logging
 
 from bert_jax.file_io import write_atomically
 from bert_jax.modeling.precision import contract
-from bert_jax.training.topologies import peak_flops
+from bert_jax.training.chips import peak_flops
 from bert_jax.training.workdir import METRICS_FILE, parse_metrics, report_metrics_damage
 
 
@@ -79,7 +79,7 @@ def _fastest(fn, x: jax.Array, repeats: int) -> float:
 
 
 def peak_flops_per_device(configured: float = 0.0, dtype: str = "float32") -> float:
-    """`configured` if positive, else `topologies.peak_flops` of the device
+    """`configured` if positive, else `chips.peak_flops` of the device
     (accelerators: dense bfloat16), else a measured matmul in `dtype`, the
     dtype the model computes in (`config.model.dtype` once resolved)."""
     if configured > 0:

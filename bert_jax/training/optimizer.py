@@ -34,18 +34,15 @@ import jax
 import ml_collections
 import optax
 
-from bert_jax.errors import ConfigError
+from bert_jax.config_schema import OPTIMIZERS, SCHEDULES, choice
 from bert_jax.modeling.layers import SCANNED_LAYERS
 
-SCHEDULES = ("constant", "linear", "cosine", "rsqrt", "poly")
-OPTIMIZERS = ("adamw", "lamb")
 NO_DECAY = ("bias", "scale", "output_bias")
 
 
 def learning_rate_schedule(name: str, learning_rate: float, warmup_steps: int,
                            total_steps: int, decay_power: float = 0.5) -> optax.Schedule:
-    if name not in SCHEDULES:
-        raise ConfigError(f"schedule={name!r}: unknown; choose one of {list(SCHEDULES)}.")
+    choice("schedule", name, SCHEDULES)
     if warmup_steps < 0 or total_steps <= 0 or warmup_steps > total_steps:
         raise ValueError(f"need 0 <= warmup_steps ({warmup_steps}) <= total_steps "
                          f"({total_steps}) and total_steps > 0.")
@@ -111,8 +108,7 @@ def make_optimizer(name: str, learning_rate: optax.ScalarOrSchedule, *,
     tensor, and per layer of an `nn.scan` stack, so scanning does not change the
     update; one moment tree serves both groups (optax.multi_transform would keep two).
     """
-    if name not in OPTIMIZERS:
-        raise ConfigError(f"optimizer={name!r}: unknown; choose one of {list(OPTIMIZERS)}.")
+    choice("optimizer", name, OPTIMIZERS)
     parts = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
     if name == "adamw":
         return optax.chain(*parts, optax.adamw(

@@ -14,27 +14,11 @@ they include compilation.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 from absl import logging
 
-from bert_jax.errors import ConfigError
-
-
-def profile_range(steps: Sequence[int | str] | None, field: str
-                  ) -> tuple[int, int] | None:
-    """`(start, end)` of a config or flag value (numbers or text); empty: None."""
-    if not steps:
-        return None
-    try:
-        start, end = (int(step) for step in steps)
-    except ValueError:  # not two numbers
-        start, end = 0, 0
-    if not 1 <= start <= end:
-        raise ConfigError(f"{field}={tuple(steps)}: give (START, END) with "
-                          "1 <= START <= END, e.g. (10, 12).")
-    return start, end
 
 
 class StepProfiler:

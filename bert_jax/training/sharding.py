@@ -11,7 +11,8 @@ these.
 
 Mesh axes: `data` (batch split, parameters replicated), `fsdp` (batch split,
 parameters sharded along `embed`), `tensor` (heads, MLP and vocabulary split,
-as Megatron). A size of -1 takes the remaining devices. Over several TPU slices
+as Megatron). A size of -1 takes the remaining devices (`config_schema.mesh_shape`
+checks the shape against the devices). Over several TPU slices
 (distinct `slice_index`), `config.mesh.shape` is the mesh inside a slice (ICI)
 and `config.mesh.dcn_shape` multiplies it across slices, data-parallel by
 default (`create_hybrid_device_mesh`): the slow DCN links carry only the
@@ -34,10 +35,9 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from bert_jax.errors import ConfigError
+from bert_jax.config_schema import MESH_AXES, mesh_shape
 from bert_jax.modeling.layers import BATCH_MESH_AXES, SCANNED_LAYERS
 
-MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = BATCH_MESH_AXES  # activations follow it too (modeling.layers.batch_sharded)
 
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
@@ -52,27 +52,6 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("classes", None),
     (SCANNED_LAYERS, None),   # the stacked axis of scanned layers
 )
-
-
-def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
-    """`shape` `(data, fsdp, tensor)` with its -1 replaced by the devices left,
-    checked to use exactly `num_devices`."""
-    shape = tuple(int(s) for s in shape)
-    if len(shape) != len(MESH_AXES):
-        raise ConfigError(f"mesh shape {shape} must give sizes for {MESH_AXES}.")
-    if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-        raise ConfigError(f"mesh shape {shape}: sizes must be positive, with at most "
-                         "one -1 (the rest of the devices).")
-    known = math.prod(s for s in shape if s != -1)
-    if -1 in shape:
-        if num_devices % known:
-            raise ConfigError(f"mesh shape {shape}: {num_devices} devices are not "
-                             f"divisible by {known}.")
-        shape = tuple(num_devices // known if s == -1 else s for s in shape)
-    if math.prod(shape) != num_devices:
-        raise ConfigError(f"mesh shape {shape} uses {math.prod(shape)} devices but "
-                         f"{num_devices} are available; use -1 for one axis.")
-    return shape
 
 
 def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None,

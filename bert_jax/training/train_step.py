@@ -60,7 +60,7 @@ import optax
 from flax.training import train_state
 from jax.sharding import Mesh, PartitionSpec
 
-from bert_jax.errors import ConfigError
+from bert_jax.config_schema import DROPOUT_PRNGS, choice
 from bert_jax.modeling.losses import sums_to_means
 from bert_jax.training.sharding import (
     BATCH_AXES, RULES, batch_sharding, logical_shardings, replicated)
@@ -69,15 +69,9 @@ LossFn = Callable[[Any, dict[str, jax.Array], jax.Array],
                   tuple[jax.Array, jax.Array, dict[str, jax.Array]]]
 
 
-DROPOUT_PRNGS = ("threefry", "rbg", "unsafe_rbg")   # jax.random's implementations
-
-
 def check_dropout_prng(name: str) -> str:
     """`name` if it is one of `DROPOUT_PRNGS`, else a one-line `ConfigError`."""
-    if name not in DROPOUT_PRNGS:
-        raise ConfigError(f"config.train.dropout_prng={name!r}: unknown; choose one of "
-                          f"{list(DROPOUT_PRNGS)}.")
-    return name
+    return choice("config.train.dropout_prng", name, DROPOUT_PRNGS)
 
 
 def dropout_key(rng: jax.Array, dropout_prng: str = "threefry") -> jax.Array:

@@ -32,6 +32,7 @@ from flax import traverse_util
 from jax.experimental import multihost_utils
 
 from bert_jax.auto_dtype import AUTO, resolve_model_dtype
+from bert_jax.config_schema import profile_range
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.data.concurrency import DevicePrefetch
 from bert_jax.errors import ConfigError, TrainingDiverged, UserError
@@ -46,9 +47,9 @@ from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
 from bert_jax.training.optimizer import optimizer_from_config
 from bert_jax.training.preemption import PreemptionWatcher
-from bert_jax.training.profiling import StepProfiler, profile_range
-from bert_jax.training.workdir import (
-    CHECKPOINT_DIR, CONFIG_FILE, WorkdirError, check_step, check_workdir, checkpoint_steps)
+from bert_jax.training.profiling import StepProfiler
+from bert_jax.training.workdir import CONFIG_FILE, WorkdirError, check_step, check_workdir
+from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps
 from bert_jax.training.workdir_lock import DEFAULT_LOCK_TIMEOUT, WorkdirLock
 from bert_jax.training.sharding import global_batch, mesh_from_config
 from bert_jax.training.train_step import (
@@ -229,7 +230,7 @@ def _train(task: Task, workdir: str, restore_step: int | None, lock: WorkdirLock
 
     writer = MetricWriter(workdir, resume_step=first_step)
     step_fn = jit_train_step(make_train_step(task.loss_fn, train.grad_accum_steps,
-                                             train.get("dropout_prng", "threefry")),
+                                             train.dropout_prng),
                              shardings, mesh)
     # The evaluators' files are written after `report` has seen the metrics: fenced.
     evaluate = make_evaluator(task, mesh, workdir, report=lambda _: fence())

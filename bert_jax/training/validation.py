@@ -3,13 +3,15 @@ trainer on the task it will train (`check_training_config(task)`: built, its
 data not yet read) before anything is written or built, so that a mistake
 costs a second, not a dataset build and a compile.
 
-They cover the step counts, the dropout generator, the optimizer's values and
-names, the names of the evaluators, the files and folders the config names
-(`config.data.*path`, `*_file`, `*_files`, `init_from`; `check_files` alone
-serves launch/build_pretraining_data.py), the model config the task declares
-(made without data where the task can), and the global batch against the
-processes, the gradient-accumulation steps and the mesh's data x fsdp devices. Every problem
-is reported together, one line each, in one `ConfigError`.
+They cover the rules of `bert_jax.config_schema` (field by field and across
+fields; `launch/compile.py` applies them too), the profiled steps, the names of
+the evaluators, the files and folders the config names (`config.data.*path`,
+`*_file`, `*_files`, `init_from`; `check_files` alone serves
+launch/build_pretraining_data.py), the model config the task declares (made
+without data where the task can), and the global batch against the processes,
+the gradient-accumulation steps and the mesh's data x fsdp devices
+(`check_batch` alone serves `launch/compile.py`, for a target's mesh). Every
+problem is reported together, one line each, in one `ConfigError`.
 """
 
 from __future__ import annotations
@@ -20,14 +22,12 @@ from typing import Iterator
 import jax
 import ml_collections
 
+from bert_jax.config_schema import config_problems, profile_range, refuse
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.evaluation import evaluators
 from bert_jax.errors import ConfigError
 from bert_jax.tasks.base import Task
-from bert_jax.training.optimizer import OPTIMIZERS, SCHEDULES
-from bert_jax.training.profiling import profile_range
 from bert_jax.training.sharding import mesh_from_config
-from bert_jax.training.train_step import check_dropout_prng
 
 # Config fields (anywhere under `config.data`) that name files or folders that
 # must exist; `init_from` is checked too. A `path:FORMAT` suffix is allowed.
@@ -38,7 +38,7 @@ def check_training_config(task: Task) -> None:
     """Raises `ConfigError` listing every problem found in `task`, the one the
     trainer will train, and its config (none: returns)."""
     config = task.config
-    problems = [*_step_problems(config.train, config.optimizer),
+    problems = [*_step_problems(config),
                 *_name_problems(config), *_missing_files(config)]
     if not problems and not config.get("init_from"):  # else the checkpoint's model
         try:
@@ -51,31 +51,18 @@ def check_training_config(task: Task) -> None:
         problems.append(f"config.mesh.shape={tuple(config.mesh.shape)}: {e}")
     else:
         problems += _batch_problems(task, mesh.shape["data"] * mesh.shape["fsdp"])
-    if problems:
-        raise ConfigError("the config cannot train:\n  " + "\n  ".join(problems))
+    refuse(problems)
 
 
-def _step_problems(train: ml_collections.ConfigDict,
-                   optimizer: ml_collections.ConfigDict) -> list[str]:
-    problems = [f"config.train.{name}={train[name]}: must be at least 1."
-                for name in ("num_steps", "log_every", "eval_every", "checkpoint_every",
-                             "grad_accum_steps") if train[name] < 1]
-    fraction = optimizer.get("warmup_fraction", 0.0)  # > 0: replaces warmup_steps
-    if not fraction and not 0 <= optimizer.warmup_steps <= max(train.num_steps, 0):
-        problems.append(
-            f"config.optimizer.warmup_steps={optimizer.warmup_steps} is outside 0.."
-            f"config.train.num_steps={train.num_steps}: lower warmup_steps or raise "
-            "num_steps.")
-    if not 0 <= fraction < 1:
-        problems.append(f"config.optimizer.warmup_fraction={fraction}: must "
-                        "be in [0, 1) (0: use warmup_steps).")
-    if optimizer.learning_rate < 0:
-        problems.append(f"config.optimizer.learning_rate={optimizer.learning_rate}: must not "
-                        "be negative.")
-    try:
-        check_dropout_prng(train.get("dropout_prng", "threefry"))
-    except ConfigError as e:
-        problems.extend(e.args)
+def check_batch(task: Task, batch_shards: int) -> None:
+    """The global batch's rules alone, against `batch_shards` devices (data x
+    fsdp) of a mesh that may not be here (`bert_jax.planning.aot`)."""
+    refuse(_batch_problems(task, batch_shards))
+
+
+def _step_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """The rules of `config_schema`, and the profiled steps within the run."""
+    problems, train = config_problems(config), config.train
     try:
         profile = profile_range(train.get("profile_steps"), "config.train.profile_steps")
     except ConfigError as e:
@@ -89,28 +76,12 @@ def _step_problems(train: ml_collections.ConfigDict,
 
 
 def _name_problems(config: ml_collections.ConfigDict) -> list[str]:
-    """Names the config chooses from a list: optimizer, schedule, evaluators; lengths
-    and sizes. (A `data.train_examples` beyond its split is named when the split is read.)"""
-    problems = []
-    for key, choices in (("schedule", SCHEDULES), ("name", OPTIMIZERS)):
-        value = config.optimizer.get(key)
-        if value is not None and value not in choices:
-            problems.append(f"config.optimizer.{key}={value!r}: unknown; choose one of "
-                            f"{list(choices)}.")
+    """The evaluators the config names (registered by the evaluation package)."""
     evals = config.get("evals") or ()
     names = [evals] if isinstance(evals, str) else list(evals)
     unknown = [name for name in names if name not in evaluators.registered()]
-    if unknown:
-        problems.append(f"config.evals: unknown evaluator(s) {unknown}; registered: "
-                        f"{evaluators.registered()}.")
-    max_length = config.data.get("max_length")
-    if isinstance(max_length, int) and max_length < 1:
-        problems.append(f"config.data.max_length={max_length}: must be at least 1.")
-    examples = config.data.get("train_examples")
-    if isinstance(examples, int) and examples < 0:
-        problems.append(f"config.data.train_examples={examples}: must be at least 0 (0: "
-                        "the whole training split).")
-    return problems
+    return [f"config.evals: unknown evaluator(s) {unknown}; registered: "
+            f"{evaluators.registered()}."] if unknown else []
 
 
 def _batch_problems(task: Task, batch_shards: int) -> list[str]:
@@ -151,10 +122,7 @@ def _batch_problems(task: Task, batch_shards: int) -> list[str]:
 
 def check_files(config: ml_collections.ConfigDict) -> None:
     """What a data build needs: the files and folders the config names exist."""
-    problems = _missing_files(config)
-    if problems:
-        raise ConfigError("the config names files that do not exist:\n  "
-                          + "\n  ".join(problems))
+    refuse(_missing_files(config), "the config names files that do not exist")
 
 
 def _missing_files(config: ml_collections.ConfigDict) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from absl import logging
 
-from bert_jax.errors import CheckpointError, WorkdirError
+from bert_jax.errors import CheckpointError, WorkdirError, where
 from bert_jax.workdir_layout import (  # noqa: F401 (re-exported)
     CHECKPOINT_DIR, checkpoint_steps, is_step_name)
 
@@ -91,7 +91,7 @@ def parse_metrics(path: str) -> tuple[list[dict[str, Any]], list[str]]:
                 *([f"not a JSON record{f' ({len(found)} recovered from it)' if found else ''}"
                    ", skipped"] if damaged and not writing else [])]
         if what:
-            problems.append(f"{path}:{number}: {'; '.join(what)}")
+            problems.append(f"{where(path, number)}: {'; '.join(what)}")
     return records, problems
 
 

@@ -31,7 +31,8 @@ from typing import Any, Callable, Iterable, Sequence
 from bert_jax.analysis.sweeps.points import apply_overrides, as_points, validate
 from bert_jax.errors import ConfigError, DamagedFileError
 from bert_jax.file_io import jsonable, read_json, write_json
-from bert_jax.training.workdir import CHECKPOINT_DIR, checkpoint_steps, read_metrics
+from bert_jax.training.workdir import read_metrics
+from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps
 
 SWEEP_FILE = "sweep.json"
 OVERRIDES_FILE = "overrides.json"

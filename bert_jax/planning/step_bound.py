@@ -56,7 +56,7 @@ counted). Both are lower bounds.
 
 Inputs are plain (`Machine`, the collective ops as dicts, the instructions'
 costs) so that the bound can be computed and tested without a compiler;
-`bert_jax.training.aot` feeds it a compiled step and `launch/benchmark.py` a
+`bert_jax.planning.aot` feeds it a compiled step and `launch/benchmark.py` a
 measured CPU.
 """
 

@@ -1,7 +1,7 @@
 """FLOPs and memory traffic per device of a compiled XLA program, read from its
 text (`compiled.as_text()`), every while loop counted as many times as it runs.
 The text is parsed, and each computation's executions a step counted (the
-loops' trip counts), by `bert_jax.training.hlo`; this module only costs the
+loops' trip counts), by `bert_jax.planning.hlo`; this module only costs the
 instructions.
 
 Why not `compiled.cost_analysis()`: it counts a loop body once (libtpu on a
@@ -71,7 +71,7 @@ out and scanned, the model FLOPs of `bert_jax.modeling.flops`):
 
 `ProgramCost.instructions` gives the three per top-level instruction (a
 fusion with what it fuses) with its executions a step: the input of the
-per-instruction roofline of `bert_jax.training.step_bound`.
+per-instruction roofline of `bert_jax.planning.step_bound`.
 
 Across TPU slices libtpu writes no collective: each slice runs its own
 program and hands the data-centre network's share to the host as a `send`
@@ -88,8 +88,8 @@ import dataclasses
 import math
 import re
 
-from bert_jax.training import hlo
-from bert_jax.training.hlo import Computation, Instruction
+from bert_jax.planning import hlo
+from bert_jax.planning.hlo import Computation, Instruction
 
 _CONTRACTING = re.compile(r"\blhs_contracting_dims=\{([\d,]*)\}")
 _WINDOW = re.compile(r"window=\{([^}]*)\}")
@@ -129,7 +129,7 @@ _RNG_ALGORITHM = re.compile(r"\balgorithm=(\w+)")
 class InstructionCost:
     """One execution of a top-level instruction (a fusion with what it fuses)
     and its executions a step: what the per-instruction roofline of
-    `bert_jax.training.step_bound` costs. The list keeps each computation's
+    `bert_jax.planning.step_bound` costs. The list keeps each computation's
     instructions in program order (the schedule)."""
 
     name: str

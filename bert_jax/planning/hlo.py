@@ -1,6 +1,6 @@
 """The reader of a compiled XLA program's text (`compiled.as_text()`): its
 computations and instructions, how often each runs, and its collectives as
-written and as executed (`bert_jax.training.hlo_cost` costs the same parse).
+written and as executed (`bert_jax.planning.hlo_cost` costs the same parse).
 
 HLO text is a list of computations, `%name (params) -> shape {` ... `}`, one
 of them `ENTRY`. An instruction is `%name = shape opcode(operands), attr=...`;

@@ -11,7 +11,7 @@ chip's; XLA's FLOP count (TPU only; the GPU compiler gives none) beside the
 model FLOPs of `bert_jax.modeling.flops`; the collectives with count and
 result bytes, as written in the program text (an op inside a loop counted once)
 and as executed a step (times the trip counts of the loops around it:
-`bert_jax.training.hlo`), and each collective op with its replica groups; the
+`bert_jax.planning.hlo`), and each collective op with its replica groups; the
 fused attention kernels (cuDNN's, splash's); the program's matmul FLOPs and
 memory traffic with every loop unrolled (`hlo_cost`).
 
@@ -39,13 +39,14 @@ import ml_collections
 from bert_jax.errors import ConfigError, DoesNotFit
 from bert_jax.tasks import build_task
 from bert_jax.auto_dtype import Hardware, resolve_model_dtype
-from bert_jax.training import hlo
+from bert_jax.planning import hlo
 from bert_jax.training.evaluation import jit_predict
-from bert_jax.training.hlo_cost import ProgramCost, program_cost
+from bert_jax.planning.hlo_cost import ProgramCost, program_cost
 from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_config
 from bert_jax.training.optimizer import optimizer_from_config
-from bert_jax.training.step_bound import Machine, StepBound, step_bound
-from bert_jax.training.topologies import GPUS, Target, machine
+from bert_jax.planning.step_bound import Machine, StepBound, step_bound
+from bert_jax.planning.topologies import GPUS, Target, machine
+from bert_jax.training.validation import check_batch
 from bert_jax.training.train_step import (
     abstract_train_state, jit_train_step, make_train_step)
 
@@ -297,15 +298,12 @@ def compile_experiment(config: ml_collections.ConfigDict, target: Target,
                                           sharding=batch_sharding(mesh))
                 for key, spec in task.batch_spec(train).items()}
 
+    check_batch(task, batch_devices(mesh))
     train_batch = batch(True)
     global_rows = next(iter(train_batch.values())).shape[0]
-    if global_rows % batch_devices(mesh):
-        raise ConfigError(f"a batch of {global_rows} rows does not split over "
-                         f"{batch_devices(mesh)} devices (data x fsdp): set "
-                         "config.train.batch_size (or data.batch_tokens) to a multiple.")
     with jax.set_mesh(mesh):
         step = jit_train_step(make_train_step(task.loss_fn, config.train.grad_accum_steps,
-                                              config.train.get("dropout_prng", "threefry")),
+                                              config.train.dropout_prng),
                               shardings, mesh)
         train = _compile(step, (state, train_batch, rng), num_devices)
         evaluation = None
