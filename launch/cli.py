@@ -17,6 +17,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 
 from absl import app, flags
 
@@ -63,22 +64,30 @@ def run(main, argv: list[str] | None = None, flags_parser=flags.FLAGS) -> None:
 def _raise_swallowed_interrupts() -> None:
     """From now on, a `KeyboardInterrupt` that Python would report as unraisable (raised
     by the Ctrl-C inside a callback: JAX's gc callback, a `__del__`) is not reported but
-    raised again in the main thread a moment later, from a timer thread: raised at once,
-    it would land in this hook, unraisable again. The garbage collector's callbacks are
-    dropped first (the command is stopping): while the main thread is inside
-    `gc.collect()`, the first Python code it runs is a callback, where the interrupt
-    raised again would be swallowed again."""
+    raised again in the main thread, from a timer thread, once this hook has returned:
+    raised inside the hook, it would be unraisable again, and swallowed for good (under
+    load the hook can take longer than the timer's delay: starting a thread waits for
+    it). The garbage collector's callbacks are dropped first (the command is stopping):
+    while the main thread is inside `gc.collect()`, the first Python code it runs is a
+    callback, where the interrupt raised again would be swallowed again."""
     previous = sys.unraisablehook
+    in_hook = [False]  # a plain store, not a call: the last statement of the hook
+
+    def raise_in_main_thread():
+        while in_hook[0]:
+            time.sleep(0.01)
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(threading.main_thread().ident), ctypes.py_object(KeyboardInterrupt))
 
     def hook(unraisable):
         if not issubclass(unraisable.exc_type, KeyboardInterrupt):
             return previous(unraisable)
+        in_hook[0] = True
         gc.callbacks.clear()
-        main_thread = ctypes.c_ulong(threading.main_thread().ident)
-        timer = threading.Timer(0.05, ctypes.pythonapi.PyThreadState_SetAsyncExc,
-                                (main_thread, ctypes.py_object(KeyboardInterrupt)))
+        timer = threading.Timer(0.05, raise_in_main_thread)
         timer.daemon = True
         timer.start()
+        in_hook[0] = False  # no call after it, so no place in the hook to raise
     sys.unraisablehook = hook
 
 

@@ -602,13 +602,17 @@ class Study:
         notes = "\ntime: a done run's wall time" + (
             "; '~' the estimated time left, from\n" + "".join(f"  {s}\n" for s in sources)
             if sources else "\n")
-        before = [f"{len(sweep.runs)} learning-rate selection runs of {task} (lr_grid="
-                  f"{','.join(f'{lr:g}' for lr in self.lr_grid)})"
+        def unfinished(sweep: Sweep) -> int:
+            return sum(not is_finished(run.workdir, sweep.num_steps(run)) for run in sweep.runs)
+
+        before = [(unfinished(sweep), f"learning-rate selection runs of {task} (lr_grid="
+                   f"{','.join(f'{lr:g}' for lr in self.lr_grid)})")
                   for task, sweep in self.selection_sweeps.items()]
-        before += [f"{len(sweep.runs)} in-task masked-LM runs of {task} "
-                   f"({sweep.num_steps(sweep.runs[0])} steps each)"
+        before += [(unfinished(sweep), f"in-task masked-LM runs of {task} "
+                    f"({sweep.num_steps(sweep.runs[0])} steps each)")
                    for task, sweep in self.in_task_sweeps.items()]
-        before = "".join(f"before these, not timed: {line}\n" for line in before)
+        before = "".join(f"before these, not timed: {count} {what}\n"
+                         for count, what in before if count)
         return markdown_table(["task", "backbone", "examples", "seed", "steps", "status",
                                "time"], body) + notes + before + summary + "\n"
 
