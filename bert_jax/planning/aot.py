@@ -36,19 +36,19 @@ from typing import Any
 import jax
 import ml_collections
 
-from bert_jax.errors import ConfigError, DoesNotFit
-from bert_jax.tasks import build_task
 from bert_jax.auto_dtype import Hardware, resolve_model_dtype
+from bert_jax.errors import ConfigError, DoesNotFit
 from bert_jax.planning import hlo
-from bert_jax.training.evaluation import jit_predict
 from bert_jax.planning.hlo_cost import ProgramCost, program_cost
-from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_config
-from bert_jax.training.optimizer import optimizer_from_config
 from bert_jax.planning.step_bound import Machine, StepBound, step_bound
 from bert_jax.planning.topologies import GPUS, Target, machine
-from bert_jax.training.validation import check_batch
+from bert_jax.tasks import build_task
+from bert_jax.training.evaluation import jit_predict
+from bert_jax.training.optimizer import optimizer_from_config
+from bert_jax.training.sharding import BATCH_AXES, batch_sharding, mesh_from_config
 from bert_jax.training.train_step import (
     abstract_train_state, jit_train_step, make_train_step)
+from bert_jax.training.validation import check_batch
 
 COLLECTIVES = hlo.COLLECTIVES
 _CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
