@@ -2,8 +2,8 @@
 
 A config (`experiments/*.py`, `ml_collections.ConfigDict`) is checked here field
 by field: `CHOICES` (the names a field may take), `AT_LEAST` (the smallest value
-of a count), and the rules across fields (`CROSS_FIELD_RULES`, small named
-functions). `config_problems(config)` lists every broken rule, one line each,
+of a count), and the rules a table cannot state (`RULES`: ranges and rules
+across fields, small named functions). `config_problems(config)` lists every broken rule, one line each,
 naming the field, its value and the fix; `check_config(config)` raises them
 together as one `ConfigError`. The trainer runs them in `check_training_config`
 (with the checks that need the task, the data paths or the devices), and
@@ -131,7 +131,7 @@ def _length_buckets(config) -> list[str]:
             if any(int(b) <= 0 for b in buckets) else [])
 
 
-CROSS_FIELD_RULES: tuple[Callable[[Any], list[str]], ...] = (
+RULES: tuple[Callable[[Any], list[str]], ...] = (
     _warmup, _learning_rate, _length_buckets)
 
 
@@ -143,7 +143,7 @@ def config_problems(config) -> list[str]:
             problems.append(f"config.{field}={value}: must be at least {least}{meaning}.")
     problems += [unknown(f"config.{field}", value, names) for field, names in CHOICES.items()
                  if (value := _get(config, field)) is not None and value not in names]
-    for rule in CROSS_FIELD_RULES:
+    for rule in RULES:
         problems += rule(config)
     return problems
 

@@ -43,7 +43,6 @@ from bert_jax.modeling.masks import AttentionMask, Mask, dense_mask
 
 Array = jax.Array
 
-IMPLS = ATTENTION_IMPLS
 FLASH_KERNELS = {"gpu": "cudnn", "cuda": "cudnn", "tpu": "splash", "cpu": "xla"}
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
@@ -59,7 +58,7 @@ def platform() -> str:
 
 def resolve(impl: str) -> str:
     """`impl` with 'flash' replaced by the platform's kernel."""
-    if choice("config.model.attention_impl", impl, IMPLS) != "flash":
+    if choice("config.model.attention_impl", impl, ATTENTION_IMPLS) != "flash":
         return impl
     if (here := platform()) not in FLASH_KERNELS:
         raise ConfigError(f"config.model.attention_impl='flash': no flash kernel "
