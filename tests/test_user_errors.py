@@ -459,12 +459,17 @@ def test_same_size_damage_is_refused_naming_the_good_step(tmp_path):
     for step in (10, 20):
         checkpointer.save(step, state, None)
     checkpointer.close()
-    data = max((p for p in (tmp_path / "checkpoints" / "20").rglob("d/*")),
-               key=lambda p: p.stat().st_size)  # random floats: stored uncompressed
-    damaged = bytearray(data.read_bytes())
-    middle = len(damaged) // 2
-    damaged[middle:middle + 2048] = damaged[middle - 2048:middle]  # finite floats
-    data.write_bytes(bytes(damaged))
+    # Orbax writes each array as a zstd frame; random floats go in raw blocks, the
+    # array's own bytes between 3-byte block headers, at an offset that depends on
+    # the order the values were written. Damage 4 KiB found verbatim in the file
+    # (inside a block), never a header: the floats are reversed, finite and wrong.
+    stretch = bits.view(np.uint8).ravel()[300_000:304_096].tobytes()
+    data = next(p for p in (tmp_path / "checkpoints" / "20").rglob("d/*")
+                if stretch in p.read_bytes())
+    content = data.read_bytes()
+    at = content.index(stretch)
+    reversed_floats = np.frombuffer(stretch, np.uint32)[::-1].tobytes()
+    data.write_bytes(content[:at] + reversed_floats + content[at + len(stretch):])
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     checkpointer = Checkpointer(str(tmp_path))
