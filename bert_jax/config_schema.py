@@ -18,7 +18,9 @@ rules, and those modules import them from here. This module imports only
 
 from __future__ import annotations
 
+import collections
 import math
+import re
 from typing import Any, Callable, Sequence
 
 from bert_jax.errors import ConfigError
@@ -158,3 +160,96 @@ def refuse(problems: Sequence[str], headline: str = "the config cannot train") -
 def check_config(config) -> None:
     """Raises one `ConfigError` listing every problem of `config_problems`."""
     refuse(config_problems(config))
+
+
+# -- Command-line specs of the study and sweep tools ---------------------------------------
+# launch/transfer_study.py and launch/sweep.py (bert_jax.analysis.transfer,
+# bert_jax.analysis.sweeps) parse their flags and study files through these.
+
+STUDY_REFUSED = "the transfer study cannot run"
+SWEEP_REFUSED = "the sweep cannot run"
+IN_TASK_PREFIX = "in_task_mlm:"   # --backbone=NAME=in_task_mlm:PATH
+# spec -> (its grammar, a regex a text matches in full; the line of a text breaking it).
+SPECS = {
+    "--backbone": (r"(?s)(?P<name>[A-Za-z0-9._-]+)=(?P<path>.*)",
+                   "--backbone={text}: write NAME=PATH (NAME of letters, digits, '.', '_', "
+                   "'-'; PATH '' for random weights)"),
+    "--metric": (r"(?s)(?:(?P<task>.*)=)?(?P<key>[^=]+)",
+                 "--metric={text}: write KEY or TASK=KEY (e.g. mrpc=eval/f1)"),
+    # a task variant of experiments/finetune.py: its runs' folder name as it is
+    "--task": (r"[A-Za-z0-9._=,+-]+",
+               "tasks={text!r}: give task variants such as 'sst2,steps=800' or 'mrpc'"),
+    "--sweep": (r"(?s)\s*\S.*", "empty sweep spec: give e.g. "
+                "'model.num_heads=1,2 x model.num_layers=1'"),
+    "sweep axis": (r"(?s)\s*(?P<key>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\s*=\s*(?P<values>.*?)\s*",
+                   "{text!r}: write an axis as KEY=V1,V2,... (e.g. model.num_heads=1,2)"),
+    "sweep value": (r"\S+", "bad value {text!r} of {key}; separate axes with ' x ' or "
+                    "' + ' and quote values holding spaces or commas"),
+}
+# a study's list of numbers -> (int or float, what the whole list must satisfy, the fix).
+NUMBER_LISTS = {
+    "seeds": (int, lambda numbers: True, "give whole numbers"),
+    "train_examples": (int, lambda numbers: min(numbers) >= 0,
+                       "give whole numbers, each at least 0 (0: the whole split)"),
+    "lr_grid": (float, lambda rates: all(r > 0 for r in rates) and len(set(rates)) == len(
+        rates), "give distinct positive learning rates, e.g. 5e-5,1e-4,2e-4"),
+}
+
+
+def spec(kind: str, text: Any, problems: list[str], **names) -> dict[str, str] | None:
+    """The named parts of `text` by the grammar of `SPECS[kind]`; None, with
+    its line added to `problems`, when `text` breaks it (`names` fill the line)."""
+    pattern, line = SPECS[kind]
+    match = re.fullmatch(pattern, text) if isinstance(text, str) else None
+    if match is None:
+        problems.append(line.format(text=text, **names))
+    return None if match is None else match.groupdict()
+
+
+def numbers(field: str, values: Any, problems: list[str]) -> tuple:
+    """`values` (one or a list, numbers or their texts) as a `NUMBER_LISTS[field]`
+    list without repeats, its line added to `problems` when none or a bad one."""
+    kind, good, fix = NUMBER_LISTS[field]
+    try:
+        out = [kind(v) for v in ([values] if isinstance(values, (int, float, str))
+                                 else values)]
+    except (TypeError, ValueError):
+        out = []
+    if not out or not good(out):
+        problems.append(f"{field}={values!r}: {fix}")
+    return tuple(dict.fromkeys(out))
+
+
+def backbones(texts: Sequence[str], problems: list[str]) -> dict[str, str]:
+    """{NAME: PATH} of `--backbone=NAME=PATH` texts, in order (PATH '' or `''`:
+    random weights); a name given twice, `in_task_mlm:` without its checkpoint,
+    or no backbone at all add their lines to `problems`."""
+    out = {}
+    for text in texts or ():
+        if (parts := spec("--backbone", text, problems)) is None:
+            continue
+        name, path = parts["name"], "" if parts["path"] in ("''", '""') else parts["path"]
+        if name in out:
+            problems.append(f"--backbone: the name {name!r} is given twice")
+        if path == IN_TASK_PREFIX:
+            problems.append(f"--backbone={text}: in-task masked-LM pretraining starts from "
+                            f"a checkpoint: write {name}={IN_TASK_PREFIX}PATH")
+        out[name] = path
+    if not texts:
+        problems.append("give the backbones: --backbone=NAME=PATH (PATH '' for random "
+                        "weights of the first pretrained backbone's architecture)")
+    return out
+
+
+def axes_problems(axes: Sequence[Sequence[dict]], zipped: bool) -> list[str]:
+    """The axes (lists of override dicts) of a sweep's product or zip: no key
+    swept twice; a zip's of one length."""
+    keys = [list(dict.fromkeys(k for point in axis for k in point)) for axis in axes]
+    counts = collections.Counter(k for mine in keys for k in mine)
+    problems = [f"key {k!r} is swept twice" for k, n in counts.items() if n > 1]
+    lengths = [len(axis) for axis in axes]
+    if zipped and len(set(lengths)) > 1:
+        problems.append(f"zip of axes of unequal lengths {lengths} "
+                        f"({'; '.join(', '.join(k) for k in keys)}); use ' x ' for every "
+                        "combination")
+    return problems

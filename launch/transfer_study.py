@@ -34,7 +34,7 @@ from ml_collections import config_flags
 
 import common_flags as launch_flags
 from bert_jax.analysis import transfer
-from bert_jax.errors import ConfigError
+from bert_jax.config_schema import STUDY_REFUSED, refuse
 
 EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "experiments")
@@ -68,32 +68,22 @@ STOP_ON_ERROR = flags.DEFINE_bool("stop_on_error", False, "Stop at the first fai
                                   "(default: record it in its run.json and go on).")
 
 
-def parse_rates(texts) -> list[float]:
-    try:
-        return [float(text) for text in texts]
-    except ValueError:
-        raise ConfigError(f"--lr_grid={','.join(texts)}: give numbers, e.g. "
-                          "5e-5,1e-4,2e-4") from None
-
-
 def main(argv):
     launch_flags.start(argv)
     workdir = launch_flags.WORKDIR.value
     config_flag = flags.FLAGS["config"]
     config_file, _, argument = config_flags.get_config_filename(config_flag).partition(":")
-    if argument:
-        raise ConfigError(f"--config={config_file}:{argument}: give the tasks with "
-                          "--task (or --study), not in --config")
-    if DRY_RUN.value and REPORT_ONLY.value:
-        raise ConfigError("--dry_run or --report_only, not both")
+    given = [f"--{n}" for n in ("task", "seeds", "train_examples") if flags.FLAGS[n].present]
+    refuse([line for broken, line in (   # the flags' rules: (broken, its line)
+        (argument, f"--config={config_file}:{argument}: give the tasks with --task (or "
+                   "--study), not in --config"),
+        (DRY_RUN.value and REPORT_ONLY.value, "--dry_run or --report_only, not both"),
+        (STUDY.value and given and not REPORT_ONLY.value,
+         f"--study gives the groups: drop {', '.join(given)}")) if broken], STUDY_REFUSED)
     metrics = transfer.parse_metric_flags(METRIC.value)
     failed = []
     if not REPORT_ONLY.value:
         if STUDY.value:
-            given = [f"--{n}" for n in ("task", "seeds", "train_examples")
-                     if flags.FLAGS[n].present]
-            if given:
-                raise ConfigError(f"--study gives the groups: drop {', '.join(given)}")
             groups = transfer.load_study(STUDY.value)
         else:
             groups = [transfer.Group(tasks=TASK.value, seeds=SEEDS.value,
@@ -105,7 +95,7 @@ def main(argv):
                                in_task_config=IN_TASK_CONFIG.value,
                                in_task_overrides={} if IN_TASK_STEPS.value is None else {
                                    "train.num_steps": IN_TASK_STEPS.value},
-                               lr_grid=parse_rates(LR_GRID.value))
+                               lr_grid=LR_GRID.value)
         if DRY_RUN.value:
             print(study.dry_run(), end="")
             return 0

@@ -50,19 +50,19 @@ import collections
 import dataclasses
 import math
 import os
-import re
 import statistics
 import sys
 import tempfile
 from typing import Any, Callable, Iterable, Sequence
 
-from bert_jax.analysis.sweeps.points import (
-    apply_overrides, load_config, load_module)
+from bert_jax.analysis.sweeps.points import apply_overrides, load_config, module_function
 from bert_jax.analysis.sweeps.results import (
     collect as collect_runs, human_seconds, markdown_table, number, write_csv)
 from bert_jax.analysis.sweeps.runner import SWEEP_FILE, Sweep, is_finished, read_record
+from bert_jax.config_schema import (
+    IN_TASK_PREFIX, STUDY_REFUSED, backbones as backbone_specs, numbers, refuse, spec)
 from bert_jax.convert.pretrained import PACKAGE_PREFIX, checkpoint_path
-from bert_jax.errors import ConfigError, UserError
+from bert_jax.errors import ConfigError, UserError  # noqa: F401 - transfer.ConfigError
 from bert_jax.file_io import jsonable, write_json
 from bert_jax.modeling import BertConfig
 from bert_jax.tasks import bert_backbone
@@ -74,7 +74,6 @@ STUDY_FILE = "study.json"
 LR_DIR = "lr_selection"
 LR_FILE = "lr_selection.json"
 LR_KEY = "optimizer.learning_rate"
-IN_TASK_PREFIX = "in_task_mlm:"
 IN_TASK_DIR = "in_task_mlm"
 IN_TASK_TEXT = "text.txt"
 # The in-task text's documents are runs of this many consecutive examples: a
@@ -89,22 +88,9 @@ LABELS = ("backbone", "n", "seed")
 # vocabulary size comes with the vocabulary).
 ARCHITECTURE = tuple(f.name for f in dataclasses.fields(BertConfig)
                      if f.name not in RUNTIME_FIELDS and f.name != "vocab_size")
-_NAME = re.compile(r"[A-Za-z0-9._-]+")
-_TASK = re.compile(r"[A-Za-z0-9._=,+-]+")  # a task variant: its runs' folder name as it is
 
 
 # -- what a study is -------------------------------------------------------------------
-
-
-def _ints(name: str, values: Iterable[Any], minimum: int | None = None) -> tuple[int, ...]:
-    try:
-        out = tuple(int(v) for v in ([values] if isinstance(values, (int, str)) else values))
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}={values!r}: give whole numbers") from None
-    if not out or (minimum is not None and min(out) < minimum):
-        raise ConfigError(f"{name}={values!r}: give at least one number"
-                          + (f", each at least {minimum}" if minimum is not None else ""))
-    return tuple(dict.fromkeys(out))
 
 
 @dataclasses.dataclass
@@ -123,12 +109,13 @@ class Group:
 
     def __post_init__(self):
         tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks or ())
-        if not tasks or not all(isinstance(t, str) and _TASK.fullmatch(t) for t in tasks):
-            raise ConfigError(f"tasks={self.tasks!r}: give task variants such as "
-                              "'sst2,steps=800' or 'mrpc'")
+        problems = []
+        for task in tasks or [self.tasks]:   # none: the line of the empty list
+            spec("--task", task, problems)
         self.tasks = tuple(dict.fromkeys(tasks))
-        self.seeds = _ints("seeds", self.seeds)
-        self.train_examples = _ints("train_examples", self.train_examples, minimum=0)
+        self.seeds = numbers("seeds", self.seeds, problems)
+        self.train_examples = numbers("train_examples", self.train_examples, problems)
+        refuse(problems, STUDY_REFUSED)
         if self.backbones is not None:
             names = (self.backbones,) if isinstance(self.backbones, str) else self.backbones
             self.backbones = tuple(dict.fromkeys(names))
@@ -137,54 +124,35 @@ class Group:
 def as_groups(groups: Iterable[Group | dict]) -> list[Group]:
     """Groups from `Group`s or dicts of its fields."""
     fields = [f.name for f in dataclasses.fields(Group)]
-    out = []
-    for group in groups or ():
-        if isinstance(group, dict):
-            unknown = sorted(set(group) - set(fields))
-            if unknown:
-                raise ConfigError(f"study group {group}: unknown keys {unknown}; a group has "
-                                  f"{', '.join(fields)}")
-            group = Group(**group)
-        if not isinstance(group, Group):
-            raise ConfigError(f"a study is a list of groups (dicts), not {group!r}")
-        out.append(group)
-    if not out:
-        raise ConfigError("the study has no groups: give --task (or a study file)")
-    return out
+    groups = list(groups or ())
+    problems = [f"study group {group}: unknown keys {unknown}; a group has "
+                f"{', '.join(fields)}" for group in groups if isinstance(group, dict)
+                and (unknown := sorted(set(group) - set(fields)))]
+    problems += [f"a study is a list of groups (dicts), not {group!r}" for group in groups
+                 if not isinstance(group, (dict, Group))]
+    refuse(problems or ([] if groups else ["the study has no groups: give --task (or a "
+                                           "study file)"]), STUDY_REFUSED)
+    return [Group(**group) if isinstance(group, dict) else group for group in groups]
 
 
 def load_study(path: str) -> list[Group]:
     """The groups of a study file's `get_study()` (experiments/transfer_study.py)."""
-    module = load_module(path, "_bert_jax_study")
-    if not hasattr(module, "get_study"):
-        raise ConfigError(f"{path} defines no get_study()")
-    return as_groups(module.get_study())
+    return as_groups(module_function(path, "get_study", "write one returning its groups")())
 
 
 def parse_backbones(specs: Iterable[str]) -> dict[str, str]:
     """`NAME=PATH` texts -> {name: init_from}, in order; PATH '' (or `''`) is
     from scratch; a directory is made absolute (runs compare their overrides);
     `in_task_mlm:PATH` keeps its prefix."""
-    backbones: dict[str, str] = {}
-    for spec in specs or ():
-        name, equals, path = spec.partition("=")
-        if not equals or not _NAME.fullmatch(name):
-            raise ConfigError(f"--backbone={spec}: write NAME=PATH (NAME of letters, digits, "
-                              "'.', '_', '-'; PATH '' for random weights)")
-        if name in backbones:
-            raise ConfigError(f"--backbone: the name {name!r} is given twice")
-        path = "" if path in ("''", '""') else path
+    problems: list[str] = []
+    backbones = backbone_specs(specs, problems)
+    refuse(problems, STUDY_REFUSED)
+    for name, path in backbones.items():
         prefix = IN_TASK_PREFIX if path.startswith(IN_TASK_PREFIX) else ""
         path = path.removeprefix(prefix)
-        if prefix and not path:
-            raise ConfigError(f"--backbone={spec}: in-task masked-LM pretraining starts from a "
-                              f"checkpoint: write {name}={IN_TASK_PREFIX}PATH")
         if path and not path.startswith(PACKAGE_PREFIX):
             path = os.path.abspath(os.path.expanduser(path))
         backbones[name] = prefix + path
-    if not backbones:
-        raise ConfigError("give the backbones: --backbone=NAME=PATH (PATH '' for random "
-                          "weights of the first pretrained backbone's architecture)")
     return backbones
 
 
@@ -207,9 +175,8 @@ def architecture_overrides(init_from: str, config: Any, who: str) -> dict[str, A
             overrides[f"model.{field}"] = value
         elif value != BertConfig.__dataclass_fields__[field].default:
             lacking.append(f"{field}={value!r}")
-    if lacking:
-        raise ConfigError(f"a {who} backbone copies {init_from}, whose {', '.join(lacking)} "
-                          "its config's `model` section cannot set; add the field")
+    refuse([f"a {who} backbone copies {init_from}, whose {', '.join(lacking)} its config's "
+            "`model` section cannot set; add the field"] if lacking else [], STUDY_REFUSED)
     return overrides
 
 
@@ -222,9 +189,8 @@ def scratch_overrides(init_from: str, config: Any) -> dict[str, Any]:
     _, vocab_file, lowercase = backbone_model(init_from)
     overrides = {"init_from": "", **architecture_overrides(init_from, config, "scratch")}
     vocab_file = config.data.get("vocab_file", "") or vocab_file
-    if not vocab_file:
-        raise ConfigError(f"a scratch backbone copies {init_from}, which has no vocab.txt: "
-                          "give --config.data.vocab_file")
+    refuse([] if vocab_file else [f"a scratch backbone copies {init_from}, which has no "
+                                  "vocab.txt: give --config.data.vocab_file"], STUDY_REFUSED)
     overrides["data.vocab_file"] = os.path.abspath(vocab_file)
     if lowercase is not None:
         overrides["data.lowercase"] = bool(lowercase)
@@ -292,41 +258,40 @@ class Study:
                  in_task_overrides: dict[str, Any] | None = None,
                  lr_grid: Sequence[float] = ()):
         self.directory = directory
-        self.lr_grid = tuple(float(lr) for lr in lr_grid)
-        if any(not lr > 0 for lr in self.lr_grid) or len(set(self.lr_grid)) < len(
-                self.lr_grid):
-            raise ConfigError(f"lr_grid={lr_grid}: give distinct positive learning rates")
+        problems: list[str] = []
+        self.lr_grid = numbers("lr_grid", lr_grid, problems) if lr_grid else ()
         self.backbones = dict(backbones)
         self.groups = as_groups(groups)
         self.config_file = config_file
         self.base_overrides = dict(base_overrides or {})
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.train_fn = train_fn
-        for group in self.groups:
-            unknown = [b for b in group.backbones or () if b not in self.backbones]
-            if unknown:
-                raise ConfigError(f"study group of {', '.join(group.tasks)} names backbones "
-                                  f"{unknown} that --backbone does not give (given: "
-                                  f"{', '.join(self.backbones)})")
+        problems += [f"study group of {', '.join(group.tasks)} names backbones {unknown} "
+                     f"that --backbone does not give (given: {', '.join(self.backbones)})"
+                     for group in self.groups if (unknown := [
+                         b for b in group.backbones or () if b not in self.backbones])]
         # name -> the checkpoint in-task masked-LM pretraining starts from
         self.in_task = {name: path.removeprefix(IN_TASK_PREFIX)
                         for name, path in self.backbones.items()
                         if path.startswith(IN_TASK_PREFIX)}
         starts = {name: self.in_task.get(name, path) for name, path in self.backbones.items()}
+        first = next((path for path in starts.values() if path), None)
+        refuse(problems + ([] if first else [
+            "a scratch backbone takes the architecture and vocabulary of the first pretrained "
+            "backbone: give one"]), STUDY_REFUSED)
         refuse_writing_into({f"--workdir={directory}": directory},
                             {f"--backbone={name}": path for name, path in starts.items()
                              if path and not path.startswith(PACKAGE_PREFIX)})
-        pretrained = [path for path in starts.values() if path]
-        if not pretrained:
-            raise ConfigError("a scratch backbone takes the architecture and vocabulary of the "
-                              "first pretrained backbone: give one")
-        first = pretrained[0]
+        problems = [] if in_task_config or not self.in_task else [
+            f"the {IN_TASK_PREFIX} backbones need the config of their masked-LM runs: give "
+            "in_task_config (experiments/pretrain_bert.py:in_task_mlm)"]
         self.architectures = {}
         for name, path in starts.items():
             try:
                 self.architectures[name] = architecture_key(path or first)
             except UserError as e:
-                raise ConfigError(f"--backbone={name}={path or first}: {e}") from e
+                problems.append(f"--backbone={name}={path or first}: {e}")
+        refuse(problems, STUDY_REFUSED)
         self.tasks = list(dict.fromkeys(t for g in self.groups for t in g.tasks))
         self.configs, self.overrides = {}, {}   # per task: its config, each backbone's
         self.in_task_sweeps: dict[str, Sweep] = {}
@@ -430,10 +395,6 @@ class Study:
                        overrides: dict[str, Any]) -> Sweep:
         """The in-task masked-LM runs of `task`, one an `in_task_mlm:` backbone,
         in DIR/in_task_mlm/<task>/ (their corpus: its `IN_TASK_TEXT`)."""
-        if not config_file:
-            raise ConfigError(f"the {IN_TASK_PREFIX} backbones need the config of their "
-                              "masked-LM runs: give in_task_config "
-                              "(experiments/pretrain_bert.py:in_task_mlm)")
         directory = os.path.join(self.directory, IN_TASK_DIR, task)
         corpus = {"data.corpus_files": (os.path.join(directory, IN_TASK_TEXT),),
                   "data.synthetic_documents": 0,
@@ -623,13 +584,10 @@ class Study:
 def parse_metric_flags(specs: Iterable[str]) -> dict[str, str]:
     """`KEY` (every task) or `TASK=KEY` (a task variant or its name, `sst2`)
     texts -> {task or '': metric key}."""
-    out = {}
-    for spec in specs or ():
-        task, _, key = spec.rpartition("=")
-        if not key:
-            raise ConfigError(f"--metric={spec}: write KEY or TASK=KEY (e.g. mrpc=eval/f1)")
-        out[task] = key
-    return out
+    problems: list[str] = []
+    parts = [spec("--metric", text, problems) for text in specs or ()]
+    refuse(problems, STUDY_REFUSED)
+    return {part["task"] or "": part["key"] for part in parts}
 
 
 def main_metric(config: dict | None, logged: Iterable[str]) -> str | None:
@@ -788,9 +746,8 @@ def report(directory: str, metrics: dict[str, str] | None = None) -> tuple[str, 
     tasks = list(dict.fromkeys(r["task"] for r in records))
     unknown = [t for t in metrics if t and t not in tasks
                and t not in {task.split(",")[0] for task in tasks}]
-    if unknown:
-        raise ConfigError(f"--metric names tasks {unknown} that {directory} does not hold "
-                          f"(it holds {', '.join(tasks) or 'none'})")
+    refuse([f"--metric names tasks {unknown} that {directory} does not hold (it holds "
+            f"{', '.join(tasks) or 'none'})"] if unknown else [], STUDY_REFUSED)
     full = dict(study.get("train_split_examples", {}))
     computed = False
     values = []
@@ -813,8 +770,8 @@ def report(directory: str, metrics: dict[str, str] | None = None) -> tuple[str, 
         write_json(os.path.join(directory, STUDY_FILE),
                    jsonable({**study, "train_split_examples": full}))
     rows = aggregate(values)
-    if not rows:
-        raise ConfigError(f"{directory} holds no finished run of a study (with its metric)")
+    refuse([] if rows else [f"{directory} holds no finished run of a study (with its "
+                            "metric)"], STUDY_REFUSED)
     text = write_results(rows, directory, full)
     plot_learning_curves(rows, os.path.join(directory, FIGURE_FILE))
     return text, rows

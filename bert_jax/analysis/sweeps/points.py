@@ -23,43 +23,30 @@ from typing import Any, Iterable, Sequence
 
 from flax import traverse_util
 
-from bert_jax.errors import ConfigError
+from bert_jax.config_schema import SWEEP_REFUSED, axes_problems, refuse, spec
 
 Point = dict[str, Any]
+OVERRIDES_REFUSED = "the overrides do not fit the config"
 _NOT_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
 
 
 def sweep(key: str, values: Iterable[Any]) -> list[Point]:
     """One axis: `[{key: value} for value in values]`."""
     values = list(values)
-    if not values:
-        raise ConfigError(f"sweep({key!r}): give at least one value")
+    refuse([] if values else [f"sweep({key!r}): give at least one value"], SWEEP_REFUSED)
     return [{key: value} for value in values]
 
 
 def product(*axes: Sequence[Point]) -> list[Point]:
     """Every combination, the last axis varying fastest (`itertools.product`)."""
-    _check_disjoint(axes)
+    refuse(axes_problems(axes, zipped=False), SWEEP_REFUSED)
     return [_merge(combo) for combo in itertools.product(*axes)]
 
 
 def zip(*axes: Sequence[Point]) -> list[Point]:  # noqa: A001 - hyper's name
     """The axes' points paired one to one (axes of equal length)."""
-    _check_disjoint(axes)
-    lengths = [len(axis) for axis in axes]
-    if len(set(lengths)) > 1:
-        keys = [", ".join(dict.fromkeys(k for p in axis for k in p)) for axis in axes]
-        raise ConfigError(f"zip of axes of unequal lengths {lengths} ({'; '.join(keys)}); "
-                          "use ' x ' for every combination")
+    refuse(axes_problems(axes, zipped=True), SWEEP_REFUSED)
     return [_merge(combo) for combo in builtins.zip(*axes)]
-
-
-def _check_disjoint(axes: Sequence[Sequence[Point]]) -> None:
-    seen: set[str] = set()
-    for keys in ({k for point in axis for k in point} for axis in axes):
-        if seen & keys:
-            raise ConfigError(f"key {sorted(seen & keys)[0]!r} is swept twice")
-        seen |= keys
 
 
 def _merge(parts: Iterable[Point]) -> Point:
@@ -76,29 +63,29 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def _parse_axis(text: str) -> list[Point]:
-    key, equals, values = (part.strip() for part in text.partition("="))
-    if not equals or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key):
-        raise ConfigError(f"{text!r}: write an axis as KEY=V1,V2,... (e.g. model.num_heads=1,2)")
+def _parse_axis(text: str, problems: list[str]) -> list[Point]:
+    """The points of `KEY=V1,V2,...`; [] with its lines added to `problems`."""
+    if (parts := spec("sweep axis", text, problems)) is None:
+        return []
+    key, values = parts["key"], parts["values"]
     try:  # literals, quoted strings holding commas and tuples included
         return sweep(key, ast.literal_eval(f"({values},)"))
     except _NOT_LITERAL:
         pass
     texts = [v.strip() for v in values.split(",")]
-    for value in texts:
-        if not value or re.search(r"\s", value):
-            raise ConfigError(f"bad value {value!r} of {key}; separate axes with ' x ' or "
-                              "' + ' and quote values holding spaces or commas")
+    if any(spec("sweep value", value, problems, key=key) is None for value in texts):
+        return []
     return sweep(key, map(parse_value, texts))
 
 
-def parse_sweep(spec: str) -> list[Point]:
+def parse_sweep(text: str) -> list[Point]:
     """The points of a one-line spec (` x ` product, ` + ` zip, zip first)."""
-    if not spec or not spec.strip():
-        raise ConfigError("empty sweep spec: give e.g. 'model.num_heads=1,2 x model.num_layers=1'")
-    factors = re.split(r"\s+[x*\u00d7]\s+", spec.strip())
-    return product(*(zip(*map(_parse_axis, re.split(r"\s+\+\s+", factor)))
-                     for factor in factors))
+    problems: list[str] = []
+    factors = [[_parse_axis(axis, problems) for axis in re.split(r"\s+\+\s+", factor)]
+               for factor in re.split(r"\s+[x*\u00d7]\s+", text.strip())
+               ] if spec("--sweep", text, problems) is not None else []
+    refuse(problems, SWEEP_REFUSED)
+    return product(*(zip(*axes) for axes in factors))
 
 
 def as_points(points: str | Iterable[Point]) -> list[Point]:
@@ -106,8 +93,8 @@ def as_points(points: str | Iterable[Point]) -> list[Point]:
     if isinstance(points, str):
         return parse_sweep(points)
     points = list(points or [])
-    if not points or not all(isinstance(p, dict) for p in points):
-        raise ConfigError(f"a sweep is a non-empty list of override dicts, not {points!r}")
+    refuse([] if points and all(isinstance(p, dict) for p in points) else [
+        f"a sweep is a non-empty list of override dicts, not {points!r}"], SWEEP_REFUSED)
     return [dict(p) for p in points]
 
 
@@ -117,6 +104,14 @@ def load_module(path: str, name: str = "_bert_jax_sweep_config"):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def module_function(path: str, name: str, fix: str) -> Any:
+    """The function `name` of the Python file `path` (a config file, a study
+    file); refused naming `fix` when it defines none."""
+    function = getattr(load_module(path, f"_bert_jax_{name}"), name, None)
+    refuse([] if function else [f"{path} defines no {name}(); {fix}"], SWEEP_REFUSED)
+    return function
 
 
 def load_config(config_file: str) -> Any:
@@ -131,10 +126,7 @@ def load_sweep(config_file: str) -> list[Point]:
     """The points of a config file's `get_sweep()` (`get_sweep(arg)` for
     `path.py:arg`): a list of override dicts or a spec."""
     path, _, arg = config_file.partition(":")
-    module = load_module(path)
-    get_sweep = getattr(module, "get_sweep", None)
-    if get_sweep is None:
-        raise ConfigError(f"{path} defines no get_sweep(); pass --sweep='KEY=V1,V2 x ...'")
+    get_sweep = module_function(path, "get_sweep", "pass --sweep='KEY=V1,V2 x ...'")
     takes_arg = bool(inspect.signature(get_sweep).parameters)
     return as_points(get_sweep(arg or None) if takes_arg else get_sweep())
 
@@ -143,16 +135,16 @@ def apply_overrides(config: Any, overrides: Point) -> Any:
     """A copy of `config` (a ConfigDict) with `overrides` set; an unknown key
     fails naming the nearest existing keys."""
     keys = [".".join(k) for k in traverse_util.flatten_dict(config.to_dict())]
-    for key in overrides:
-        if key not in keys:
-            near = difflib.get_close_matches(key, keys, n=5, cutoff=0.6)
-            raise ConfigError(f"unknown config key {key!r}; nearest existing keys: "
-                              + ", ".join(near or sorted({k.split(".")[0] for k in keys})))
+    problems = [f"unknown config key {key!r}; nearest existing keys: " + ", ".join(
+        difflib.get_close_matches(key, keys, n=5, cutoff=0.6)
+        or sorted({k.split(".")[0] for k in keys})) for key in overrides if key not in keys]
+    refuse(problems, OVERRIDES_REFUSED)
     new = copy.deepcopy(config)   # field references kept, as on the command line
     try:
         new.update_from_flattened_dict(overrides)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"cannot set {overrides}: {e}") from None
+        problems = [f"cannot set {overrides}: {e}"]
+    refuse(problems, OVERRIDES_REFUSED)
     return new
 
 

@@ -29,7 +29,8 @@ import traceback
 from typing import Any, Callable, Iterable, Sequence
 
 from bert_jax.analysis.sweeps.points import apply_overrides, as_points, validate
-from bert_jax.errors import ConfigError, DamagedFileError
+from bert_jax.config_schema import SWEEP_REFUSED, choice, refuse
+from bert_jax.errors import DamagedFileError
 from bert_jax.file_io import jsonable, read_json, write_json
 from bert_jax.training.workdir import read_metrics
 from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps
@@ -166,8 +167,6 @@ class Sweep:
                  train_fn: Callable[[Any, str], dict] | None = None,
                  log: Callable[[str], None] | None = None,
                  labels: Sequence[dict[str, Any]] | None = None):
-        if launcher not in LAUNCHERS:
-            raise ConfigError(f"launcher={launcher!r}: use one of {', '.join(LAUNCHERS)}")
         self.config = config
         self.directory = directory
         self.spec = points if isinstance(points, str) else None
@@ -175,26 +174,27 @@ class Sweep:
         validate(self.points, config)
         self.config_file = config_file
         self.base_overrides = dict(base_overrides or {})
-        self.launcher = launcher
+        self.launcher = choice("launcher", launcher, LAUNCHERS)
         self.launcher_flags = list(launcher_flags)
         self.tpu_name = tpu_name
         self.python = python
         self.train_fn = train_fn
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         command_directory = command_directory or directory
-        if labels is not None and len(labels) != len(self.points):
-            raise ConfigError(f"{len(labels)} labels for {len(self.points)} points")
+        labels = [None] * len(self.points) if labels is None else [dict(x) for x in labels]
+        problems = [] if len(labels) == len(self.points) else [
+            f"{len(labels)} labels for {len(self.points)} points"]
         self.runs = []
         names: dict[str, dict] = {}
-        for i, point in enumerate(self.points):
-            label = None if labels is None else dict(labels[i])
+        for i, (point, label) in enumerate(zip(self.points, labels)):
             name = run_name(point if label is None else label)
             if name in names:
-                raise ConfigError(f"points {names[name]} and {label or point} share the run "
-                                  f"name {name!r}; remove the repeated point")
+                problems.append(f"points {names[name]} and {label or point} share the run "
+                                f"name {name!r}; remove the repeated point")
             names[name] = label or point
             self.runs.append(Run(i, name, dict(point), os.path.join(directory, name),
                                  os.path.join(command_directory, name), label))
+        refuse(problems, SWEEP_REFUSED)
 
     def num_steps(self, run: Run) -> int:
         return int(apply_overrides(self.config, run.overrides).train.num_steps)
@@ -215,6 +215,7 @@ class Sweep:
             "launcher": self.launcher,
             "updated": _now(),
         }))
+        problems = []
         for run in self.runs:
             os.makedirs(run.workdir, exist_ok=True)
             path = os.path.join(run.workdir, OVERRIDES_FILE)
@@ -226,16 +227,18 @@ class Sweep:
             if run.labels is not None:
                 record["labels"] = jsonable(run.labels)
             if saved and saved.get("overrides") != record["overrides"]:
-                raise ConfigError(f"{path} holds other overrides ({saved.get('overrides')}) "
-                                  f"than this point ({run.overrides}); use another --workdir")
-            write_json(path, record)
+                problems.append(f"{path} holds other overrides ({saved.get('overrides')}) "
+                                f"than this point ({run.overrides}); use another --workdir")
+            else:
+                write_json(path, record)
+        refuse(problems, SWEEP_REFUSED)
 
     def run(self, *, stop_on_error: bool = False) -> dict[str, str]:
         """Trains every unfinished point here, one after another, stopping
         after a preempted one. Returns {run name: 'skipped' | 'done' | 'failed'
         | 'interrupted'}."""
-        if self.launcher != "local":
-            raise ConfigError(f"run() trains locally; launcher={self.launcher!r} uses launch()")
+        refuse([] if self.launcher == "local" else [
+            f"run() trains locally; launcher={self.launcher!r} uses launch()"], SWEEP_REFUSED)
         self.prepare()
         outcome = {}
         for run in self.runs:
@@ -309,8 +312,8 @@ class Sweep:
         return "done"
 
     def train_flags(self, run: Run) -> list[str]:
-        if not self.config_file:
-            raise ConfigError("launcher commands need config_file (experiments/X.py[:ARG])")
+        refuse([] if self.config_file else [
+            "launcher commands need config_file (experiments/X.py[:ARG])"], SWEEP_REFUSED)
         overrides = {**self.base_overrides, **run.overrides}
         return [f"--config={self.config_file}", f"--workdir={run.command_workdir}",
                 *(f"--config.{k}={flag_text(v)}" for k, v in overrides.items())]
@@ -351,6 +354,6 @@ class Sweep:
         if submit:
             for line in lines:
                 rc = subprocess.run(shlex.split(line)).returncode
-                if rc:
-                    raise ConfigError(f"command failed with exit status {rc}: {line}")
+                refuse([f"command failed with exit status {rc}: {line}"] if rc else [],
+                       "the sweep's launcher failed")
         return lines
