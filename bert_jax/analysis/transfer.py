@@ -189,8 +189,9 @@ def scratch_overrides(init_from: str, config: Any) -> dict[str, Any]:
     _, vocab_file, lowercase = backbone_model(init_from)
     overrides = {"init_from": "", **architecture_overrides(init_from, config, "scratch")}
     vocab_file = config.data.get("vocab_file", "") or vocab_file
-    refuse([] if vocab_file else [f"a scratch backbone copies {init_from}, which has no "
-                                  "vocab.txt: give --config.data.vocab_file"], STUDY_REFUSED)
+    if not vocab_file:
+        refuse([f"a scratch backbone copies {init_from}, which has no vocab.txt: give "
+                "--config.data.vocab_file"], STUDY_REFUSED)
     overrides["data.vocab_file"] = os.path.abspath(vocab_file)
     if lowercase is not None:
         overrides["data.lowercase"] = bool(lowercase)
@@ -770,8 +771,9 @@ def report(directory: str, metrics: dict[str, str] | None = None) -> tuple[str, 
         write_json(os.path.join(directory, STUDY_FILE),
                    jsonable({**study, "train_split_examples": full}))
     rows = aggregate(values)
-    refuse([] if rows else [f"{directory} holds no finished run of a study (with its "
-                            "metric)"], STUDY_REFUSED)
+    if not rows:
+        refuse([f"{directory} holds no finished run of a study (with its metric)"],
+               STUDY_REFUSED)
     text = write_results(rows, directory, full)
     plot_learning_curves(rows, os.path.join(directory, FIGURE_FILE))
     return text, rows

@@ -33,7 +33,8 @@ _NOT_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
 def sweep(key: str, values: Iterable[Any]) -> list[Point]:
     """One axis: `[{key: value} for value in values]`."""
     values = list(values)
-    refuse([] if values else [f"sweep({key!r}): give at least one value"], SWEEP_REFUSED)
+    if not values:
+        refuse([f"sweep({key!r}): give at least one value"], SWEEP_REFUSED)
     return [{key: value} for value in values]
 
 
@@ -110,7 +111,8 @@ def module_function(path: str, name: str, fix: str) -> Any:
     """The function `name` of the Python file `path` (a config file, a study
     file); refused naming `fix` when it defines none."""
     function = getattr(load_module(path, f"_bert_jax_{name}"), name, None)
-    refuse([] if function else [f"{path} defines no {name}(); {fix}"], SWEEP_REFUSED)
+    if function is None:
+        refuse([f"{path} defines no {name}(); {fix}"], SWEEP_REFUSED)
     return function
 
 

@@ -237,8 +237,9 @@ class Sweep:
         """Trains every unfinished point here, one after another, stopping
         after a preempted one. Returns {run name: 'skipped' | 'done' | 'failed'
         | 'interrupted'}."""
-        refuse([] if self.launcher == "local" else [
-            f"run() trains locally; launcher={self.launcher!r} uses launch()"], SWEEP_REFUSED)
+        if self.launcher != "local":
+            refuse([f"run() trains locally; launcher={self.launcher!r} uses launch()"],
+                   SWEEP_REFUSED)
         self.prepare()
         outcome = {}
         for run in self.runs:
@@ -312,8 +313,9 @@ class Sweep:
         return "done"
 
     def train_flags(self, run: Run) -> list[str]:
-        refuse([] if self.config_file else [
-            "launcher commands need config_file (experiments/X.py[:ARG])"], SWEEP_REFUSED)
+        if not self.config_file:
+            refuse(["launcher commands need config_file (experiments/X.py[:ARG])"],
+                   SWEEP_REFUSED)
         overrides = {**self.base_overrides, **run.overrides}
         return [f"--config={self.config_file}", f"--workdir={run.command_workdir}",
                 *(f"--config.{k}={flag_text(v)}" for k, v in overrides.items())]
@@ -354,6 +356,7 @@ class Sweep:
         if submit:
             for line in lines:
                 rc = subprocess.run(shlex.split(line)).returncode
-                refuse([f"command failed with exit status {rc}: {line}"] if rc else [],
-                       "the sweep's launcher failed")
+                if rc:
+                    refuse([f"command failed with exit status {rc}: {line}"],
+                           "the sweep's launcher failed")
         return lines
