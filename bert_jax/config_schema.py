@@ -133,8 +133,26 @@ def _length_buckets(config) -> list[str]:
             if any(int(b) <= 0 for b in buckets) else [])
 
 
+# -- Rules of the model fields (config.model: bert_jax/modeling/) --------------------------
+# Each rule: config -> its problems, one line each (a section the config lacks: none).
+
+MODEL_RULES: tuple[Callable[[Any], list[str]], ...] = ()
+
+
+# -- Rules of the data fields (config.data: bert_jax/data/) ---------------------------------
+# Each rule: config -> its problems, one line each (a section the config lacks: none).
+
+DATA_RULES: tuple[Callable[[Any], list[str]], ...] = ()
+
+
+# -- Rules of the task, training and evaluation fields (bert_jax/tasks/, training/) ---------
+# Each rule: config -> its problems, one line each (a section the config lacks: none).
+
+TASK_RULES: tuple[Callable[[Any], list[str]], ...] = ()
+
+
 RULES: tuple[Callable[[Any], list[str]], ...] = (
-    _warmup, _learning_rate, _length_buckets)
+    _warmup, _learning_rate, _length_buckets, *MODEL_RULES, *DATA_RULES, *TASK_RULES)
 
 
 def config_problems(config) -> list[str]:
