@@ -56,10 +56,10 @@ from absl import logging
 from etils import epath
 
 from bert_jax import noise
+from bert_jax.config_schema import corpus_file, pretraining_data_problems
 from bert_jax.data import pretraining_data
 from bert_jax.data.builder_configs import LocalFilesBuilder
 from bert_jax.data.wordpiece import WordPiece
-from bert_jax.config_schema import corpus_file, pretraining_data_problems
 from bert_jax.errors import DataError, MissingFileError
 
 with noise.importing_beam():
@@ -115,7 +115,7 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
     parsed = tuple(parse_file_spec(spec) for spec in files)
     if not os.path.isfile(vocab_file):
         raise MissingFileError(f"{vocab_file}: no such vocab_file; check the path")
-    if problems := pretraining_data_problems(locals(), "bert_pretraining: "):  # the options
+    if problems := pretraining_data_problems(locals(), "bert_pretraining: "):  # args by name
         raise ValueError(problems[0])
     fingerprint = {
         "files": [(os.path.basename(p), fmt, os.stat(p).st_size, os.stat(p).st_mtime_ns)

@@ -27,9 +27,9 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from bert_jax.config_schema import CONLL_FORMATS as FORMATS, choice
 from bert_jax.data.splits import check_split_files
 from bert_jax.data.text_files import char_column, utf8_lines
-from bert_jax.config_schema import CONLL_FORMATS as FORMATS, choice
 from bert_jax.errors import DataError, MissingFileError
 
 # The 17 Universal POS tags (https://universaldependencies.org/u/pos/), in the
