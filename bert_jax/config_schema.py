@@ -30,12 +30,15 @@ SCHEDULES = ("constant", "linear", "cosine", "rsqrt", "poly")
 OPTIMIZERS = ("adamw", "lamb")
 ATTENTION_IMPLS = ("einsum", "xla", "cudnn", "splash", "flash")  # modeling.fused_attention
 MESH_AXES = ("data", "fsdp", "tensor")  # config.mesh.shape (training.sharding)
+CONLL_FORMATS = ("conllu", "conll2003")  # config.data.format of tagging (data.conllu)
+DOCUMENT_FORMATS = ("blank_lines", "paragraphs", "wikitext")  # data.pretraining_data
 
 # field -> the names it may take (a field the config lacks is not checked).
 CHOICES = {
     "train.dropout_prng": DROPOUT_PRNGS,
     "optimizer.schedule": SCHEDULES,
     "optimizer.name": OPTIMIZERS,
+    "data.format": CONLL_FORMATS,
 }
 # field -> (its smallest value, what that value means).
 AT_LEAST = {
@@ -142,7 +145,44 @@ MODEL_RULES: tuple[Callable[[Any], list[str]], ...] = ()
 # -- Rules of the data fields (config.data: bert_jax/data/) ---------------------------------
 # Each rule: config -> its problems, one line each (a section the config lacks: none).
 
-DATA_RULES: tuple[Callable[[Any], list[str]], ...] = ()
+# The options of a `bert_pretraining` corpus build (config.data, the arguments of
+# data.bert_pretraining.pretraining_config): name -> (whether a value works, what to use).
+PRETRAINING_DATA = {
+    "max_seq_length": (lambda n: n >= 8, "at least 8"),
+    "short_seq_prob": (lambda p: 0 <= p <= 1, "a probability"),
+    "dupe_factor": (lambda n: n >= 1, "at least 1"),
+    "eval_documents": (lambda n: n == 0 or n >= 2, "0, or at least 2 for random-next pairs"),
+    "documents_per_shard": (lambda n: n >= 2, "at least 2"),
+    **dict.fromkeys(("document_sample", "vocab_sample"),
+                    (lambda f: 0 < f <= 1, "a fraction in (0, 1]"))}
+
+
+def corpus_file(spec: str) -> tuple[str, str]:
+    """A corpus file `'path'` or `'path:format'` -> (path, format; `blank_lines`
+    when none is given)."""
+    path, _, fmt = spec.rpartition(":") if re.search(r":[a-z_]+$", spec) else (spec, "", "")
+    return path, fmt or "blank_lines"
+
+
+def pretraining_data_problems(data, prefix: str) -> list[str]:
+    """The lines of the options in `data` (a mapping; absent ones are not
+    checked) that break `PRETRAINING_DATA`, and of its `corpus_files` whose
+    format is not a `DOCUMENT_FORMATS`; `prefix` says whose they are."""
+    problems = [f"{prefix}{name}={data[name]}; use {todo}"
+                for name, (works, todo) in PRETRAINING_DATA.items()
+                if data.get(name) is not None and not works(data[name])]
+    return problems + [f"{prefix}corpus_files: {spec!r} has format {fmt!r}; use one of "
+                       f"{DOCUMENT_FORMATS}" for spec in data.get("corpus_files") or ()
+                       if (fmt := corpus_file(spec)[1]) not in DOCUMENT_FORMATS]
+
+
+def _pretraining_data(config) -> list[str]:
+    """`pretraining_data_problems` of a `bert_pretraining` config."""
+    data = _get(config, "data") if _get(config, "task") == "bert_pretraining" else None
+    return [] if data is None else pretraining_data_problems(data, "config.data.")
+
+
+DATA_RULES: tuple[Callable[[Any], list[str]], ...] = (_pretraining_data,)
 
 
 # -- Rules of the task, training and evaluation fields (bert_jax/tasks/, training/) ---------

@@ -22,6 +22,7 @@ import os
 from absl import app
 
 import common_flags as launch_flags
+from bert_jax.config_schema import config_problems, refuse
 from bert_jax.data import sources
 from bert_jax.tasks import build_task
 from bert_jax.training.validation import check_files
@@ -33,7 +34,8 @@ def main(argv):
     if config.task != "bert_pretraining":
         raise app.UsageError(f"--config is a {config.task!r} experiment; this builds the "
                              "data of bert_pretraining ones (experiments/pretrain_bert.py).")
-    check_files(config)  # before anything is written
+    refuse(config_problems(config), "the config cannot build its data")  # before anything
+    check_files(config)  # is written
     builder = build_task(config, launch_flags.WORKDIR.value).dataset_builder()
     sources.prepare(builder)
     print(json.dumps({"data_dir": os.fspath(builder.data_path),

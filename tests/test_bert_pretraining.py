@@ -18,6 +18,7 @@ from bert_jax.analysis.encoders import load_encoder
 from bert_jax.auto_dtype import resolve_model_dtype
 from bert_jax.data import bert_pretraining, pretraining_data
 from bert_jax.data.bert_pretraining import BertPretraining
+from bert_jax.config_schema import config_problems
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.data.sources import load_source
 from bert_jax.data.wordpiece import WordPiece
@@ -581,16 +582,39 @@ def test_builder_rejects_bad_parameters(tmp_path):
     vocab_file = WordPiece.train(["a b c d e f"], vocab_size=40).save(str(tmp_path / "v"))
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         BertPretraining(files=[str(tmp_path / "missing.txt")], vocab_file=vocab_file)
-    with pytest.raises(ConfigError, match="format 'markdown'"):
-        BertPretraining(files=[f"{corpus}:markdown"], vocab_file=vocab_file)
-    with pytest.raises(ConfigError, match="max_seq_length=4"):
-        BertPretraining(files=[str(corpus)], vocab_file=vocab_file, max_seq_length=4)
-    with pytest.raises(ConfigError, match="eval_documents=1"):
-        BertPretraining(files=[str(corpus)], vocab_file=vocab_file, eval_documents=1)
+    # A caller's bad option is a ValueError (a config's is refused before: below).
+    for bad in (dict(files=[f"{corpus}:markdown"]), dict(max_seq_length=4),
+                dict(eval_documents=1)):
+        with pytest.raises(ValueError, match=("format 'markdown'" if "files" in bad else
+                                              "^bert_pretraining: {}={}; use ".format(
+                                                  *next(iter(bad.items()))))) as error:
+            BertPretraining(**{"files": [str(corpus)], "vocab_file": vocab_file, **bad})
+        assert not isinstance(error.value, ConfigError)
     builder = BertPretraining(files=[str(corpus)], vocab_file=vocab_file, eval_documents=2,
                               beam_options=IN_PROCESS, data_dir=str(tmp_path / "tfds"))
-    with pytest.raises(ConfigError, match="eval_documents=2"):
-        load_source(builder, "train")
+    with pytest.raises(DataError, match=r"eval_documents=2 leaves \d of \d documents") as e:
+        load_source(builder, "train")  # a fact of the corpus: it names the file
+    error = e
+    assert error.value.path == str(corpus.resolve()) and "lower it" in error.value.fix
+
+
+def test_the_config_rules_name_bad_options_before_anything_is_built(tmp_path):
+    """`config_schema`'s rule of the build options, as the trainer's checks and
+    launch/build_pretraining_data.py apply it, names every bad one."""
+    config = experiment_config(tmp_path, max_seq_length=4, dupe_factor=0, eval_documents=1,
+                               short_seq_prob=1.5, documents_per_shard=1, vocab_sample=0.0,
+                               document_sample=2.0, corpus_files=("c.txt:markdown", "d.txt"))
+    assert [p for p in config_problems(config) if p.startswith("config.data.")] == [
+        "config.data.max_seq_length=4; use at least 8",
+        "config.data.short_seq_prob=1.5; use a probability",
+        "config.data.dupe_factor=0; use at least 1",
+        "config.data.eval_documents=1; use 0, or at least 2 for random-next pairs",
+        "config.data.documents_per_shard=1; use at least 2",
+        "config.data.document_sample=2.0; use a fraction in (0, 1]",
+        "config.data.vocab_sample=0.0; use a fraction in (0, 1]",
+        "config.data.corpus_files: 'c.txt:markdown' has format 'markdown'; use one of "
+        "('blank_lines', 'paragraphs', 'wikitext')"]
+    assert config_problems(experiment_config(tmp_path)) == []
 
 
 @pytest.mark.parametrize("beam_options", [IN_PROCESS, TWO_WORKERS])

@@ -17,7 +17,7 @@ import pytest
 from bert_jax.data import (
     eval_batches, load_source, num_filtered, synthetic_reverse, train_iterator)
 from bert_jax.data.pipeline import shuffle_seed
-from bert_jax.errors import ConfigError, DataError
+from bert_jax.errors import DataError
 from bert_jax.data.synthetic_reverse import EOS_ID, FIRST_TOKEN_ID
 from tiny_models import translation_preprocess
 
@@ -140,8 +140,9 @@ def test_parameters_give_their_own_data_deterministically(train_source):
      "num_validation"),
 ])
 def test_parameters_are_validated(params, match):
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(DataError, match=f"^synthetic_reverse: {match}=") as error:
         synthetic_reverse.generate(**params)
+    assert error.value.path == "synthetic_reverse"
 
 
 def test_splits_slices_and_their_errors(train_source):

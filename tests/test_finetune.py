@@ -209,6 +209,13 @@ def test_ner_reads_conll2003_files_named_by_the_config(tmp_path):
     assert metrics["entity_f1"] == pytest.approx(100 * 5 / 6)
 
 
+def test_a_tagging_format_is_refused_by_name_before_anything_is_read(tmp_path):
+    config = experiment("ner", tmp_path, tmp_path, format="conll")
+    with pytest.raises(ConfigError, match=r"config\.data\.format='conll': unknown; choose "
+                                          r"one of \['conllu', 'conll2003'\]"):
+        check_training_config(build_task(config, None))
+
+
 @pytest.mark.slow
 def test_evaluation_only_reproduces_the_logged_metrics(glue_dirs, tmp_path):
     config = experiment("sst2,steps=12", glue_dirs["sst2"], tmp_path)

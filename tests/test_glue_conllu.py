@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -243,8 +244,10 @@ def test_read_conllu(tmp_path):
     # A BOM and CRLF line ends are fine.
     crlf = _write(tmp_path / "crlf.conllu", "\ufeff" + CONLLU.replace("\n", "\r\n"))
     assert read_conllu(crlf) == s
-    with pytest.raises(ConfigError, match="column='ner'"):
+    with pytest.raises(DataError, match=f"^{re.escape(str(path))}: conllu has no column='ner'"):
         read_conllu(path, "ner")
+    with pytest.raises(ConfigError, match=r"^conllu: format='conll': unknown; .*'conll2003'"):
+        read_conllu(path, format="conll")
 
 
 def test_read_conll2003(tmp_path):
@@ -262,7 +265,7 @@ def test_read_conll2003(tmp_path):
     by_index = read_conllu(path, "-2", format="conll2003", word_column=1)[0]
     assert (by_index["words"], by_index["tags"]) == (["NNP", "VBZ", "JJ"],
                                                      ["B-NP", "B-VP", "B-NP"])
-    with pytest.raises(ConfigError, match="column=1 .*word_column"):
+    with pytest.raises(DataError, match=f"^{re.escape(str(path))}: column=1 .*word_column"):
         read_conllu(path, 1, format="conll2003", word_column=1)
     msg = _error(DataError, read_conllu, path, format="conll2003", word_column=4)
     assert f"{path}:3:" in msg and "column 4" in msg and "word_column" in msg

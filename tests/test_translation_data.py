@@ -12,7 +12,7 @@ from bert_jax.data import ParallelText, load_source, parallel_text_config
 from bert_jax.data import synthetic_translation as st
 from bert_jax.data.parallel_text import discover_splits
 from bert_jax.data.sources import prepare
-from bert_jax.errors import ConfigError, DataError
+from bert_jax.errors import DataError
 from synthetic_translation_reference import translate
 
 SMALL = dict(num_train=300, num_validation=60, num_test=60)
@@ -72,8 +72,9 @@ def test_synthetic_parameters_are_validated():
     for params, match in [(dict(max_clauses=0), "max_clauses"),
                           (dict(num_train=-1), "num_train"),
                           (dict(seed=1.5), "seed")]:
-        with pytest.raises(ConfigError, match=match):
+        with pytest.raises(DataError, match=f"^synthetic_translation: {match}=") as error:
             st.generate(**params)
+        assert error.value.path == "synthetic_translation"
 
 
 def test_synthetic_lengths_span_the_promised_range(sample):
@@ -362,8 +363,9 @@ def test_parallel_text_construction_errors(tmp_path):
                      splits={"train": "train", "validation": "dev"})
     with pytest.raises(ValueError, match="source_language"):
         ParallelText(path=corpus, target_language=TGT)
-    with pytest.raises(ConfigError, match="both 'xx'"):
+    with pytest.raises(DataError, match="both 'xx'") as error:
         parallel_text_config(corpus, SRC, SRC)
+    assert error.value.path == str(corpus.resolve()) and error.value.fix == "give two languages"
 
 
 def test_parallel_text_changed_corpus_is_rebuilt(tmp_path):

@@ -303,7 +303,7 @@ def test_a_config_that_fails_to_build_leaves_no_config_json(tmp_path, data_dir):
     """Else the corrected rerun in the same workdir is refused as incompatible."""
     config = tiny_config(data_dir)
     config.data.builder = "synthetic_revers"
-    with pytest.raises(ConfigError, match="synthetic_revers"):
+    with pytest.raises(DataError, match="synthetic_revers"):
         trainer.train_and_evaluate(config, str(tmp_path / "run"))
     assert not (tmp_path / "run" / "config.json").exists()
     trainer.prepare_workdir(str(tmp_path / "run"), tiny_config(data_dir))  # accepted
@@ -601,16 +601,18 @@ def test_dataset_builds_log_progress_lines(tmp_path, monkeypatch, caplog):
 def test_a_parameter_a_built_in_corpus_lacks_is_named():
     """e.g. config.data.builder switched to synthetic_translation with the
     builder_kwargs of synthetic_reverse."""
-    with pytest.raises(ConfigError, match=(
-            r"synthetic_translation .*\['vocab_size'\] \(config.data.builder_kwargs\)")):
+    with pytest.raises(DataError, match=(
+            r"^synthetic_translation: .*\['vocab_size'\] \(config.data.builder_kwargs\)")) as e:
         sources.load_source("synthetic_translation", "train", vocab_size=32)
+    assert e.value.path == "synthetic_translation" and "num_train" in e.value.fix
 
 
 def test_an_unknown_dataset_is_named(tmp_path):
-    with pytest.raises(ConfigError, match=(
-            r"'synthetic_revers' .*\(config.data.builder\).* synthetic_reverse or "
-            r"synthetic_translation")):
+    with pytest.raises(DataError, match=(
+            r"^synthetic_revers: no such dataset \(config.data.builder\).* synthetic_reverse "
+            r"or synthetic_translation")) as e:
         sources.load_source("synthetic_revers", "train", tmp_path)
+    assert e.value.path == "synthetic_revers"
 
 
 def test_build_progress_survives_files_moved_during_the_walk(tmp_path, monkeypatch):

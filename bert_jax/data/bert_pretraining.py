@@ -56,10 +56,11 @@ from absl import logging
 from etils import epath
 
 from bert_jax import noise
+from bert_jax.config_schema import corpus_file, pretraining_data_problems
 from bert_jax.data import pretraining_data
 from bert_jax.data.builder_configs import LocalFilesBuilder
 from bert_jax.data.wordpiece import WordPiece
-from bert_jax.errors import ConfigError, DataError, MissingFileError
+from bert_jax.errors import DataError, MissingFileError
 
 with noise.importing_beam():
     import apache_beam as beam
@@ -86,12 +87,12 @@ class BertPretrainingConfig(tfds.core.BuilderConfig):
 
 
 def parse_file_spec(spec: str) -> tuple[str, str]:
-    """`'path'` or `'path:format'` -> (absolute path, format)."""
-    path, _, fmt = spec.rpartition(":") if re.search(r":[a-z_]+$", spec) else (spec, "", "")
-    fmt = fmt or "blank_lines"
-    if fmt not in pretraining_data.DOCUMENT_FORMATS:
-        raise ConfigError(f"bert_pretraining: file {spec!r} has format {fmt!r}; "
-                          f"use one of {pretraining_data.DOCUMENT_FORMATS}")
+    """`'path'` or `'path:format'` -> (absolute path, format); a format that is
+    not a `DOCUMENT_FORMATS` (`config_schema`'s rule of `config.data.corpus_files`,
+    checked before the build) raises a ValueError."""
+    path, fmt = corpus_file(spec)
+    if problems := pretraining_data_problems({"corpus_files": [spec]}, "bert_pretraining: "):
+        raise ValueError(problems[0])
     path = os.path.realpath(os.path.expanduser(path))
     if not os.path.isfile(path):
         raise MissingFileError(f"{path}: no such corpus file (from {spec!r}); check the path")
@@ -104,25 +105,18 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
                        seed: int = 12345, documents_per_shard: int = 10_000,
                        next_sentence_prediction: bool = True,
                        document_sample: float = 1.0) -> BertPretrainingConfig:
-    """The validated, fingerprinted, interned config (see module docstring)."""
+    """The validated, fingerprinted, interned config (see module docstring).
+    The options follow `config_schema.PRETRAINING_DATA`, whose rule refuses a
+    config's before anything is built; a caller's that break it raise a
+    ValueError (so does an empty `files`: a config's is refused by the task)."""
     if isinstance(files, str) or not files:
-        raise ConfigError(f"bert_pretraining: files={files!r}; give a non-empty list of "
-                          "'path' or 'path:format'")
+        raise ValueError(f"bert_pretraining: files={files!r}; give a non-empty list of "
+                         "'path' or 'path:format'")
     parsed = tuple(parse_file_spec(spec) for spec in files)
     if not os.path.isfile(vocab_file):
         raise MissingFileError(f"{vocab_file}: no such vocab_file; check the path")
-    for name, value, ok, todo in (
-            ("max_seq_length", max_seq_length, max_seq_length >= 8, "at least 8"),
-            ("short_seq_prob", short_seq_prob, 0 <= short_seq_prob <= 1, "a probability"),
-            ("dupe_factor", dupe_factor, dupe_factor >= 1, "at least 1"),
-            ("eval_documents", eval_documents, eval_documents == 0 or eval_documents >= 2,
-             "0, or at least 2 for random-next pairs"),
-            ("documents_per_shard", documents_per_shard, documents_per_shard >= 2,
-             "at least 2"),
-            ("document_sample", document_sample, 0 < document_sample <= 1,
-             "a fraction in (0, 1]")):
-        if not ok:
-            raise ConfigError(f"bert_pretraining: {name}={value}; use {todo}")
+    if problems := pretraining_data_problems(locals(), "bert_pretraining: "):  # args by name
+        raise ValueError(problems[0])
     fingerprint = {
         "files": [(os.path.basename(p), fmt, os.stat(p).st_size, os.stat(p).st_mtime_ns)
                   for p, fmt in parsed],
@@ -175,9 +169,8 @@ def corpus_lines(files: Sequence[str], sample: float = 1.0, seed: int = 0):
     """The lines of the corpus `files` ('path' or 'path:format'), streamed, for
     training a vocabulary: with `sample` < 1, only the documents `in_sample`
     (each file is still read whole: the sample saves the trainer's time, not
-    the reading)."""
-    if not 0 < sample <= 1:
-        raise ConfigError(f"config.data.vocab_sample={sample}; use a fraction in (0, 1]")
+    the reading). `sample` is not checked: `config_schema` refuses a config's
+    `data.vocab_sample` outside (0, 1] before anything is read."""
     for spec in files:
         path, fmt = parse_file_spec(spec)
         for position, document in enumerate(pretraining_data.iter_documents(path, fmt)):
@@ -230,10 +223,10 @@ def held_out_documents(smallest: list[tuple[int, int, int]], documents: int,
     hash; raises when too few documents are left for training."""
     needed = 2 if cfg.next_sentence_prediction else 1
     if documents - len(smallest) < needed:
-        raise ConfigError(
-            f"bert_pretraining: eval_documents={cfg.eval_documents} leaves "
-            f"{documents - len(smallest)} of {documents} documents for training; lower it"
-            + (" (next-sentence pairs need 2)" if needed == 2 else ""))
+        raise DataError(", ".join(path for path, _ in cfg.files), (
+            f"eval_documents={cfg.eval_documents} leaves {documents - len(smallest)} of "
+            f"{documents} documents for training"),
+            "lower it" + (" (next-sentence pairs need 2)" if needed == 2 else ""))
     return [(file_index, position) for _, file_index, position in smallest]
 
 
@@ -367,7 +360,7 @@ def beam_pipeline_options(flags: str = "") -> "beam.options.pipeline_options.Pip
 # The user errors a Beam worker may raise: written as JSON into `parts/errors/`
 # by `_reporting`, raised again by the builder (Beam gives it only text).
 ERRORS = "errors"
-_WORKER_ERRORS = {error.__name__: error for error in (ConfigError, DataError, MissingFileError)}
+_WORKER_ERRORS = {error.__name__: error for error in (DataError, MissingFileError)}
 
 
 def _reporting(fn, parts_dir: str):

@@ -13,8 +13,10 @@ whitespace-separated columns (`word POS chunk NER`), as many on every line;
 `-DOCSTART-` lines are skipped; `#` is a word. `line` is the 1-based line
 where a sentence starts (its first comment line, if any).
 
-A file that cannot be read so raises a `DataError` naming file:line[:column]; a
-bad `format`, `column` or `splits` argument a `ConfigError` naming the value.
+A file that cannot be read so raises a `DataError` naming file:line[:column], as
+does a `column` the file cannot have or a bad `splits` of its directory; a
+`format` not in `FORMATS` is refused by name (`config.data.format`, a rule of
+`bert_jax.config_schema`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from bert_jax.config_schema import CONLL_FORMATS as FORMATS, choice
 from bert_jax.data.splits import check_split_files
 from bert_jax.data.text_files import char_column, utf8_lines
-from bert_jax.errors import ConfigError, DataError, MissingFileError
+from bert_jax.errors import DataError, MissingFileError
 
 # The 17 Universal POS tags (https://universaldependencies.org/u/pos/), in the
 # order of that page's alphabetical index (and of tfds's UPOS ClassLabel).
@@ -37,7 +40,6 @@ UPOS_TAGS: tuple[str, ...] = (
 CONLLU_COLUMNS: tuple[str, ...] = (
     "id", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc")
 CONLL2003_COLUMNS: tuple[str, ...] = ("word", "pos", "chunk", "ner")
-FORMATS = ("conllu", "conll2003")
 _NAME_THE_FILES = ("name the files: --config.data.splits.SPLIT=FILE in a training config, "
                    "--train_file and --eval_file in launch/extract_features.py")
 # CoNLL-U file name part -> tfds split name.
@@ -49,13 +51,14 @@ _EMPTY_NODE_ID = re.compile(r"[0-9]+\.[0-9]+")
 _SENT_ID = re.compile(r"#\s*sent_id\s*=(.*)")
 
 
-def _column_index(column: str | int | None, format: str, word_column: int = 0) -> int:
-    """The 0-based (CoNLL-2003: possibly negative) index of the tag column;
-    text holding an integer (`"-1"`, from a string config field) is an index."""
+def _column_index(path: str, column: str | int | None, format: str, word_column: int = 0
+                  ) -> int:
+    """The 0-based (CoNLL-2003: possibly negative) index of the tag column of
+    the file `path`; text holding an integer (`"-1"`, from a string config
+    field) is an index."""
     if isinstance(column, str) and re.fullmatch(r"-?[0-9]+", column.strip()):
         column = int(column)
-    if format not in FORMATS:
-        raise ConfigError(f"conllu: format={format!r}; use one of {FORMATS}")
+    choice("conllu: format", format, FORMATS)
     names = CONLLU_COLUMNS if format == "conllu" else CONLL2003_COLUMNS
     if column is None:
         return 3 if format == "conllu" else -1
@@ -63,11 +66,11 @@ def _column_index(column: str | int | None, format: str, word_column: int = 0) -
         return names.index(column.lower())
     if not isinstance(column, int) or isinstance(column, bool) or (
             format == "conllu" and not 0 <= column < len(CONLLU_COLUMNS)):
-        raise ConfigError(f"conllu: column={column!r}; use one of {names} or a 0-based "
-                          "index")
+        raise DataError(path, f"{format} has no column={column!r}", f"use one of {names} "
+                        "or a 0-based index")
     if format == "conll2003" and column == word_column:
-        raise ConfigError(f"conllu: column={column} is the word_column; pick a tag column "
-                          "(e.g. -1, the last)")
+        raise DataError(path, f"column={column} is the word_column", "pick a tag column "
+                        "(e.g. -1, the last)")
     return column
 
 
@@ -76,10 +79,10 @@ def read_conllu(path: str | os.PathLike, column: str | int | None = None,
     """The sentences of a CoNLL-U (or CoNLL-2003) file, in file order.
     `column`: the tag's, a name (`CONLLU_COLUMNS`, `CONLL2003_COLUMNS`) or an
     index (CoNLL-2003: negative from the end); `None`: UPOS, or the last."""
-    index = _column_index(column, format, word_column)
+    path = os.fspath(path)
+    index = _column_index(path, column, format, word_column)
     column_name = (CONLLU_COLUMNS[index].upper() if format == "conllu"
                    else f"column {index}")
-    path = os.fspath(path)
     if not os.path.isfile(path):
         raise MissingFileError(f"{path}: no such file; pass a CoNLL-U or CoNLL-2003 file")
     sentences: list[dict[str, Any]] = []

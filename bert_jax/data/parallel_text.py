@@ -35,7 +35,7 @@ from absl import logging
 from bert_jax.data.builder_configs import LocalFilesBuilder
 from bert_jax.data.splits import check_split_files
 from bert_jax.data.text_files import utf8_lines
-from bert_jax.errors import ConfigError, DataError, MissingFileError, where
+from bert_jax.errors import DataError, MissingFileError, where
 
 # Conventional file stems and the standard tfds split names they get by default.
 STEM_ALIASES: dict[str, str] = {
@@ -70,18 +70,19 @@ def parallel_text_config(path: str | os.PathLike, source_language: str,
                          splits: Mapping[str, str] | None = None,
                          skip_empty: bool = False) -> ParallelTextConfig:
     """The (validated, fingerprinted, interned) config of a corpus directory;
-    the files' contents are checked when the dataset is built."""
+    the files' contents are checked when the dataset is built. A parameter
+    that cannot name its files raises a `DataError` naming the directory."""
+    directory = os.path.realpath(os.path.expanduser(os.fspath(path)))
     for field, value in (("source_language", source_language),
                          ("target_language", target_language)):
         if not isinstance(value, str) or not _LANGUAGE_RE.match(value):
-            raise ConfigError(f"parallel_text: {field}={value!r}; give a file suffix "
-                              "such as 'de' (letters, digits, '_', '-')")
+            raise DataError(directory, f"parallel_text: {field}={value!r}", "give a file "
+                            "suffix such as 'de' (letters, digits, '_', '-')")
     if source_language == target_language:
-        raise ConfigError(f"parallel_text: source_language and target_language are "
-                          f"both {source_language!r}; give two languages")
+        raise DataError(directory, "parallel_text: source_language and target_language "
+                        f"are both {source_language!r}", "give two languages")
     if not isinstance(skip_empty, bool):
-        raise ConfigError(f"parallel_text: skip_empty={skip_empty!r}; give a bool")
-    directory = os.path.realpath(os.path.expanduser(os.fspath(path)))
+        raise DataError(directory, f"parallel_text: skip_empty={skip_empty!r}", "give a bool")
     if not os.path.exists(directory):
         raise MissingFileError(f"{directory}: no such corpus directory; check the path")
     if not os.path.isdir(directory):

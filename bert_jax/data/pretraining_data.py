@@ -63,10 +63,10 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from bert_jax.config_schema import DOCUMENT_FORMATS  # noqa: F401 (the names it reads)
 from bert_jax.data.text_files import utf8_lines
 from bert_jax.errors import MissingFileError
 
-DOCUMENT_FORMATS = ("blank_lines", "paragraphs", "wikitext")
 PAD_ID = 0  # padding id (always treated as special)
 MASKING_PURPOSE = 0x6D61736B  # "mask": separates masking streams from other uses of `seed`
 

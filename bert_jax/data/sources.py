@@ -40,7 +40,7 @@ from tensorflow_datasets.core.registered import DatasetNotFoundError
 # parallel_text registers its builder with tfds, so that it resolves by name.
 from bert_jax.data import parallel_text, synthetic_reverse, synthetic_translation  # noqa: F401
 from bert_jax.data.splits import no_examples, no_split, select
-from bert_jax.errors import ConfigError
+from bert_jax.errors import DataError
 
 FILE_FORMAT = "array_record"
 PROGRESS_EVERY_SECONDS = 30.0
@@ -62,9 +62,8 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
         takes = inspect.signature(generate).parameters
         unknown = sorted(set(builder_kwargs) - set(takes))
         if unknown:
-            raise ConfigError(
-                f"dataset {builder} has no parameter(s) {unknown} (config.data.builder_kwargs); "
-                f"it takes {sorted(takes)}")
+            raise DataError(builder, f"no parameter(s) {unknown} (config.data.builder_kwargs)",
+                            f"it takes {sorted(takes)}")
         return select(builder, generate(**builder_kwargs), split)
     if isinstance(builder, str):
         kwargs = dict(builder_kwargs)
@@ -73,7 +72,7 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
         try:
             builder = tfds.builder(builder, **kwargs)
         except DatasetNotFoundError as e:
-            raise ConfigError(_not_found(builder)) from e
+            raise DataError(builder, *_not_found(builder)) from e
     elif isinstance(builder, tfds.core.DatasetBuilder):
         if builder_kwargs or data_dir:
             raise ValueError(f"load_source: data_dir and builder_kwargs are for a name; "
@@ -98,13 +97,13 @@ def load_source(builder: str | tfds.core.DatasetBuilder, split: str,
     return source
 
 
-def _not_found(name: str) -> str:
+def _not_found(name: str) -> tuple[str, str]:
+    """What is wrong with the dataset `name` tfds does not know, and the fix."""
     known = [*GENERATED, *tfds.list_builders(with_community_datasets=False)]
     close = difflib.get_close_matches(name.split("/")[0].split(":")[0], known, n=3)
-    return (f"dataset {name!r} not found (config.data.builder): it is neither a tfds "
-            f"catalog name nor one of the project's datasets ({', '.join(GENERATED)}, "
-            "parallel_text, bert_pretraining)."
-            + (f" Did you mean {' or '.join(close)}?" if close else ""))
+    return (f"no such dataset (config.data.builder): neither a tfds catalog name nor one of "
+            f"the project's datasets ({', '.join(GENERATED)}, parallel_text, bert_pretraining)",
+            f"did you mean {' or '.join(close)}?" if close else "check the name")
 
 
 def is_prepared(builder: tfds.core.DatasetBuilder) -> bool:

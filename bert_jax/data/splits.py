@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from bert_jax.errors import ConfigError, DataError, MissingFileError
+from bert_jax.errors import DataError, MissingFileError
 
 T = TypeVar("T")
 _SPLIT = re.compile(r"([\w\-]+)(?:\[(-?\d*):(-?\d*)\])?")
@@ -23,17 +23,18 @@ _SPLIT = re.compile(r"([\w\-]+)(?:\[(-?\d*):(-?\d*)\])?")
 def check_split_files(what: str, directory: str, splits: object, suffixes: Sequence[str]
                       ) -> tuple[tuple[str, str], ...]:
     """Sorted `splits` (split name -> a file name in `directory`, completed by
-    each of `suffixes`), checked: tfds split names, plain names, files there."""
+    each of `suffixes`), checked: tfds split names, plain names, files there
+    (else a `DataError` naming the `what` dataset's `directory`)."""
     if not isinstance(splits, Mapping) or not splits:
-        raise ConfigError(f"{what}: splits={splits!r}; give a non-empty mapping of tfds "
-                          "split name -> file name")
+        raise DataError(directory, f"{what}: splits={splits!r}", "give a non-empty mapping "
+                        "of tfds split name -> file name")
     for split, name in splits.items():
         if not isinstance(split, str) or not re.fullmatch(r"[\w\-]+", split):
-            raise ConfigError(f"{what}: split name {split!r}; use only letters, digits, '_', "
-                              "'-'")
+            raise DataError(directory, f"{what}: split name {split!r}", "use only letters, "
+                            "digits, '_', '-'")
         if not isinstance(name, str) or not name or os.sep in name:
-            raise ConfigError(f"{what}: splits.{split}={name!r}; give a file name in "
-                              f"{directory}")
+            raise DataError(directory, f"{what}: splits.{split}={name!r}",
+                            f"give a file name in {directory}")
     missing = [os.path.join(directory, name + suffix) for name in splits.values()
                for suffix in suffixes if not os.path.isfile(os.path.join(
                    directory, name + suffix))]
@@ -44,10 +45,11 @@ def check_split_files(what: str, directory: str, splits: object, suffixes: Seque
 
 
 def check_counts(dataset: str, **params: object) -> None:
-    """Raises a ConfigError naming the first of `params` that is not an int >= 0."""
+    """Raises a `DataError` naming the dataset and the first of `params` (its
+    parameters) that is not an int >= 0."""
     for field, value in params.items():
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"{dataset}: {field}={value!r}; give an int >= 0")
+            raise DataError(dataset, f"{field}={value!r}", "give an int >= 0")
 
 
 def select(name: str, splits: Mapping[str, Sequence[T]], split: str) -> Sequence[T]:

@@ -24,7 +24,7 @@ import hashlib
 import numpy as np
 
 from bert_jax.data.splits import check_counts
-from bert_jax.errors import ConfigError
+from bert_jax.errors import DataError
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 FIRST_TOKEN_ID = 3  # first id that is neither pad, bos nor eos
@@ -49,11 +49,11 @@ def generate(*, vocab_size: int = 32, min_length: int = 4, max_length: int = 12,
                  max_length=max_length, num_train=num_train, num_validation=num_validation,
                  seed=seed)
     if vocab_size <= FIRST_TOKEN_ID:
-        raise ConfigError(f"synthetic_reverse: vocab_size={vocab_size}; use more than "
-                          f"{FIRST_TOKEN_ID} (pad, bos, eos)")
+        raise DataError("synthetic_reverse", f"vocab_size={vocab_size}",
+                        f"use more than {FIRST_TOKEN_ID} (pad, bos, eos)")
     if not 1 <= min_length <= max_length:
-        raise ConfigError(f"synthetic_reverse: min_length={min_length}, max_length="
-                          f"{max_length}; need 1 <= min_length <= max_length")
+        raise DataError("synthetic_reverse", f"min_length={min_length}, max_length="
+                        f"{max_length}", "need 1 <= min_length <= max_length")
 
     def draw(rng: np.random.Generator) -> np.ndarray:
         length = int(rng.integers(min_length, max_length + 1))
@@ -68,8 +68,8 @@ def generate(*, vocab_size: int = 32, min_length: int = 4, max_length: int = 12,
     while len(validation) < num_validation:
         attempts += 1
         if attempts > 100 * (num_validation + 1):
-            raise ConfigError(f"synthetic_reverse: num_validation={num_validation}: too few "
-                              "examples unseen in train; raise vocab_size or max_length")
+            raise DataError("synthetic_reverse", f"num_validation={num_validation}: too few "
+                            "examples unseen in train", "raise vocab_size or max_length")
         x = draw(rng)
         if x.tobytes() not in seen:
             validation.append(x)

@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from bert_jax.data.splits import check_counts
-from bert_jax.errors import ConfigError
+from bert_jax.errors import DataError
 
 
 class Noun(NamedTuple):
@@ -377,8 +377,8 @@ def generate(*, num_train: int = 50000, num_validation: int = 1000, num_test: in
     check_counts("synthetic_translation", num_train=num_train, num_validation=num_validation,
                  num_test=num_test, max_clauses=max_clauses, seed=seed)
     if max_clauses < 1:
-        raise ConfigError(f"synthetic_translation: max_clauses={max_clauses}; use at "
-                          "least 1 (the main clause)")
+        raise DataError("synthetic_translation", f"max_clauses={max_clauses}",
+                        "use at least 1 (the main clause)")
     sizes = {"train": num_train, "validation": num_validation, "test": num_test}
     seen: set[str] = set()
     splits = {}
@@ -390,9 +390,9 @@ def generate(*, num_train: int = 50000, num_validation: int = 1000, num_test: in
         while len(out) < sizes[split]:
             attempts += 1
             if attempts > 100 * (sizes[split] + 10):
-                raise ConfigError(f"synthetic_translation: num_{split}={sizes[split]}: too "
-                                  "few unseen sentences; use smaller splits or a larger "
-                                  "max_clauses")
+                raise DataError("synthetic_translation", f"num_{split}={sizes[split]}: too "
+                                "few unseen sentences", "use smaller splits or a larger "
+                                "max_clauses")
             sentence = sample_sentence(rng, max_clauses)
             source = render_source(sentence)
             if split != "train":

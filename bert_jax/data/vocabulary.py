@@ -20,7 +20,7 @@ from typing import Iterable
 
 import sentencepiece as spm
 
-from bert_jax.errors import ConfigError, MissingFileError
+from bert_jax.errors import DataError, MissingFileError
 from bert_jax.file_io import damaged_file, read_json, write_atomically, write_json
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -38,9 +38,9 @@ class Vocabulary:
         self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
         if (self._processor.pad_id(), self._processor.bos_id(),
                 self._processor.eos_id()) != (PAD_ID, BOS_ID, EOS_ID):
-            raise ConfigError(
-                f"{path or 'the SentencePiece model'} does not use pad/bos/eos ids "
-                f"{PAD_ID}/{BOS_ID}/{EOS_ID}; train it with bert_jax.data.vocabulary.train.")
+            raise DataError(path or "the SentencePiece model", "does not use pad/bos/eos "
+                            f"ids {PAD_ID}/{BOS_ID}/{EOS_ID}",
+                            "train it with bert_jax.data.vocabulary.train.")
 
     @classmethod
     def load(cls, path: str) -> "Vocabulary":
@@ -103,8 +103,8 @@ def load_or_train(workdir: str, texts: Iterable[str], vocab_size: int, *,
                                    "trained with): restore it from a copy of the workdir.")
         saved = read_json(settings_path)
         if saved != settings:
-            raise ConfigError(f"{path}: trained with {saved}, config.data asks for "
-                              f"{settings}; use the workdir's config or a new one")
+            raise DataError(path, f"trained with {saved}, config.data asks for {settings}",
+                            "use the workdir's config or a new one")
         return Vocabulary.load(path)
     if checkpointed:
         raise missing_under_checkpoints(path, workdir)

@@ -51,7 +51,7 @@ from typing import Callable, Iterable, Sequence
 from tokenizers import Encoding, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from bert_jax.data.vocabulary import missing_under_checkpoints
-from bert_jax.errors import ConfigError, DataError, MissingFileError
+from bert_jax.errors import DataError, MissingFileError
 from bert_jax.file_io import read_json, write_atomically, write_json
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -367,9 +367,8 @@ def load_or_train(workdir: str, texts: Iterable[str] | Callable[[], Iterable[str
             requested["limit_alphabet"] = limit_alphabet
             saved["limit_alphabet"] = vocab.limit_alphabet
         if saved != requested:
-            raise ConfigError(
-                f"{path}: made with {saved}, config.data asks for {requested}; use the "
-                "workdir's config or a new workdir")
+            raise DataError(path, f"made with {saved}, config.data asks for {requested}",
+                            "use the workdir's config or a new workdir")
         return vocab
     if checkpointed:
         raise missing_under_checkpoints(path, workdir)
@@ -399,5 +398,5 @@ def _check_declared_casing(vocab_file: str, lowercase: bool) -> None:
     """Raises if a settings file beside `vocab_file` declares the other casing."""
     for settings_path, key, declared in declared_casings(os.path.dirname(vocab_file)):
         if declared != bool(lowercase):
-            raise ConfigError(f"{settings_path}: {key}={declared}, but lowercase={lowercase} "
-                              f"was asked for {vocab_file}; use lowercase={bool(declared)}")
+            raise DataError(settings_path, f"{key}={declared}, but lowercase={lowercase} "
+                            f"was asked for {vocab_file}", f"use lowercase={bool(declared)}")
