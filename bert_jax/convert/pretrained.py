@@ -63,7 +63,7 @@ def load_pretrained(folder: str) -> tuple[StackConfig, Any]:
     if meta.get("kind") not in _KINDS:
         raise ValueError(f"{config_path}: kind={meta.get('kind')!r}, not one of "
                          f"{sorted(_KINDS)}.")
-    config = _KINDS[meta["kind"]].from_dict(meta["config"])
+    config = _KINDS[meta["kind"]].from_dict(meta["config"], config_path)
     with ocp.StandardCheckpointer() as checkpointer:
         params = checkpointer.restore(os.path.join(folder, PARAMS_DIR))
     return config, params
