@@ -26,14 +26,14 @@ attention dropout, 'flash' without a kernel) is a rule of the config
 (`bert_jax.config_schema`'s `_attention`), refused before the model is built;
 a direct call that breaks it raises (packed rows, lengths, attention dropout:
 `ValueError`; a dense mask, which only code passes: `TypeError`; a dtype: JAX's
-cuDNN); nothing falls back silently. The
-kernels apply no attention dropout. cuDNN has its own
-(JAX's private `fused_attention_stablehlo.dot_product_attention(dropout_rate=)`),
-but its seed is a compile-time constant and XLA's runtime advances the offset
-per thunk in host memory: the backward's mask is the forward's only while the
-two run equally often (not with scanned layers), every device draws the same
-masks, and a resumed run draws other ones (docs/ACCELERATORS.md, "Why not
-cuDNN's own attention dropout").
+cuDNN); nothing falls back silently. The kernels apply no attention dropout.
+cuDNN has its own (JAX's private
+`fused_attention_stablehlo.dot_product_attention(dropout_rate=)`), but its seed
+is a compile-time constant and XLA's runtime advances the offset per thunk in
+host memory: the backward's mask is the forward's only while the two run equally
+often (not with scanned layers), every device draws the same masks, and a
+resumed run draws other ones (docs/ACCELERATORS.md, "Why not cuDNN's own
+attention dropout").
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from bert_jax.config_schema import ATTENTION_IMPLS, FLASH_KERNELS, choice, platf
 from bert_jax.modeling.masks import AttentionMask, Mask, dense_mask
 
 Array = jax.Array
+
 
 def resolve(impl: str) -> str:
     """`impl` with 'flash' replaced by the platform's kernel."""
