@@ -165,7 +165,8 @@ def _attention(config) -> list[str]:
                 "platform's flash kernel."]
     if impl not in ATTENTION_IMPLS:
         return [unknown(field, impl, ATTENTION_IMPLS)]
-    problems, kernel = [], FLASH_KERNELS.get(here := platform()) if impl == "flash" else impl
+    here = platform() if impl == "flash" else None   # 'flash': the platform's kernel
+    problems, kernel = [], FLASH_KERNELS.get(here) if here else impl
     if rate := _get(config, "model.attention_dropout_rate"):
         problems.append(f"config.model.attention_dropout_rate={rate}: attention_impl={impl!r} "
                         "applies no attention dropout; set it to 0, or attention_impl='einsum'.")
