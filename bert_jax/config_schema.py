@@ -13,7 +13,8 @@ The modules that read a chosen name (the optimizer, the schedule, the dropout
 generator, the attention kernel) name it through `choice`, so that a direct
 caller gets the same one-line message. The name tuples live here, beside their
 rules, and those modules import them from here. This module imports only
-`bert_jax.errors`, so every layer may use it.
+`bert_jax.errors` (and JAX within `platform`, for a rule on 'flash'), so every
+layer may use it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ DROPOUT_PRNGS = ("threefry", "rbg", "unsafe_rbg")   # jax.random's implementatio
 SCHEDULES = ("constant", "linear", "cosine", "rsqrt", "poly")
 OPTIMIZERS = ("adamw", "lamb")
 ATTENTION_IMPLS = ("einsum", "xla", "cudnn", "splash", "flash")  # modeling.fused_attention
+FLASH_KERNELS = {"gpu": "cudnn", "cuda": "cudnn", "tpu": "splash", "cpu": "xla"}  # 'flash'
+SPLASH_LANES = 128   # splash attention's lengths are multiples of it (modeling.splash)
+POOLINGS = ("cls", "mean")  # config.head.pooling (modeling.bert)
 MESH_AXES = ("data", "fsdp", "tensor")  # config.mesh.shape (training.sharding)
 CONLL_FORMATS = ("conllu", "conll2003")  # config.data.format of tagging (data.conllu)
 DOCUMENT_FORMATS = ("blank_lines", "paragraphs", "wikitext")  # data.pretraining_data
@@ -39,6 +43,7 @@ CHOICES = {
     "optimizer.schedule": SCHEDULES,
     "optimizer.name": OPTIMIZERS,
     "data.format": CONLL_FORMATS,
+    "head.pooling": POOLINGS,
 }
 # field -> (its smallest value, what that value means).
 AT_LEAST = {
@@ -139,7 +144,55 @@ def _length_buckets(config) -> list[str]:
 # -- Rules of the model fields (config.model: bert_jax/modeling/) --------------------------
 # Each rule: config -> its problems, one line each (a section the config lacks: none).
 
-MODEL_RULES: tuple[Callable[[Any], list[str]], ...] = ()
+def platform() -> str:
+    """'tpu', 'gpu'/'cuda' or 'cpu', the platform a step is compiled for: that of the
+    mesh in context (`jax.set_mesh`, as the train loop and `launch/compile.py` use),
+    otherwise JAX's default backend (a fact of the run; imports JAX)."""
+    import jax
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.abstract_device is not None:
+        return mesh.abstract_device.platform
+    return jax.default_backend()
+
+
+def _attention(config) -> list[str]:
+    """`model.attention_impl` names a kernel ('fused' was renamed 'xla') that can run
+    the run: fused kernels apply no attention dropout; 'flash' is the platform's
+    kernel; cuDNN takes bfloat16/float16 and no packed rows (`data.pack_length`);
+    splash takes lengths that are multiples of `SPLASH_LANES`."""
+    impl, field = _get(config, "model.attention_impl"), "config.model.attention_impl"
+    if impl in (None, "einsum"):
+        return []
+    if impl == "fused":
+        return [f"{field}='fused': renamed 'xla' (what it computed); 'flash' is the "
+                "platform's flash kernel."]
+    if impl not in ATTENTION_IMPLS:
+        return [unknown(field, impl, ATTENTION_IMPLS)]
+    here = platform() if impl == "flash" else None   # 'flash': the platform's kernel
+    problems, kernel = [], FLASH_KERNELS.get(here) if here else impl
+    if rate := _get(config, "model.attention_dropout_rate"):
+        problems.append(f"config.model.attention_dropout_rate={rate}: attention_impl={impl!r} "
+                        "applies no attention dropout; set it to 0, or attention_impl='einsum'.")
+    if kernel is None:
+        problems.append(f"{field}='flash': no flash kernel for platform {here!r}; use 'xla' "
+                        "or 'einsum'.")
+    if kernel == "cudnn" and _get(config, "model.dtype") == "float32":
+        problems.append(f"{field}='cudnn' (or 'flash' on GPU) needs bfloat16 or float16, not "
+                        "float32: set config.model.dtype='bfloat16' or use 'xla'.")
+    if kernel == "cudnn" and (_get(config, "data.pack_length") or 0) > 0:
+        problems.append(f"{field}='cudnn' (or 'flash' on GPU) takes no packed segments: set "
+                        "config.data.pack_length=0, or attention_impl 'xla' or 'einsum'.")
+    for name in ("max_seq_length", "max_length", "pack_length", "length_buckets"):
+        value = _get(config, f"data.{name}") or 0   # pack_length 0: rows are not packed
+        if kernel == "splash" and any(int(n) % SPLASH_LANES for n in (
+                value if isinstance(value, (list, tuple)) else [value])):
+            problems.append(f"{field}={impl!r}: splash needs lengths that are multiples of "
+                            f"{SPLASH_LANES} (config.data.{name}={value}); set the data's "
+                            "sequence length to one, or use attention_impl='xla'.")
+    return problems
+
+
+MODEL_RULES: tuple[Callable[[Any], list[str]], ...] = (_attention,)
 
 
 # -- Rules of the data fields (config.data: bert_jax/data/) ---------------------------------

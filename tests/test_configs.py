@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from bert_jax.errors import DamagedFileError
 from bert_jax.modeling import BertModel, Transformer
 from bert_jax.modeling.configs import (
     BertConfig,
@@ -178,10 +179,10 @@ def test_unknown_presets():
 
 
 def test_from_dict_rejects_unknown_key():
-    with pytest.raises(ConfigError, match=r"\['hidden_sise'\]"):
+    with pytest.raises(DamagedFileError, match=r"\['hidden_sise'\]"):
         BertConfig.from_dict({**TINY_BERT, "hidden_sise": 32})
-    with pytest.raises(ConfigError, match=r"\['d_model'\].*'hidden_size'"):
-        TransformerConfig.from_dict({"d_model": 512})
+    with pytest.raises(DamagedFileError, match=r"^/m/config\.json: .*\['d_model'\].*'hidden_size'"):
+        TransformerConfig.from_dict({"d_model": 512}, "/m/config.json")
 
 
 @pytest.mark.parametrize("cls, base", CONFIGS)

@@ -253,7 +253,7 @@ def test_a_backbone_package_that_is_absent_is_named_not_replaced_by_random_weigh
                         "no_such_checkpoint_package:get_model_path")  # known, not installed
     config = experiment("sst2", glue_dirs["sst2"], tmp_path)
     config.init_from = "package:no_such_checkpoint_package"
-    with pytest.raises(ConfigError, match="no_such_checkpoint_package"):
+    with pytest.raises(MissingFileError, match="no_such_checkpoint_package"):
         build_task(config, str(tmp_path / "run")).model_config
     assert not (tmp_path / "run").exists()
 
@@ -273,7 +273,8 @@ def test_a_workdir_naming_an_unknown_package_does_not_import_it(tmp_path, monkey
     (workdir / "checkpoints" / "1").mkdir(parents=True)
     (workdir / "checkpoints" / "1" / "state").touch()  # a step folder that is not empty
     (workdir / "config.json").write_text(config.to_json_best_effort())
-    with pytest.raises(ConfigError, match=r"config.init_from='package:side_effect_backbone'"):
+    with pytest.raises(MissingFileError,
+                       match=r"config.init_from='package:side_effect_backbone'"):
         evaluation.restore_for_inference(evaluation.saved_config(workdir), str(workdir))
     assert "side_effect_backbone" not in sys.modules and not marker.exists()
     declared = tmp_path / "site" / "side_effect_backbone-1.0.dist-info"
@@ -297,7 +298,7 @@ def test_the_default_configs_pass_the_checks_before_training(shared_data, varian
     monkeypatch.setitem(pretrained.BACKBONE_PACKAGES, "no_such_checkpoint_package",
                         "no_such_checkpoint_package:get_model_path")  # known, not installed
     config.init_from = "package:no_such_checkpoint_package"
-    with pytest.raises(ConfigError, match=r"config.init_from='package:no_such_checkpoint_"):
+    with pytest.raises(MissingFileError, match=r"config.init_from='package:no_such_checkpoi"):
         check_training_config(build_task(config, None))
 
 

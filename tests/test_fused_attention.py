@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, AxisType
 
+import ml_collections
+
+from bert_jax.config_schema import MODEL_RULES
 from bert_jax.modeling import BertModel, Transformer
 from bert_jax.modeling.attention import dot_product_attention
-from bert_jax.errors import ConfigError
 from bert_jax.modeling.fused_attention import length_masked_attention, resolve
 from bert_jax.modeling.masks import (
     AttentionMask, causal_mask, combine_masks, padding_mask, segment_mask)
@@ -73,17 +75,60 @@ def test_cudnn_length_form_equals_einsum(name, lq, lk, mask, valid_queries):
 
 
 def test_cudnn_refuses_what_it_cannot_run():
+    """A direct call that breaks a kernel's rule is a bug of its caller: no silent
+    fallback (the config's own rules are `test_the_config_rules_of_the_kernels`)."""
     q, k, v = qkv()
     packed = AttentionMask(query_segments=SEGMENTS, key_segments=SEGMENTS)
-    with pytest.raises(ConfigError, match=r"config\.data\.pack_length=0"):
+    with pytest.raises(ValueError, match=r"config\.data\.pack_length=0"):
         length_masked_attention(q, k, v, packed, scale=1.0, implementation="xla")
-    with pytest.raises(ConfigError, match=r"config\.model\.dtype"):
-        dot_product_attention(q, k, v, AttentionMask(), impl="cudnn")
-    with pytest.raises(ConfigError, match="AttentionMask"):
+    with pytest.raises(TypeError, match="AttentionMask"):
         dot_product_attention(*qkv(dtype=jnp.bfloat16), causal_mask(6), impl="cudnn")
-    with pytest.raises(ConfigError, match=r"attention_dropout_rate=0\.1"):
+    with pytest.raises(ValueError, match=r"attention_dropout_rate=0\.1"):
         dot_product_attention(q, k, v, impl="flash", dropout_rate=0.1,
                               deterministic=False, dropout_rng=jax.random.PRNGKey(0))
+
+
+def _rule_problems(platform=None, **fields):
+    """The model rules' lines for `fields` ('model.x' or 'data.x': value), with the
+    mesh of a fake `platform` in context when given."""
+    config = ml_collections.ConfigDict({"model": {}, "data": {}})
+    for path, value in fields.items():
+        section, field = path.split("__")
+        config[section][field] = value
+    if platform is None:
+        return [line for rule in MODEL_RULES for line in rule(config)]
+    mesh = AbstractMesh((2,), ("data",), axis_types=(AxisType.Auto,),
+                        abstract_device=_abstract_device(platform))
+    with jax.sharding.use_abstract_mesh(mesh):
+        return _rule_problems(**fields)
+
+
+def test_the_config_rules_of_the_kernels():
+    """What a kernel cannot run is refused from the config before the model is
+    built, one line each, naming the field and the fix; 'flash' is judged as the
+    kernel of the platform the step compiles for."""
+    (line,) = _rule_problems(model__attention_impl="cudnn", model__dtype="float32")
+    assert "config.model.dtype='bfloat16'" in line and "not float32" in line
+    assert _rule_problems("gpu", model__attention_impl="flash", model__dtype="float32")
+    assert not _rule_problems("tpu", model__attention_impl="flash", model__dtype="float32")
+    assert not _rule_problems(model__attention_impl="flash", model__dtype="float32")  # CPU
+    (line,) = _rule_problems("gpu", model__attention_impl="flash", model__dtype="bfloat16",
+                             data__pack_length=16)
+    assert "packed segments" in line and "config.data.pack_length=0" in line
+    (line,) = _rule_problems(model__attention_impl="xla", model__attention_dropout_rate=0.1)
+    assert "config.model.attention_dropout_rate=0.1" in line and "'einsum'" in line
+    (line,) = _rule_problems("metal", model__attention_impl="flash")
+    assert "no flash kernel for platform 'metal'" in line
+    (line,) = _rule_problems(model__attention_impl="fused")
+    assert "renamed 'xla'" in line
+    (line,) = _rule_problems(model__attention_impl="sdpa")
+    assert "'sdpa': unknown" in line
+    (line,) = _rule_problems(model__attention_impl="splash", data__max_seq_length=128,
+                             data__length_buckets=(128, 200))
+    assert "multiples of 128 (config.data.length_buckets=(128, 200))" in line
+    assert _rule_problems("tpu", model__attention_impl="flash", data__max_length=100)
+    assert not _rule_problems(model__attention_impl="einsum", model__attention_dropout_rate=0.1,
+                              data__max_length=100)
 
 
 @pytest.mark.parametrize("platform, kernel", [("cpu", "xla"), ("tpu", "splash"),

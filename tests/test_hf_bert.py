@@ -22,7 +22,7 @@ import pytest
 
 from bert_jax.convert import load_hf_bert, load_pretrained, save_hf_bert, save_pretrained
 from bert_jax.convert.hf_bert import params_from_hf, params_to_hf
-from bert_jax.errors import ConfigError, DataError
+from bert_jax.errors import CheckpointError, DataError
 from bert_jax.modeling.bert import mean_pool
 from bert_jax.modeling.losses import bert_pretraining_sums
 from bert_jax.modeling import (
@@ -341,7 +341,7 @@ def test_bad_folders_give_clear_errors(tmp_path, model_path):
 def test_pre_norm_cannot_be_exported(tmp_path):
     config = TINY.replace(norm_position="pre")
     params = BertModel(config).init(jax.random.PRNGKey(0), _tiny_inputs()[0])["params"]
-    with pytest.raises(ConfigError, match=r"config\.model\.norm_position='pre'"):
+    with pytest.raises(CheckpointError, match=r"config\.model\.norm_position='pre'"):
         save_hf_bert(str(tmp_path), config, {"bert": params})
 
 

@@ -9,8 +9,9 @@ import pytest
 
 from bert_jax.modeling import BertForSequenceClassification, BertModel, Transformer
 from bert_jax.modeling.masks import causal_mask, combine_masks, padding_mask, segment_mask
-from bert_jax.modeling.bert import POOLINGS
-from bert_jax.errors import ConfigError
+import ml_collections
+
+from bert_jax.config_schema import POOLINGS, config_problems
 from bert_jax.modeling.layers import EncoderStack
 
 from tiny_models import BERT, TRANSFORMER, random_variables, jitted, max_diff
@@ -76,8 +77,17 @@ def test_mean_pooling_averages_real_positions_only(bert):
     classifier = variables["params"]["classifier"]
     expected = pooled @ np.asarray(classifier["kernel"]) + np.asarray(classifier["bias"])
     np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ConfigError, match=r"config\.head\.pooling='max'"):
+    with pytest.raises(ValueError, match=r"config\.head\.pooling='max'"):
         BertForSequenceClassification(BERT, pooling="max").init(jax.random.PRNGKey(0), ids)
+
+
+def test_an_unknown_pooling_is_refused_from_the_config():
+    """Before any model is built (`config_schema.CHOICES`): the model refuses only
+    a direct caller's (above)."""
+    config = ml_collections.ConfigDict({"head": {"pooling": "max"}, "train": {"num_steps": 1},
+                                        "optimizer": {"warmup_steps": 0, "learning_rate": 0.1}})
+    assert config_problems(config) == [
+        "config.head.pooling='max': unknown; choose one of ['cls', 'mean']."]
 
 
 @pytest.mark.slow

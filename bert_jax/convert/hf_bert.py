@@ -25,7 +25,7 @@ import flax.linen as nn
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.errors import ConfigError, DataError, MissingFileError
+from bert_jax.errors import CheckpointError, DataError, MissingFileError
 from bert_jax.modeling.configs import BertConfig
 
 CONFIG_FILE = "config.json"
@@ -168,8 +168,8 @@ def config_from_hf(hf: Mapping[str, Any], source: str = CONFIG_FILE) -> BertConf
 def config_to_hf(config: BertConfig, architecture: str = "BertModel") -> dict[str, Any]:
     """A Hugging Face `config.json` dictionary for `config`."""
     if config.norm_position != "post":
-        raise ConfigError(f"config.model.norm_position={config.norm_position!r}: Hugging "
-                          "Face BERT has no pre-norm; export needs 'post'.")
+        raise CheckpointError(f"config.model.norm_position={config.norm_position!r}: Hugging "
+                              "Face BERT has no pre-norm; export needs 'post'.")
     return {
         "architectures": [architecture],
         "model_type": "bert",
@@ -250,7 +250,7 @@ def _tied_decoder(named: Mapping[str, np.ndarray], path: str) -> set[str]:
 def params_to_hf(params: Mapping[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
     """Hugging Face tensors from bert_jax parameters (boxed or not).
 
-    Raises a ConfigError listing every missing, mis-shaped or unmapped
+    Raises a CheckpointError listing every missing, mis-shaped or unmapped
     parameter by path.
     """
     flat = traverse_util.flatten_dict(nn.meta.unbox(dict(params)))
@@ -274,7 +274,7 @@ def params_to_hf(params: Mapping[str, Any], config: BertConfig) -> dict[str, np.
     problems += [f"parameter {'/'.join(p)} has no Hugging Face BERT name"
                  for p in sorted(set(flat) - mapped)]
     if problems:
-        raise ConfigError("cannot export to Hugging Face BERT:\n  " + "\n  ".join(problems))
+        raise CheckpointError("cannot export to Hugging Face BERT:\n  " + "\n  ".join(problems))
     return {name: spec.to_hf(np.asarray(flat[spec.path], np.float32))
             for name, spec in specs}
 

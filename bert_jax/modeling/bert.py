@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.modeling.masks import AttentionMask
-from bert_jax.errors import ConfigError
+from bert_jax.config_schema import POOLINGS
 from bert_jax.modeling.configs import ACTIVATIONS, BertConfig
 from bert_jax.modeling.embeddings import PositionEmbedding, token_embedding
 from bert_jax.modeling.initializers import partitioned
@@ -192,9 +192,6 @@ class BertForPreTraining(_BertWithHead):
         return PreTrainingOutput(mlm_logits, nsp_logits, out)
 
 
-POOLINGS = ("cls", "mean")
-
-
 def mean_pool(sequence: Array, attention_mask: Array | None) -> Array:
     """`[batch, length, hidden]` -> `[batch, hidden]`: the mean over real tokens
     (summed in float32, returned in the sequence's dtype)."""
@@ -220,8 +217,8 @@ class BertForSequenceClassification(_BertWithHead):
     def setup(self):
         super().setup()
         if self.pooling not in POOLINGS:
-            raise ConfigError(f"config.head.pooling={self.pooling!r}: unknown; choose one "
-                              f"of {list(POOLINGS)}.")
+            raise ValueError(f"config.head.pooling={self.pooling!r}: unknown; choose one "
+                             f"of {list(POOLINGS)}.")
         self.classifier = dense(self.config, self.num_labels, ("embed", "classes"))
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *,

@@ -176,11 +176,13 @@ class StackConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]):
-        unknown = cls.unknown_fields(values)
-        if unknown:
-            raise ConfigError(f"{cls.__name__}: unknown field(s) {unknown}; known fields "
-                              f"are {cls.field_names()}.")
+    def from_dict(cls, values: Mapping[str, Any], path: str = ""):
+        """The config of `values`, read from the file `path` (a checkpoint's): a key
+        that is no field raises `DamagedFileError` (an edited file, or one another
+        version of bert_jax wrote), naming `path` when given."""
+        if unknown := cls.unknown_fields(values):
+            raise DamagedFileError(f"{path + ': ' if path else ''}{cls.__name__}: unknown "
+                                   f"field(s) {unknown}; known fields are {cls.field_names()}.")
         return cls(**values)
 
     @classmethod

@@ -21,15 +21,19 @@ is not 'einsum': queries `[batch, q_len, heads, head_dim]` and keys and values
 
 The platform is the one the step is compiled for: that of the mesh in context
 (`jax.set_mesh`, as the train loop and `launch/compile.py` use), otherwise JAX's
-default backend. A kernel that cannot run the mask it is given raises
-`ConfigError` naming the mask and the alternatives; nothing falls
-back silently. The kernels apply no attention dropout. cuDNN has its own
-(JAX's private `fused_attention_stablehlo.dot_product_attention(dropout_rate=)`),
-but its seed is a compile-time constant and XLA's runtime advances the offset
-per thunk in host memory: the backward's mask is the forward's only while the
-two run equally often (not with scanned layers), every device draws the same
-masks, and a resumed run draws other ones (docs/ACCELERATORS.md, "Why not
-cuDNN's own attention dropout").
+default backend. What a kernel cannot run (a dtype, packed rows, lengths,
+attention dropout, 'flash' without a kernel) is a rule of the config
+(`bert_jax.config_schema`'s `_attention`), refused before the model is built;
+a direct call that breaks it raises (packed rows, lengths, attention dropout:
+`ValueError`; a dense mask, which only code passes: `TypeError`; a dtype: JAX's
+cuDNN); nothing falls back silently. The kernels apply no attention dropout.
+cuDNN has its own (JAX's private
+`fused_attention_stablehlo.dot_product_attention(dropout_rate=)`), but its seed
+is a compile-time constant and XLA's runtime advances the offset per thunk in
+host memory: the backward's mask is the forward's only while the two run equally
+often (not with scanned layers), every device draws the same masks, and a
+resumed run draws other ones (docs/ACCELERATORS.md, "Why not cuDNN's own
+attention dropout").
 """
 
 from __future__ import annotations
@@ -37,33 +41,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from bert_jax.config_schema import ATTENTION_IMPLS, choice
-from bert_jax.errors import ConfigError
+from bert_jax.config_schema import ATTENTION_IMPLS, FLASH_KERNELS, choice, platform
 from bert_jax.modeling.masks import AttentionMask, Mask, dense_mask
 
 Array = jax.Array
-
-FLASH_KERNELS = {"gpu": "cudnn", "cuda": "cudnn", "tpu": "splash", "cpu": "xla"}
-CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
-
-
-def platform() -> str:
-    """'tpu', 'gpu'/'cuda' or 'cpu': the platform of the mesh in context, else
-    JAX's default backend."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and mesh.abstract_device is not None:
-        return mesh.abstract_device.platform
-    return jax.default_backend()
 
 
 def resolve(impl: str) -> str:
     """`impl` with 'flash' replaced by the platform's kernel."""
     if choice("config.model.attention_impl", impl, ATTENTION_IMPLS) != "flash":
         return impl
-    if (here := platform()) not in FLASH_KERNELS:
-        raise ConfigError(f"config.model.attention_impl='flash': no flash kernel "
-                          f"for platform {here!r}; use 'xla' or 'einsum'.")
-    return FLASH_KERNELS[here]
+    return FLASH_KERNELS[platform()]  # a platform without one: config_schema refuses it
 
 
 def attend(query: Array, key: Array, value: Array, mask: Mask, *, scale: float,
@@ -80,14 +68,10 @@ def attend(query: Array, key: Array, value: Array, mask: Mask, *, scale: float,
     if mask is None:
         mask = AttentionMask()
     elif not isinstance(mask, AttentionMask):
-        raise ConfigError(
+        raise TypeError(
             f"config.model.attention_impl={impl!r} takes an AttentionMask (masks.py), not "
             "a dense boolean mask; or use 'xla' or 'einsum'.")
-    if impl == "cudnn":
-        if query.dtype not in CUDNN_DTYPES:
-            raise ConfigError(
-                f"config.model.attention_impl='cudnn' (or 'flash' on GPU) needs bfloat16 or "
-                f"float16, not {query.dtype}: set config.model.dtype='bfloat16' or use 'xla'.")
+    if impl == "cudnn":  # JAX refuses other dtypes than bfloat16/float16 itself
         return length_masked_attention(query, key, value, mask, scale=scale,
                                        implementation="cudnn")
     if impl == "splash":
@@ -97,7 +81,7 @@ def attend(query: Array, key: Array, value: Array, mask: Mask, *, scale: float,
             query, key, value, query_segments=query_segments, key_segments=key_segments,
             causal=mask.causal, scale=scale, mesh=jax.sharding.get_abstract_mesh(),
             interpret=platform() != "tpu")
-    raise ConfigError(f"attend: {impl!r} is not a fused kernel.")
+    raise ValueError(f"attend: {impl!r} is not a fused kernel.")
 
 
 def length_masked_attention(query: Array, key: Array, value: Array,
@@ -107,7 +91,7 @@ def length_masked_attention(query: Array, key: Array, value: Array,
     causality as `is_causal`: the form cuDNN takes. With implementation='xla'
     it runs anywhere, which is how the mapping is tested on CPU."""
     if mask.query_segments is not None:
-        raise ConfigError(
+        raise ValueError(
             "config.model.attention_impl='cudnn' (or 'flash' on GPU) takes no packed "
             "segments: set config.data.pack_length=0, or attention_impl 'xla' or 'einsum'.")
 

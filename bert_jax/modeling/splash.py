@@ -50,11 +50,10 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.errors import ConfigError
+from bert_jax.config_schema import SPLASH_LANES as _LANES
 
 Array = jax.Array
 
-_LANES = 128
 _BLOCK_CANDIDATES = (512, 256, 128)
 _TENSOR_AXIS = "tensor"
 
@@ -132,9 +131,9 @@ def _check_shapes(query, key, value, query_segments, key_segments, causal) -> No
     if causal and q_len != kv_len:
         raise ValueError(f"causal splash attention needs q_len == kv_len, got {q_len}, {kv_len}")
     if q_len % _LANES or kv_len % _LANES:
-        raise ConfigError(f"config.model.attention_impl='splash': needs lengths that are "
-                          f"multiples of {_LANES} (q_len={q_len}, kv_len={kv_len}); set the "
-                          "data's sequence length to one, or use attention_impl='xla'.")
+        raise ValueError(f"config.model.attention_impl='splash': needs lengths that are "
+                         f"multiples of {_LANES} (q_len={q_len}, kv_len={kv_len}); set the "
+                         "data's sequence length to one, or use attention_impl='xla'.")
 
 
 def _mesh_axes(mesh: jax.sharding.Mesh, *, batch: int, heads: int):

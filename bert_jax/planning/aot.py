@@ -37,6 +37,7 @@ import jax
 import ml_collections
 
 from bert_jax.auto_dtype import Hardware, resolve_model_dtype
+from bert_jax.config_schema import check_config, refuse
 from bert_jax.errors import ConfigError, DoesNotFit
 from bert_jax.planning import hlo
 from bert_jax.planning.hlo_cost import ProgramCost, program_cost
@@ -284,8 +285,10 @@ def target_hardware(target: Target) -> Hardware:
 def compile_experiment(config: ml_collections.ConfigDict, target: Target,
                        eval_step: bool = True) -> CompileReport:
     config = resolve_model_dtype(config, target_hardware(target))
-    task = build_task(config, None, abstract=True)
     mesh = mesh_from_config(config.mesh, target.devices)
+    with jax.set_mesh(mesh):  # the rules read the target's platform ('flash')
+        check_config(config)
+    task = build_task(config, None, abstract=True)
     num_devices = len(target.devices)
     state, shardings = abstract_train_state(task.init_variables, task.model.apply,
                                             optimizer_from_config(config), mesh)
@@ -436,8 +439,9 @@ def _fits_at(config: ml_collections.ConfigDict, target: Target, shape: tuple,
     devices = batch_devices(mesh_from_config(config.mesh, target.devices))
     share, rest = divmod(config.train.batch_size, devices)
     if rest or not share:
-        raise ConfigError(f"config.train.batch_size={config.train.batch_size}: use a "
-                          f"multiple of {target.name}'s {devices} devices (mesh {shape}).")
+        refuse([f"config.train.batch_size={config.train.batch_size}: use a multiple of "
+                f"{target.name}'s {devices} devices (mesh {shape})."],
+               f"the config cannot compile for {target.name}")
     sizes = [size for size in range(1, share + 1) if share % size == 0]
     low, high, fits = -1, len(sizes), []   # sizes[low] fits, sizes[high] does not
     while high - low > 1:
