@@ -7,7 +7,10 @@ across fields, small named functions). `config_problems(config)` lists every bro
 naming the field, its value and the fix; `check_config(config)` raises them
 together as one `ConfigError`. The trainer runs them in `check_training_config`
 (with the checks that need the task, the data paths or the devices), and
-`launch/compile.py` before it compiles.
+`launch/compile.py` before it compiles. The evaluation of a workdir's run
+(`launch/evaluate.py` and friends) applies the task rules (`TASK_RULES`) to its
+saved config after the overrides, with what evaluation may not change
+(`evaluation_problems`).
 
 The modules that read a chosen name (the optimizer, the schedule, the dropout
 generator, the attention kernel) name it through `choice`, so that a direct
@@ -196,12 +199,11 @@ def evaluation_problems(config, refused: dict[str, Any], may_change: Sequence[st
     to their value in `saved` (the workdir's config.json)."""
     problems = [problem for rule in TASK_RULES for problem in rule(config)]
     if refused:
-        problems.append(
-            "evaluation cannot change " + ", ".join(
-                f"config.{k} ({v!r} in {saved})" for k, v in refused.items())
-            + ": it defines the model, its data or its task. Evaluation may change "
-            + ", ".join(f"config.{k.rstrip('.')}" for k in may_change)
-            + ". To evaluate another model, use its workdir.")
+        changed = ", ".join(f"config.{k} ({v!r} in {saved})" for k, v in refused.items())
+        problems.append(f"evaluation cannot change {changed}: it defines the model, its data "
+                        "or its task. Evaluation may change " + ", ".join(
+                            f"config.{k.rstrip('.')}" for k in may_change)
+                        + ". To evaluate another model, use its workdir.")
     if (size := _get(config, "train.batch_size")) is not None and size < 1:
         problems.append(f"config.train.batch_size={size}: must be at least 1.")
     return problems

@@ -14,7 +14,7 @@ from ml_collections import config_flags
 
 from bert_jax.analysis.sweeps.points import apply_overrides
 from bert_jax.convert import pretrained
-from bert_jax.config_schema import config_problems
+from bert_jax.config_schema import config_problems, evaluation_problems
 from bert_jax.errors import CheckpointError, ConfigError, DataError, MissingFileError, UserError
 from bert_jax.evaluation import evaluators, squad
 from bert_jax.tasks import build_task
@@ -358,6 +358,8 @@ def test_squad_splits_are_rules_of_the_config(tmp_path):
         "'heldout'].",
         "config.data.path='': the catalog's squad/v1.1 splits are whole; set "
         "data.train_articles=':' and data.eval_articles=':', or give data.path a JSON file."]
+    # The same rules when launch/evaluate.py restores a workdir's config (an override).
+    assert evaluation_problems(config, {}, (), "w/config.json") == config_problems(config)
     config.data.update(dict(eval_split="validation", train_articles=":", eval_articles=" : "))
     assert config_problems(config) == []
 
