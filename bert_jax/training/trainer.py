@@ -130,8 +130,9 @@ def initialise_from(state: TrainState, path: str, workdir: str,
     if tile_positions:
         params, tiled = tile_learned_positions(params, tile_positions)
         if not tiled:
-            raise CheckpointError(f"config.init_tile_positions={tile_positions}: the model of "
-                                  f"{path} has no learned position table longer; set it to 0")
+            raise CheckpointError(f"config.init_tile_positions={tile_positions}: the model "
+                                  f"of {path} has no learned position table longer than "
+                                  "that; set it to 0")
     if jax.process_index() == 0:
         write_json(os.path.join(workdir, "init_from.json"),
                    {"init_from": path, "restored": names, "initialised": missing,
