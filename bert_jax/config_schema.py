@@ -7,7 +7,10 @@ across fields, small named functions). `config_problems(config)` lists every bro
 naming the field, its value and the fix; `check_config(config)` raises them
 together as one `ConfigError`. The trainer runs them in `check_training_config`
 (with the checks that need the task, the data paths or the devices), and
-`launch/compile.py` before it compiles.
+`launch/compile.py` before it compiles. The evaluation of a workdir's run
+(`launch/evaluate.py` and friends) applies the task rules (`TASK_RULES`) to its
+saved config after the overrides, with what evaluation may not change
+(`evaluation_problems`).
 
 The modules that read a chosen name (the optimizer, the schedule, the dropout
 generator, the attention kernel) name it through `choice`, so that a direct
@@ -241,7 +244,62 @@ DATA_RULES: tuple[Callable[[Any], list[str]], ...] = (_pretraining_data,)
 # -- Rules of the task, training and evaluation fields (bert_jax/tasks/, training/) ---------
 # Each rule: config -> its problems, one line each (a section the config lacks: none).
 
-TASK_RULES: tuple[Callable[[Any], list[str]], ...] = ()
+HELDOUT = "heldout"  # the evaluation split carved from the training subset (tasks.finetune)
+SQUAD_SPLITS = ("train", "validation", HELDOUT)
+IN_TASK_TASKS = ("glue", "tagging")  # whose text in-task masked-LM pretraining reads
+
+
+def _heldout_fraction(config) -> list[str]:
+    """The part of the training subset `data.eval_split='heldout'` holds out, in (0, 1)."""
+    fraction = _get(config, "data.heldout_fraction")
+    return ([f"config.data.heldout_fraction={fraction}: it must leave examples for training "
+             "and hold out at least one; use a fraction in (0, 1)."]
+            if _get(config, "data.eval_split") == HELDOUT and fraction is not None
+            and not 0 < fraction < 1 else [])
+
+
+def _squad(config) -> list[str]:
+    """SQuAD's evaluation split; from the catalog (no `data.path`), whole splits."""
+    data = config.data if _get(config, "task") == "squad" else None
+    problems = ([unknown("config.data.eval_split", data.eval_split, SQUAD_SPLITS)]
+                if data and data.eval_split not in SQUAD_SPLITS else [])
+    if data and not data.path and {str(a).strip() for a in (
+            data.train_articles, data.eval_articles)} - {"", ":"}:
+        problems.append("config.data.path='': the catalog's squad/v1.1 splits are whole; set "
+                        "data.train_articles=':' and data.eval_articles=':', or give "
+                        "data.path a JSON file.")
+    return problems
+
+
+def _batch_tokens(config) -> list[str]:
+    """`data.batch_tokens` (translation): whole rows of `data.pack_length` or `max_length`."""
+    tokens = _get(config, "data.batch_tokens")
+    row = _get(config, "data.pack_length") or _get(config, "data.max_length")
+    return ([f"config.data.batch_tokens={tokens}: make it a multiple of the row length {row} "
+             "(data.pack_length or data.max_length)."] if tokens and row and tokens % row else [])
+
+
+TASK_RULES: tuple[Callable[[Any], list[str]], ...] = (
+    _heldout_fraction, _squad, _batch_tokens)
+
+
+def evaluation_problems(config, refused: dict[str, Any], may_change: Sequence[str],
+                        saved: str) -> list[str]:
+    """The rules of evaluating a workdir's run (`training.evaluation.evaluation_config`):
+    `config` is its config after the overrides evaluation may make (`may_change`, keys
+    or `section.` prefixes), checked by `TASK_RULES` and for a batch of one row at
+    least; `refused` maps the keys changed that define the model, its data or its task
+    to their value in `saved` (the workdir's config.json)."""
+    problems = [problem for rule in TASK_RULES for problem in rule(config)]
+    if refused:
+        changed = ", ".join(f"config.{k} ({v!r} in {saved})" for k, v in refused.items())
+        problems.append(f"evaluation cannot change {changed}: it defines the model, its data "
+                        "or its task. Evaluation may change " + ", ".join(
+                            f"config.{k.rstrip('.')}" for k in may_change)
+                        + ". To evaluate another model, use its workdir.")
+    if (size := _get(config, "train.batch_size")) is not None and size < 1:
+        problems.append(f"config.train.batch_size={size}: must be at least 1.")
+    return problems
 
 
 RULES: tuple[Callable[[Any], list[str]], ...] = (

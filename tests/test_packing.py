@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from bert_jax.config_schema import config_problems
 from bert_jax.tasks import build_task
 from bert_jax.training import trainer
 from tiny_models import random_variables
@@ -79,8 +80,9 @@ def test_packed_rows_give_the_loss_of_unpacked_rows(packed_task):
 def test_batch_tokens_must_divide_into_rows(packed_task):
     config = packed_task.config.copy_and_resolve_references()
     config.data.batch_tokens = 100
-    with pytest.raises(Exception, match=r"batch_tokens=100.*row length 40"):
-        build_task(config, packed_task.workdir).batch_rows
+    assert config_problems(config) == [   # a rule of the config: before any build
+        "config.data.batch_tokens=100: make it a multiple of the row length 40 "
+        "(data.pack_length or data.max_length)."]
 
 
 @pytest.mark.slow

@@ -178,6 +178,17 @@ def test_the_scratch_backbone_copies_the_architecture_and_vocabulary(sst2, backb
                        [{"tasks": [TASK], "backbones": ["minilm"]}], config_file=FINETUNE)
 
 
+def test_in_task_pretraining_is_refused_for_a_task_without_its_text(backbone, tmp_path):
+    """SQuAD gives no unlabelled texts: refused before anything is written."""
+    with pytest.raises(transfer.ConfigError, match="^the transfer study cannot run:\n  squad: "
+                       "in-task masked-LM pretraining reads the text of GLUE and tagging "
+                       "tasks, not of task 'squad'$"):
+        transfer.Study(str(tmp_path / "study"), {"itm": transfer.IN_TASK_PREFIX + backbone},
+                       [{"tasks": ("squad",)}], config_file=FINETUNE, in_task_config=str(
+                           REPO / "experiments" / "pretrain_bert.py:in_task_mlm"))
+    assert not (tmp_path / "study").exists()
+
+
 @pytest.mark.parametrize("prefix", ["", transfer.IN_TASK_PREFIX])
 def test_a_study_is_never_written_into_a_backbone_it_reads(tmp_path, prefix):
     """Refused before anything reads the backbone or writes the study."""

@@ -22,7 +22,7 @@ import flax.linen as nn
 from bert_jax.convert import load_hf_bert, load_pretrained
 from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
 from bert_jax.data.wordpiece import WordPiece, declared_casings
-from bert_jax.errors import ConfigError, MissingFileError
+from bert_jax.errors import CheckpointError, MissingFileError
 from bert_jax.modeling.configs import BertConfig
 from bert_jax.training.workdir import CONFIG_FILE
 from bert_jax.workdir_layout import CHECKPOINT_DIR
@@ -58,7 +58,7 @@ def load_encoder(path: str, *, vocab_file: str | None = None,
     else:
         config, params = load_hf_bert(path)
     if not isinstance(config, BertConfig):
-        raise ConfigError(f"{path} holds a {type(config).__name__}, not a BERT model.")
+        raise CheckpointError(f"{path} holds a {type(config).__name__}, not a BERT model.")
     params = nn.meta.unbox(params)
     params = params.get("bert", params)
     beside = os.path.join(path, "vocab.txt")

@@ -60,7 +60,8 @@ from bert_jax.analysis.sweeps.results import (
     collect as collect_runs, human_seconds, markdown_table, number, write_csv)
 from bert_jax.analysis.sweeps.runner import SWEEP_FILE, Sweep, is_finished, read_record
 from bert_jax.config_schema import (
-    IN_TASK_PREFIX, STUDY_REFUSED, backbones as backbone_specs, numbers, refuse, spec)
+    IN_TASK_PREFIX, IN_TASK_TASKS, STUDY_REFUSED, backbones as backbone_specs, numbers, refuse,
+    spec)
 from bert_jax.convert.pretrained import PACKAGE_PREFIX, checkpoint_path
 from bert_jax.errors import ConfigError, UserError  # noqa: F401 - transfer.ConfigError
 from bert_jax.file_io import jsonable, write_json
@@ -299,6 +300,9 @@ class Study:
         self.selection_sweeps: dict[str, Sweep] = {}
         for task in self.tasks:
             config = apply_overrides(load_config(f"{config_file}:{task}"), self.base_overrides)
+            if self.in_task and config.task not in IN_TASK_TASKS:
+                refuse([f"{task}: in-task masked-LM pretraining reads the text of GLUE and "
+                        f"tagging tasks, not of task {config.task!r}"], STUDY_REFUSED)
             overrides = {name: {"init_from": path} if path else scratch_overrides(first, config)
                          for name, path in self.backbones.items()}
             if self.in_task:

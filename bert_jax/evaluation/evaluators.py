@@ -24,6 +24,7 @@ import numpy as np
 
 from bert_jax.evaluation import classification_metrics, squad
 from bert_jax.evaluation.translation_metrics import bleu_and_chrf
+from bert_jax.config_schema import choice
 from bert_jax.errors import ConfigError
 from bert_jax.modeling.losses import sums_to_means
 
@@ -65,10 +66,7 @@ def registered() -> list[str]:
 
 
 def get(name: str) -> Evaluator:
-    if name not in _REGISTRY:
-        raise ConfigError(f"config.evals: unknown evaluator {name!r}; registered: "
-                          f"{registered()}.")
-    return _REGISTRY[name]
+    return _REGISTRY[choice("config.evals", name, registered())]
 
 
 def _needs(context: Context, name: str, *keys: str) -> dict[str, Any]:

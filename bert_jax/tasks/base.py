@@ -27,6 +27,7 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
+from bert_jax.config_schema import choice
 from bert_jax.errors import ConfigError, DamagedFileError
 from bert_jax.modeling.configs import StackConfig
 from bert_jax.auto_dtype import resolve_model_dtype
@@ -60,10 +61,7 @@ def build_task(config: ml_collections.ConfigDict, workdir: str | None,
     (`training.validation`). `abstract=True`: the model and batch shapes only,
     never reading data (ahead-of-time compilation); vocabulary sizes from the config."""
     config = resolve_model_dtype(config)  # 'auto' -> the local devices' dtype
-    if config.task not in _REGISTRY:
-        raise ConfigError(f"config.task={config.task!r}: unknown; use one of "
-                          f"{sorted(_REGISTRY)}.")
-    cls = _REGISTRY[config.task]
+    cls = _REGISTRY[choice("config.task", config.task, sorted(_REGISTRY))]
     if abstract and not cls.supports_abstract:
         supported = sorted(name for name, c in _REGISTRY.items() if c.supports_abstract)
         raise ConfigError(f"config.task={config.task!r} cannot be compiled ahead of time "

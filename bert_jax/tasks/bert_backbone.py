@@ -23,7 +23,7 @@ from bert_jax.convert.hf_bert import config_from_hf
 from bert_jax.convert.pretrained import CONFIG_FILE as PRETRAINED_CONFIG
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.data import vocabulary, wordpiece
-from bert_jax.errors import ConfigError, MissingFileError
+from bert_jax.errors import CheckpointError, MissingFileError
 from bert_jax.file_io import read_json
 from bert_jax.modeling import BertConfig
 from bert_jax.tasks.base import check_saved_config, holds_checkpoints, written_by_process_zero
@@ -66,8 +66,8 @@ def checkpoint_model(path: str, kind: str) -> tuple[BertConfig, str, bool | None
     if kind == "pretrained":
         meta = read_json(os.path.join(path, PRETRAINED_CONFIG))
         if meta.get("kind") != "bert":
-            raise ConfigError(f"config.init_from={path!r} holds a {meta.get('kind')} model, "
-                              "not BERT.")
+            raise CheckpointError(f"config.init_from={path!r} holds a {meta.get('kind')} "
+                                  "model, not BERT.")
         vocab = os.path.join(path, "vocab.txt")
         return BertConfig.from_dict(meta["config"]), vocab if os.path.isfile(vocab) else "", None
     saved_path = os.path.join(path, "config.json")
@@ -96,9 +96,9 @@ def _workdir_vocabulary(path: str, saved: dict) -> wordpiece.WordPiece:
     parent = checkpoint_path(saved["init_from"])
     _, vocab_file, lowercase = checkpoint_model(parent, checkpoint_kind(parent))
     if not vocab_file:
-        raise ConfigError(f"{path} has no {wordpiece.VOCAB_DIR}/ and its init_from {parent} "
-                          "no vocab.txt: set config.data.vocab_file to the one it was "
-                          "trained with.")
+        raise CheckpointError(f"{path} has no {wordpiece.VOCAB_DIR}/ and its init_from "
+                              f"{parent} no vocab.txt: set config.data.vocab_file to the one "
+                              "it was trained with.")
     return wordpiece.WordPiece.from_vocab_file(
         vocab_file, lowercase=data.get("lowercase", True) if lowercase is None else lowercase)
 
@@ -124,12 +124,12 @@ def resolve_backbone(config: ml_collections.ConfigDict, workdir: str,
         **{k: v for k, v in model.items() if k in RUNTIME_FIELDS})
     vocab_file = data.get("vocab_file", "") or vocab_file
     if not vocab_file:
-        raise ConfigError(f"config.init_from={init_from!r} has no vocab.txt: set "
-                          "config.data.vocab_file to the one it was trained with.")
+        raise CheckpointError(f"config.init_from={init_from!r} has no vocab.txt: set "
+                              "config.data.vocab_file to the one it was trained with.")
     lowercase = data.lowercase if declared_lowercase is None else bool(declared_lowercase)
     vocab = wordpiece.WordPiece.from_vocab_file(vocab_file, lowercase=lowercase)
     if vocab.size != architecture.vocab_size:
-        raise ConfigError(f"{vocab_file}: {vocab.size} tokens, but {init_from} has "
-                          f"{architecture.vocab_size} rows in {WORD_EMBEDDINGS}; use the "
-                          "checkpoint's vocab.txt.")
+        raise CheckpointError(f"{vocab_file}: {vocab.size} tokens, but {init_from} has "
+                              f"{architecture.vocab_size} rows in {WORD_EMBEDDINGS}; use the "
+                              "checkpoint's vocab.txt.")
     return Backbone(architecture, vocab, kind)

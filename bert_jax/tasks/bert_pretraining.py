@@ -53,7 +53,7 @@ from bert_jax.data import (
     pipeline, pretraining_data, sources, synthetic_documents, wordpiece)
 from bert_jax.data.bert_pretraining import BertPretraining, corpus_lines
 from bert_jax.modeling.bert import BertForPreTraining
-from bert_jax.errors import ConfigError
+from bert_jax.errors import DataError
 from bert_jax.modeling.configs import BertConfig
 from bert_jax.tasks.base import Batch, Task, cached_method, register, written_by_process_zero
 from bert_jax.tasks.bert_backbone import Backbone, resolve_backbone
@@ -141,9 +141,10 @@ class BertPretrainingTask(Task):
                 "synthetic corpus")
             return [path]
         files = list(data.corpus_files)
-        if not files:
-            raise ConfigError("config.data.corpus_files is empty: give text files ('path' or "
-                              "'path:wikitext') or config.data.synthetic_documents.")
+        if not files:  # read when the data is (recipes leave it to the command line)
+            raise DataError("the pretraining corpus", "config.data.corpus_files is empty",
+                            "give text files ('path' or 'path:wikitext') or "
+                            "config.data.synthetic_documents.")
         return files
 
     @functools.cached_property

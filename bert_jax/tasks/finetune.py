@@ -61,7 +61,8 @@ from bert_jax.data.splits import select
 from bert_jax.evaluation import classification_metrics
 from bert_jax.modeling.bert import (
     BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification)
-from bert_jax.errors import ConfigError
+from bert_jax.config_schema import HELDOUT  # the evaluation split carved from the training subset
+from bert_jax.errors import DataError
 from bert_jax.modeling.configs import BertConfig
 from bert_jax.modeling.flops import bert_train_flops
 from bert_jax.modeling.losses import cross_entropy_sums
@@ -69,7 +70,6 @@ from bert_jax.tasks.base import Batch, Task, cached_method, register
 from bert_jax.tasks.bert_backbone import Backbone, resolve_backbone
 
 ROW = "row"  # the row's index in its split's rows: predictions map back through it
-HELDOUT = "heldout"  # the evaluation split carved from the training subset
 
 
 def _buckets(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
@@ -85,29 +85,32 @@ def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int
     return a, b
 
 
-def training_subset(examples: Sequence[Any], size: int, seed: int) -> Sequence[Any]:
+def training_subset(examples: Sequence[Any], size: int, seed: int,
+                    dataset: str = "the training split") -> Sequence[Any]:
     """`size` of `examples` drawn without replacement, in their order (0: all).
     They are the first `size` of `seed`'s permutation of the split: the subset
     depends on the split and `seed` only (not on the backbone or config.seed),
-    and for one seed a smaller subset lies inside a larger one."""
+    and for one seed a smaller subset lies inside a larger one. A size beyond the
+    split is a `DataError` naming `dataset` (negative sizes: `config_schema`)."""
     if not 0 <= size <= len(examples):
-        raise ConfigError(f"config.data.train_examples={size}: the training split has "
-                          f"{len(examples)} examples; use 1 to {len(examples)}, or 0 for all.")
+        raise DataError(dataset, f"config.data.train_examples={size}: the training split has "
+                        f"{len(examples)} examples", f"use 1 to {len(examples)}, or 0 for all.")
     if not size:
         return examples
     chosen = np.sort(np.random.default_rng(seed).permutation(len(examples))[:size])
     return [examples[i] for i in chosen]
 
 
-def carve_heldout(examples: Sequence[Any], fraction: float, seed: int
-                  ) -> tuple[Sequence[Any], Sequence[Any]]:
+def carve_heldout(examples: Sequence[Any], fraction: float, seed: int,
+                  dataset: str = "the training subset") -> tuple[Sequence[Any], Sequence[Any]]:
     """(training, held out): `fraction` of `examples` (at least one) drawn by
-    `seed`, both in their order."""
+    `seed`, both in their order. The fraction is in (0, 1) (`config_schema`); one
+    that holds out every example is a `DataError` naming `dataset`."""
     count = max(1, round(fraction * len(examples)))
-    if not 0 < fraction < 1 or count >= len(examples):
-        raise ConfigError(f"config.data.heldout_fraction={fraction}: it must leave examples "
-                          f"of the {len(examples)} for training and hold out at least one; "
-                          "use a fraction in (0, 1) and more training examples")
+    if count >= len(examples):
+        raise DataError(dataset, f"config.data.heldout_fraction={fraction}: it must leave "
+                        f"examples of the {len(examples)} for training and hold out at least "
+                        "one", "use more training examples (config.data.train_examples)")
     held = set(np.random.default_rng([seed, 1]).permutation(len(examples))[:count].tolist())
     return ([e for i, e in enumerate(examples) if i not in held],
             [e for i, e in enumerate(examples) if i in held])
@@ -144,6 +147,8 @@ class FinetuneTask(Task):
         return backbone
 
     vocab = property(lambda self: self.backbone.vocab)
+    # what the examples are read from, as a `DataError` names it
+    dataset = property(lambda self: self.config.data.get("path") or f"{self.config.task} catalog")
     model_config = property(lambda self: self.backbone.config)
 
     # -- what a subclass provides --------------------------------------------------
@@ -160,9 +165,9 @@ class FinetuneTask(Task):
         """The texts of every example of the whole training split (not only the
         `data.train_examples` subset), read without their labels, one list an
         example (a sentence, or a pair's two): the text of in-task masked-LM
-        pretraining (`analysis.transfer`, Gururangan et al. 2020)."""
-        raise ConfigError(f"in-task masked-LM pretraining reads the text of GLUE and "
-                          f"tagging tasks, not of task {self.config.task!r}")
+        pretraining (`analysis.transfer`, Gururangan et al. 2020; the tasks that give
+        them: `config_schema.IN_TASK_TASKS`, which the study checks)."""
+        raise NotImplementedError(f"task {self.config.task!r} gives no unlabelled texts")
 
     @abc.abstractmethod
     def featurize(self, split: str) -> list[Batch]:
@@ -188,18 +193,17 @@ class FinetuneTask(Task):
             return self.read_examples(split)
         examples = self.read_examples("train")
         size, seed = data.get("train_examples", 0), data.get("subset_seed", 0)
-        subset = training_subset(examples, size, seed)
+        subset = training_subset(examples, size, seed, self.dataset)
         if size and split == "train":
             logging.info("%s: training on %d of the %d training examples "
                          "(config.data.train_examples, subset_seed=%d)",
                          type(self).__name__, len(subset), len(examples), seed)
         if data.eval_split != HELDOUT:
-            if split == HELDOUT:
-                raise ConfigError("the 'heldout' split is evaluated only by the run that "
-                                  "held it out: train with config.data.eval_split='heldout'")
+            if split == HELDOUT:  # a caller's bug: the config names its evaluation split
+                raise ValueError("no 'heldout' split unless config.data.eval_split='heldout'")
             return subset
         train, heldout = carve_heldout(subset, data.get(
-            "heldout_fraction", self.saved_defaults["data.heldout_fraction"]), seed)
+            "heldout_fraction", self.saved_defaults["data.heldout_fraction"]), seed, self.dataset)
         return train if split == "train" else heldout
 
     @cached_method
@@ -471,16 +475,9 @@ class SquadTask(FinetuneTask):
     def read_examples(self, split: str) -> list[squad_windows.QAExample]:
         data = self.config.data
         articles = {"train": data.train_articles, "validation": data.eval_articles}
-        if split not in articles:
-            raise ConfigError(f"squad split {split!r}: use 'train' or 'validation'.")
-        if data.path:
+        if data.path:  # the split and, from the catalog, whole ones: `config_schema`
             return squad_json.read_split(data.path, articles[split])
-        if all(str(a).strip() in ("", ":") for a in articles.values()):
-            source = sources.load_source(squad_json.CATALOG, split, data.data_dir or None)
-        else:
-            raise ConfigError(f"config.data.path='': the catalog's {squad_json.CATALOG} "
-                              "splits are whole; set data.train_articles=':' and "
-                              "data.eval_articles=':', or give data.path a JSON file.")
+        source = sources.load_source(squad_json.CATALOG, split, data.data_dir or None)
         return [squad_json.from_features(source[i]) for i in range(len(source))]
 
     def training_texts(self):

@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bert_jax.data import pipeline, sources, vocabulary
 from bert_jax.data.text_files import as_text
 from bert_jax.data.input_lines import shorten
-from bert_jax.errors import ConfigError, DataError
+from bert_jax.errors import DataError
 from bert_jax.evaluation.decoding import transformer_search
 from bert_jax.modeling import Transformer, TransformerConfig
 from bert_jax.modeling.flops import transformer_train_flops
@@ -80,11 +80,7 @@ class TranslationTask(Task):
         tokens = self.config.data.get("batch_tokens", 0)
         if not tokens:
             return self.config.train.batch_size
-        if tokens % self.row_length:
-            raise ConfigError(f"config.data.batch_tokens={tokens}: make it a multiple of the "
-                              f"row length {self.row_length} (data.pack_length or "
-                              "data.max_length).")
-        return tokens // self.row_length
+        return tokens // self.row_length  # whole rows: `config_schema`
 
     # -- data ------------------------------------------------------------------
 

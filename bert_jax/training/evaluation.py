@@ -32,7 +32,8 @@ import numpy as np
 import optax
 from flax import traverse_util
 
-from bert_jax.errors import CheckpointError, ConfigError, UserError
+from bert_jax.config_schema import evaluation_problems, refuse
+from bert_jax.errors import CheckpointError, UserError
 from bert_jax.evaluation import evaluators as evaluators_lib
 from bert_jax.file_io import read_json
 from bert_jax.tasks import Task, build_task
@@ -182,15 +183,8 @@ def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None 
     old, new = (traverse_util.flatten_dict(json.loads(c.to_json_best_effort()), sep=".")
                 for c in (saved, requested))
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    refused = [k for k in changed if not _matches(k, overrides)
-               and not _matches(k, TRAINING_ONLY)]
-    if refused:
-        raise ConfigError(
-            "evaluation cannot change " + ", ".join(
-                f"config.{k} ({old.get(k)!r} in {workdir}/{CONFIG_FILE})" for k in refused)
-            + ": it defines the model, its data or its task. Evaluation may change "
-            + ", ".join(f"config.{k.rstrip('.')}" for k in overrides)
-            + ". To evaluate another model, use its workdir.")
+    refused = {k: old.get(k) for k in changed if not _matches(k, overrides)
+               and not _matches(k, TRAINING_ONLY)}
     config = saved.copy_and_resolve_references()
     config.unlock()
     for key in (k for k in changed if _matches(k, overrides)):
@@ -202,9 +196,8 @@ def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None 
                 target[section] = ml_collections.ConfigDict()
             target = target[section]
         target[name] = source[name]
-    if config.train.batch_size < 1:
-        raise ConfigError(f"config.train.batch_size={config.train.batch_size}: must be "
-                          "at least 1.")
+    refuse(evaluation_problems(config, refused, overrides, f"{workdir}/{CONFIG_FILE}"),
+           f"cannot evaluate {workdir}")
     return config
 
 

@@ -35,7 +35,7 @@ from bert_jax.auto_dtype import AUTO, resolve_model_dtype
 from bert_jax.config_schema import profile_range
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.data.concurrency import DevicePrefetch
-from bert_jax.errors import ConfigError, TrainingDiverged, UserError
+from bert_jax.errors import TrainingDiverged, UserError
 from bert_jax.file_io import read_json, write_json
 from bert_jax.modeling.embeddings import tile_learned_positions
 from bert_jax.tasks import Task, build_task
@@ -130,8 +130,9 @@ def initialise_from(state: TrainState, path: str, workdir: str,
     if tile_positions:
         params, tiled = tile_learned_positions(params, tile_positions)
         if not tiled:
-            raise ConfigError(f"config.init_tile_positions={tile_positions}: the model has "
-                              "no learned position table longer than that; set it to 0")
+            raise CheckpointError(f"config.init_tile_positions={tile_positions}: the model "
+                                  f"of {path} has no learned position table longer than "
+                                  "that; set it to 0")
     if jax.process_index() == 0:
         write_json(os.path.join(workdir, "init_from.json"),
                    {"init_from": path, "restored": names, "initialised": missing,

@@ -19,7 +19,7 @@ import os
 import re
 from typing import Any, Sequence
 
-from bert_jax.errors import ConfigError
+from bert_jax.config_schema import SWEEP_REFUSED, refuse
 from bert_jax.analysis.sweeps.runner import (
     OVERRIDES_FILE, RUN_FILE, SWEEP_FILE, format_value, is_finished, read_record,
     run_checkpoint_steps, short_keys)
@@ -215,10 +215,8 @@ def plot(rows: Sequence[dict], directory: str, metric: str, x: str | None = None
         x = keys[0] if keys else None
     if y is None:
         y = next((k for k in keys if k != x), None)
-    for key in (x, y):
-        if key is not None and key not in keys:
-            raise ConfigError(f"plot axis {key!r} is not a swept key; swept: "
-                              f"{', '.join(keys) or 'none'}")
+    refuse([f"plot axis {key!r} is not a swept key; swept: {', '.join(keys) or 'none'}"
+            for key in (x, y) if key is not None and key not in keys], SWEEP_REFUSED)
     os.makedirs(directory, exist_ok=True)
     paths = {}
     tag = re.sub(r"[^A-Za-z0-9._-]+", "_", metric).strip("_")
