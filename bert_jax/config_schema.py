@@ -5,15 +5,18 @@ by field: `CHOICES` (the names a field may take), `AT_LEAST` (the smallest value
 of a count), and the rules a table cannot state (`RULES`: ranges and rules
 across fields, small named functions). `config_problems(config)` lists every broken rule, one line each,
 naming the field, its value and the fix; `check_config(config)` raises them
-together as one `ConfigError`. The trainer runs them in `check_training_config`
-(with the checks that need the task, the data paths or the devices), and
-`launch/compile.py` before it compiles.
+together as one `ConfigError`. Each command that trains or compiles applies
+them once, at its start: `launch/train.py`, `launch/compile.py`, and each run of
+a sweep or transfer study (`analysis/sweeps/runner.py`); the trainer's
+`training/validation.py` then checks what needs the task, the files or the
+devices.
 
 The modules that read a chosen name (the optimizer, the schedule, the dropout
-generator, the attention kernel) name it through `choice`, so that a direct
-caller gets the same one-line message. The name tuples live here, beside their
-rules, and those modules import them from here. This module imports only
-`bert_jax.errors`, so every layer may use it.
+generator) read it as checked here: a direct caller's bad name is a bug
+(`KeyError`). `choice` names a value given outside these tables (the attention
+kernel, `input_lines`' `on_error`) in the same one-line message. The name tuples
+live here, beside their rules. This module imports only `bert_jax.errors`, so
+every layer may use it.
 """
 
 from __future__ import annotations
@@ -126,6 +129,18 @@ def _learning_rate(config) -> list[str]:
             if rate < 0 else [])
 
 
+def _profile_steps(config) -> list[str]:
+    """`train.profile_steps` (START, END) within the run."""
+    steps, last = _get(config, "train.profile_steps"), _get(config, "train.num_steps")
+    try:
+        profile = profile_range(steps, "config.train.profile_steps")
+    except ConfigError as e:
+        return list(e.args)  # its message
+    return [f"config.train.profile_steps={tuple(steps)}: the run ends at "
+            f"config.train.num_steps={last}; profile steps within it."
+            ] if profile and profile[1] > last else []
+
+
 def _length_buckets(config) -> list[str]:
     """Fine-tuning's row lengths (`data.length_buckets`), each positive."""
     buckets = _get(config, "data.length_buckets") or ()
@@ -152,7 +167,7 @@ TASK_RULES: tuple[Callable[[Any], list[str]], ...] = ()
 
 
 RULES: tuple[Callable[[Any], list[str]], ...] = (
-    _warmup, _learning_rate, _length_buckets, *MODEL_RULES, *DATA_RULES, *TASK_RULES)
+    _warmup, _learning_rate, _profile_steps, _length_buckets, *MODEL_RULES, *DATA_RULES, *TASK_RULES)
 
 
 def config_problems(config) -> list[str]:

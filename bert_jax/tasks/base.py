@@ -30,7 +30,7 @@ from jax.experimental import multihost_utils
 from bert_jax.errors import ConfigError, DamagedFileError
 from bert_jax.modeling.configs import StackConfig
 from bert_jax.auto_dtype import resolve_model_dtype
-from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps
+from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps, saved_model_dtype
 
 Batch = dict[str, Any]
 Sums = dict[str, jax.Array]
@@ -59,7 +59,8 @@ def build_task(config: ml_collections.ConfigDict, workdir: str | None,
     iterators), so the trainer checks the very task it then trains
     (`training.validation`). `abstract=True`: the model and batch shapes only,
     never reading data (ahead-of-time compilation); vocabulary sizes from the config."""
-    config = resolve_model_dtype(config)  # 'auto' -> the local devices' dtype
+    # 'auto' -> the dtype of the run already in `workdir`, else the local devices'
+    config = resolve_model_dtype(config, saved_dtype=saved_model_dtype(workdir))
     if config.task not in _REGISTRY:
         raise ConfigError(f"config.task={config.task!r}: unknown; use one of "
                           f"{sorted(_REGISTRY)}.")

@@ -31,7 +31,6 @@ from absl import logging
 from flax import traverse_util
 from jax.experimental import multihost_utils
 
-from bert_jax.auto_dtype import AUTO, resolve_model_dtype
 from bert_jax.config_schema import profile_range
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.data.concurrency import DevicePrefetch
@@ -103,13 +102,6 @@ def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
         write_json(os.path.join(workdir, CONFIG_FILE), config_to_json(config), sort_keys=True)
 
 
-def _saved_model_dtype(workdir: str) -> str | None:
-    path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.isfile(path):
-        return None
-    return read_json(path).get("model", {}).get("dtype")
-
-
 def _differences(old: dict, new: dict) -> list[str]:
     old, new = (traverse_util.flatten_dict(tree, sep=".") for tree in (old, new))
     return [f"{key}: {old.get(key)!r} in the workdir, {new.get(key)!r} now"
@@ -166,11 +158,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     (`WorkdirLock`)."""
     check_workdir(workdir)  # before anything reads or writes it
     check_step(workdir, restore_step, "restore_step")  # the step it resumes from
-    if config.model.get("dtype") == AUTO:
-        config = resolve_model_dtype(config, saved_dtype=_saved_model_dtype(workdir))
     task = build_task(config, os.path.abspath(workdir))  # its data: read on first use
     check_training_config(task)
-    workdir = prepare_workdir(workdir, config)
+    workdir = prepare_workdir(workdir, task.config)  # its dtype resolved
     # The watcher closes last: no signal interrupts the final save or the lock's release.
     with PreemptionWatcher(first_step=None) as preemption:
         with _lock(workdir, lock_timeout) as lock:

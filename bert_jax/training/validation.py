@@ -1,10 +1,11 @@
-"""The checks of a training config that need no data and no workdir, run by the
-trainer on the task it will train (`check_training_config(task)`: built, its
-data not yet read) before anything is written or built, so that a mistake
-costs a second, not a dataset build and a compile.
+"""The checks of a training config that need the task, the files or the devices,
+run by the trainer on the task it will train (`check_training_config(task)`:
+built, its data not yet read) before anything is written or built, so that a
+mistake costs a second, not a dataset build and a compile. The rules of the
+config alone (`bert_jax.config_schema`) were applied before, at the command's
+start (`launch/train.py`, a sweep's runs), so the values read here are checked.
 
-They cover the rules of `bert_jax.config_schema` (field by field and across
-fields; `launch/compile.py` applies them too), the profiled steps, the names of
+They cover the names of
 the evaluators, the files and folders the config names (`config.data.*path`,
 `*_file`, `*_files`, `init_from`; `check_files` alone serves
 launch/build_pretraining_data.py), the model config the task declares (made
@@ -22,7 +23,7 @@ from typing import Iterator
 import jax
 import ml_collections
 
-from bert_jax.config_schema import config_problems, profile_range, refuse
+from bert_jax.config_schema import refuse
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.evaluation import evaluators
 from bert_jax.errors import ConfigError
@@ -38,8 +39,7 @@ def check_training_config(task: Task) -> None:
     """Raises `ConfigError` listing every problem found in `task`, the one the
     trainer will train, and its config (none: returns)."""
     config = task.config
-    problems = [*_step_problems(config),
-                *_name_problems(config), *_missing_files(config)]
+    problems = [*_name_problems(config), *_missing_files(config)]
     if not problems and not config.get("init_from"):  # else the checkpoint's model
         try:
             task.declared_model_config()  # None where the task learns it from its data
@@ -58,21 +58,6 @@ def check_batch(task: Task, batch_shards: int) -> None:
     """The global batch's rules alone, against `batch_shards` devices (data x
     fsdp) of a mesh that may not be here (`bert_jax.planning.aot`)."""
     refuse(_batch_problems(task, batch_shards))
-
-
-def _step_problems(config: ml_collections.ConfigDict) -> list[str]:
-    """The rules of `config_schema`, and the profiled steps within the run."""
-    problems, train = config_problems(config), config.train
-    try:
-        profile = profile_range(train.get("profile_steps"), "config.train.profile_steps")
-    except ConfigError as e:
-        problems.extend(e.args)  # its message
-    else:
-        if profile and profile[1] > train.num_steps:
-            problems.append(
-                f"config.train.profile_steps={tuple(train.profile_steps)}: the run ends at "
-                f"config.train.num_steps={train.num_steps}; profile steps within it.")
-    return problems
 
 
 def _name_problems(config: ml_collections.ConfigDict) -> list[str]:
