@@ -61,26 +61,27 @@ def choice(field: str, value: Any, choices: Sequence[str]) -> Any:
     return value
 
 
-def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
-    """`config.mesh.shape` `(data, fsdp, tensor)` with its -1 replaced by the
-    devices left, checked to use exactly `num_devices` (a fact of the run)."""
-    shape = tuple(int(s) for s in shape)
+def mesh_shape(shape: Sequence[int], num_devices: int, field: str = "config.mesh.shape"
+               ) -> tuple[int, ...]:
+    """`config.mesh.shape` `(data, fsdp, tensor)` (or the field named) with its -1
+    replaced by the devices left, checked to use exactly `num_devices` (a fact of
+    the run, so the trainer checks it when it builds the mesh)."""
+    given = shape = tuple(int(s) for s in shape)
     known = math.prod(s for s in shape if s != -1)
     problem = None
     if len(shape) != len(MESH_AXES):
-        problem = f"mesh shape {shape} must give sizes for {MESH_AXES}."
+        problem = f"must give sizes for {MESH_AXES}."
     elif shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-        problem = (f"mesh shape {shape}: sizes must be positive, with at most one -1 "
-                   "(the rest of the devices).")
+        problem = "sizes must be positive, with at most one -1 (the rest of the devices)."
     elif -1 in shape and num_devices % known:
-        problem = f"mesh shape {shape}: {num_devices} devices are not divisible by {known}."
+        problem = f"{num_devices} devices are not divisible by {known}."
     else:
         shape = tuple(num_devices // known if s == -1 else s for s in shape)
         if math.prod(shape) != num_devices:
-            problem = (f"mesh shape {shape} uses {math.prod(shape)} devices but "
-                       f"{num_devices} are available; use -1 for one axis.")
+            problem = (f"{shape} uses {math.prod(shape)} devices but {num_devices} are "
+                       "available; use -1 for one axis.")
     if problem:
-        raise ConfigError(problem)
+        raise ConfigError(f"{field}={given}: {problem}")
     return shape
 
 

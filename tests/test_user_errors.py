@@ -26,6 +26,7 @@ from bert_jax.training.checkpoints import (
     CheckpointError, check_integrity, digests)
 from bert_jax.training.evaluation import evaluate_checkpoint
 from bert_jax.training.workdir import read_metrics
+from bert_jax.training.sharding import mesh_from_config
 from bert_jax.training.validation import check_training_config
 from helpers import REPO, finish, launch, tiny_config
 
@@ -301,9 +302,9 @@ def test_the_task_checked_is_the_task_trained_and_read_nothing_before(tmp_path, 
     """One task per run: the checks see it built, its data, vocabulary and model
     not made yet; the train loop then gets that very task."""
     tasks, check = [], trainer.check_training_config
-    monkeypatch.setattr(trainer, "check_training_config", lambda task: (
+    monkeypatch.setattr(trainer, "check_training_config", lambda task, mesh: (
         tasks.append((task, {"vocab", "model_config", "model"} & set(vars(task)))),
-        check(task)))
+        check(task, mesh)))
     monkeypatch.setattr(trainer, "_train", lambda task, *_: tasks.append((task, None)) or {})
     trainer.train_and_evaluate(tiny_config(data_dir), str(tmp_path / "run"))
     assert len(tasks) == 2 and tasks[0][0] is tasks[1][0] and tasks[0][1] == set()
@@ -349,7 +350,7 @@ def test_several_problems_are_reported_together(data_dir):
     with pytest.raises(UserError, match=r"\n  config.optimizer.warmup_steps=\d+ is outside"):
         check_config(config)  # the schema's rules: at the command's start
     with pytest.raises(UserError) as error:  # then the trainer's, all of them
-        check_training_config(build_task(config, None))
+        check_training_config(build_task(config, None), mesh_from_config(config.mesh))
     lines = str(error.value).splitlines()
     assert len(lines) == 3, lines
     assert any(line.startswith("  config.data.builder_kwargs.path=") for line in lines)
@@ -689,7 +690,7 @@ def test_the_choice_and_its_reason_are_logged_once(data_dir, caplog, monkeypatch
     config = tiny_config(data_dir, **{"model.dtype": "auto"})
     with caplog.at_level("INFO", logger="absl"):
         task = build_task(config, None)  # chooses the dtype
-        check_training_config(task)  # checks the model without choosing it again
+        check_training_config(task, mesh_from_config(config.mesh))  # no second choice
         assert task.config.model.dtype == "float32"
     chosen = [r.getMessage() for r in caplog.records if "model.dtype='auto'" in r.getMessage()]
     assert chosen == ["model.dtype='auto' -> float32 (AMD EPYC 7B13 has neither avx512_bf16 "
