@@ -54,12 +54,13 @@ def task_class(name: str) -> type["Task"] | None:
 def build_task(config: ml_collections.ConfigDict, workdir: str | None,
                abstract: bool = False) -> "Task":
     """The task named by `config.task`; `workdir` holds its state (vocabularies).
-    Building reads and writes nothing: the task reads its data, trains its
-    vocabulary and makes its model on first use (`model_config`, `model`, the
-    iterators), so the trainer checks the very task it then trains
-    (`training.validation`). `abstract=True`: the model and batch shapes only,
-    never reading data (ahead-of-time compilation); vocabulary sizes from the config."""
-    # 'auto' -> the dtype of the run already in `workdir`, else the local devices'
+    Building reads only the model dtype of a run already in `workdir` (which
+    `model.dtype='auto'` keeps; else the local devices' dtype) and writes nothing:
+    the task reads its data, trains its vocabulary and makes its model on first use
+    (`model_config`, `model`, the iterators), so the trainer checks the very task
+    it then trains (`training.validation`). `abstract=True`: the model and batch
+    shapes only, never reading data (ahead-of-time compilation); vocabulary sizes
+    from the config."""
     config = resolve_model_dtype(config, saved_dtype=saved_model_dtype(workdir))
     if config.task not in _REGISTRY:
         raise ConfigError(f"config.task={config.task!r}: unknown; use one of "
