@@ -168,7 +168,8 @@ TASK_RULES: tuple[Callable[[Any], list[str]], ...] = ()
 
 
 RULES: tuple[Callable[[Any], list[str]], ...] = (
-    _warmup, _learning_rate, _profile_steps, _length_buckets, *MODEL_RULES, *DATA_RULES, *TASK_RULES)
+    _warmup, _learning_rate, _profile_steps, _length_buckets,
+    *MODEL_RULES, *DATA_RULES, *TASK_RULES)
 
 
 def config_problems(config) -> list[str]:
