@@ -14,9 +14,9 @@ Everywhere else 'auto' means float32. The choice and its reason are logged.
 
 'auto' is resolved once, when a run is set up, and the workdir's config.json
 records the concrete dtype, so a resumed run, evaluation and translation keep
-it on any machine. The trainer resolves it (keeping the dtype of a run already
-in the workdir), `launch/compile.py` for its target topology, and `build_task`
-for the local devices when nothing did before.
+it on any machine. `build_task` resolves it (keeping the dtype of a run already
+in its workdir, else for the local devices), `planning.aot` (`launch/compile.py`)
+for its target topology.
 """
 
 from __future__ import annotations

@@ -5,19 +5,21 @@ by field: `CHOICES` (the names a field may take), `AT_LEAST` (the smallest value
 of a count), and the rules a table cannot state (`RULES`: ranges and rules
 across fields, small named functions). `config_problems(config)` lists every broken rule, one line each,
 naming the field, its value and the fix; `check_config(config)` raises them
-together as one `ConfigError`. The trainer runs them in `check_training_config`
-(with the checks that need the task, the data paths or the devices), and
-`launch/compile.py` before it compiles. The evaluation of a workdir's run
-(`launch/evaluate.py` and friends) applies the task rules (`TASK_RULES`) to its
-saved config after the overrides, with what evaluation may not change
-(`evaluation_problems`).
+together as one `ConfigError`. Each command that trains or compiles applies
+them once, at its start: `launch/train.py`, `launch/compile.py`, and each run of
+a sweep or transfer study (`analysis/sweeps/runner.py`); the trainer's
+`training/validation.py` then checks what needs the task, the files or the
+devices. The evaluation of a workdir's run (`launch/evaluate.py` and friends)
+applies the task rules (`TASK_RULES`) to its saved config after the overrides,
+with what evaluation may not change (`evaluation_problems`).
 
 The modules that read a chosen name (the optimizer, the schedule, the dropout
-generator, the attention kernel) name it through `choice`, so that a direct
-caller gets the same one-line message. The name tuples live here, beside their
-rules, and those modules import them from here. This module imports only
-`bert_jax.errors` (and JAX within `platform`, for a rule on 'flash'), so every
-layer may use it.
+generator, the attention kernel) read it as checked here: a direct caller's bad
+name is a bug (`KeyError`). `choice` names a value given outside these tables
+(the task and evaluator registries, `input_lines`' `on_error`) in the same
+one-line message. The name tuples live here, beside their rules. This module
+imports only `bert_jax.errors` (and JAX within `platform`, for a rule on
+'flash'), so every layer may use it.
 """
 
 from __future__ import annotations
@@ -69,26 +71,27 @@ def choice(field: str, value: Any, choices: Sequence[str]) -> Any:
     return value
 
 
-def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
-    """`config.mesh.shape` `(data, fsdp, tensor)` with its -1 replaced by the
-    devices left, checked to use exactly `num_devices` (a fact of the run)."""
-    shape = tuple(int(s) for s in shape)
+def mesh_shape(shape: Sequence[int], num_devices: int, field: str = "config.mesh.shape"
+               ) -> tuple[int, ...]:
+    """`config.mesh.shape` `(data, fsdp, tensor)` (or the field named) with its -1
+    replaced by the devices left, checked to use exactly `num_devices` (a fact of
+    the run, so the trainer checks it when it builds the mesh)."""
+    given = shape = tuple(int(s) for s in shape)
     known = math.prod(s for s in shape if s != -1)
     problem = None
     if len(shape) != len(MESH_AXES):
-        problem = f"mesh shape {shape} must give sizes for {MESH_AXES}."
+        problem = f"must give sizes for {MESH_AXES}."
     elif shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-        problem = (f"mesh shape {shape}: sizes must be positive, with at most one -1 "
-                   "(the rest of the devices).")
+        problem = "sizes must be positive, with at most one -1 (the rest of the devices)."
     elif -1 in shape and num_devices % known:
-        problem = f"mesh shape {shape}: {num_devices} devices are not divisible by {known}."
+        problem = f"{num_devices} devices are not divisible by {known}."
     else:
         shape = tuple(num_devices // known if s == -1 else s for s in shape)
         if math.prod(shape) != num_devices:
-            problem = (f"mesh shape {shape} uses {math.prod(shape)} devices but "
-                       f"{num_devices} are available; use -1 for one axis.")
+            problem = (f"{shape} uses {math.prod(shape)} devices but {num_devices} are "
+                       "available; use -1 for one axis.")
     if problem:
-        raise ConfigError(problem)
+        raise ConfigError(f"{field}={given}: {problem}")
     return shape
 
 
@@ -135,6 +138,18 @@ def _learning_rate(config) -> list[str]:
     rate = config.optimizer.learning_rate
     return ([f"config.optimizer.learning_rate={rate}: must not be negative."]
             if rate < 0 else [])
+
+
+def _profile_steps(config) -> list[str]:
+    """`train.profile_steps` (START, END) within the run."""
+    steps, last = _get(config, "train.profile_steps"), _get(config, "train.num_steps")
+    try:
+        profile = profile_range(steps, "config.train.profile_steps")
+    except ConfigError as e:
+        return list(e.args)  # its message
+    return [f"config.train.profile_steps={tuple(steps)}: the run ends at "
+            f"config.train.num_steps={last}; profile steps within it."
+            ] if profile and profile[1] > last else []
 
 
 def _length_buckets(config) -> list[str]:
@@ -303,7 +318,8 @@ def evaluation_problems(config, refused: dict[str, Any], may_change: Sequence[st
 
 
 RULES: tuple[Callable[[Any], list[str]], ...] = (
-    _warmup, _learning_rate, _length_buckets, *MODEL_RULES, *DATA_RULES, *TASK_RULES)
+    _warmup, _learning_rate, _profile_steps, _length_buckets,
+    *MODEL_RULES, *DATA_RULES, *TASK_RULES)
 
 
 def config_problems(config) -> list[str]:

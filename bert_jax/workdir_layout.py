@@ -1,12 +1,16 @@
 """Where a training workdir keeps its checkpoints: `WORKDIR/checkpoints/<step>`
-(`CHECKPOINT_DIR`), and which of those steps are complete (`checkpoint_steps`).
-It imports only the standard library, so every layer may read the layout: the
-tasks (`tasks/base.py`, whether a workdir already holds checkpoints) as well as
-training (`training/workdir.py` describes the rest of a workdir's files)."""
+(`CHECKPOINT_DIR`), and which of those steps are complete (`checkpoint_steps`),
+and the model dtype of the config its run wrote (`saved_model_dtype`). It imports
+only the standard library, so every layer may read the layout: the tasks
+(`tasks/base.py`: whether a workdir already holds checkpoints, the dtype 'auto'
+keeps) as well as training (`training/workdir.py` describes the rest of a
+workdir's files)."""
 
+import json
 import os
 
 CHECKPOINT_DIR = "checkpoints"  # one folder a step, named by its number in ASCII digits
+CONFIG_FILE = "config.json"     # the resolved config a training run writes
 
 
 def is_step_name(name: str) -> bool:
@@ -22,3 +26,13 @@ def checkpoint_steps(directory: str) -> list[int]:
     if not os.path.isdir(directory):
         return []
     return sorted(int(d) for d in os.listdir(directory) if is_step_name(d))
+
+
+def saved_model_dtype(workdir: str | None) -> str | None:
+    """`model.dtype` of the config a run in `workdir` wrote; None without a readable
+    one (the trainer's `prepare_workdir` reports a damaged file)."""
+    try:
+        with open(os.path.join(workdir, CONFIG_FILE)) as f:
+            return json.load(f)["model"]["dtype"]
+    except (TypeError, OSError, ValueError, KeyError):  # None, missing, damaged
+        return None

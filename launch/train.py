@@ -16,6 +16,7 @@ Multi-process: add --coordinator_address=HOST:PORT --num_processes=N
 from absl import flags
 
 import common_flags as launch_flags
+from bert_jax.config_schema import check_config
 from bert_jax.training import trainer
 from bert_jax.training.workdir_lock import DEFAULT_LOCK_TIMEOUT
 
@@ -31,7 +32,8 @@ _LOCK_TIMEOUT = flags.DEFINE_integer(
 
 def main(argv):
     launch_flags.start(argv)
-    trainer.train_and_evaluate(launch_flags.CONFIG.value, launch_flags.WORKDIR.value,
+    check_config(config := launch_flags.CONFIG.value)  # the rules of the config alone
+    trainer.train_and_evaluate(config, launch_flags.WORKDIR.value,
                                restore_step=_RESTORE_STEP.value,
                                lock_timeout=_LOCK_TIMEOUT.value)
 

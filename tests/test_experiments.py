@@ -9,6 +9,7 @@ from ml_collections import config_flags
 
 from bert_jax.modeling import BertConfig, TransformerConfig
 from bert_jax.auto_dtype import resolve_model_dtype
+from bert_jax.config_schema import check_config
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 FINETUNE = ["sst2", "mrpc", "stsb", "cola", "rte", "qnli", "mnli", "upos", "ner", "squad"]
@@ -131,9 +132,11 @@ def test_the_pod_recipes_pass_the_checks_before_training(variant):
     """LAMB, whole-word masking, and phase 2 able to start from phase 1 (the
     same model, positions to 512)."""
     from bert_jax.tasks import build_task
+    from bert_jax.training.sharding import mesh_from_config
     from bert_jax.training.validation import check_training_config
     config = load("pretrain_bert.py").get_config(variant)
-    check_training_config(build_task(config, None))  # raises ConfigError on a problem
+    check_config(config)  # raises ConfigError on a problem
+    check_training_config(build_task(config, None), mesh_from_config(config.mesh))
     phase1 = load("pretrain_bert.py").get_config(variant[:-1] + "1")
     assert (config.optimizer.name, config.data.whole_word_masking) == ("lamb", True)
     assert config.model.to_dict() == phase1.model.to_dict()

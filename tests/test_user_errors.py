@@ -16,6 +16,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
+from bert_jax.config_schema import check_config
 from bert_jax.data import input_lines, sources
 from bert_jax.errors import ConfigError, DamagedFileError, DataError, UserError
 from bert_jax.tasks import build_task
@@ -25,6 +26,7 @@ from bert_jax.training.checkpoints import (
     CheckpointError, check_integrity, digests)
 from bert_jax.training.evaluation import evaluate_checkpoint
 from bert_jax.training.workdir import read_metrics
+from bert_jax.training.sharding import mesh_from_config
 from bert_jax.training.validation import check_training_config
 from helpers import REPO, finish, launch, tiny_config
 
@@ -113,6 +115,19 @@ def test_train_py_reports_a_bad_flag_in_one_line(tmp_path):
     assert code == 2 and out.splitlines()[0].startswith(
         "error: --config.no_such=1: ") and "'no_such'" in out.splitlines()[0], out
     assert out.splitlines()[1:] == ["(--helpshort lists this script's flags)"], out
+    assert "Traceback" not in out and not (tmp_path / "run").exists()
+
+
+def test_train_py_applies_the_config_rules_before_anything_else(tmp_path):
+    """The schema's rules (config_schema), every broken one named, at the start."""
+    code, out = finish(launch("train.py", tmp_path / "run", {
+        "train.dropout_prng": "philox", "optimizer.schedule": "bogus"}))
+    assert code == 2 and out.splitlines()[:3] == [
+        "error: the config cannot train:",
+        "  config.train.dropout_prng='philox': unknown; choose one of ['threefry', 'rbg', "
+        "'unsafe_rbg'].",
+        "  config.optimizer.schedule='bogus': unknown; choose one of ['constant', 'linear', "
+        "'cosine', 'rsqrt', 'poly']."], out
     assert "Traceback" not in out and not (tmp_path / "run").exists()
 
 
@@ -270,11 +285,13 @@ def test_a_missing_file_the_user_named_is_a_user_error(tmp_path):
 ])
 def test_config_problems_are_named_before_anything_is_written(tmp_path, data_dir, overrides,
                                                               named):
+    """As launch/train.py runs: the schema's rules, then the trainer's checks."""
     config = tiny_config(data_dir)
     for key, value in overrides.items():
         section, _, name = key.rpartition(".")
         (config[section] if section else config)[name] = value
     with pytest.raises(ConfigError) as error:
+        check_config(config)
         trainer.train_and_evaluate(config, str(tmp_path / "run"))
     assert all(name in str(error.value) for name in named), error.value
     assert not (tmp_path / "run").exists()
@@ -285,9 +302,9 @@ def test_the_task_checked_is_the_task_trained_and_read_nothing_before(tmp_path, 
     """One task per run: the checks see it built, its data, vocabulary and model
     not made yet; the train loop then gets that very task."""
     tasks, check = [], trainer.check_training_config
-    monkeypatch.setattr(trainer, "check_training_config", lambda task: (
+    monkeypatch.setattr(trainer, "check_training_config", lambda task, mesh: (
         tasks.append((task, {"vocab", "model_config", "model"} & set(vars(task)))),
-        check(task)))
+        check(task, mesh)))
     monkeypatch.setattr(trainer, "_train", lambda task, *_: tasks.append((task, None)) or {})
     trainer.train_and_evaluate(tiny_config(data_dir), str(tmp_path / "run"))
     assert len(tasks) == 2 and tasks[0][0] is tasks[1][0] and tasks[0][1] == set()
@@ -296,7 +313,7 @@ def test_the_task_checked_is_the_task_trained_and_read_nothing_before(tmp_path, 
 def test_warmup_fraction_replaces_warmup_steps(data_dir):
     config = tiny_config(data_dir, **{"train.num_steps": 20, "optimizer.warmup_steps": 50})
     config.optimizer.warmup_fraction = 0.3
-    check_training_config(build_task(config, None))  # warmup_steps=50 > 20: not used
+    check_config(config)  # warmup_steps=50 > 20: not used
 
 
 def test_a_config_that_fails_to_build_leaves_no_config_json(tmp_path, data_dir):
@@ -330,10 +347,12 @@ def test_an_evaluation_error_keeps_the_training_before_it(tmp_path, data_dir):
 def test_several_problems_are_reported_together(data_dir):
     config = tiny_config(data_dir, **{"train.batch_size": 60, "train.num_steps": 10})
     config.data.builder_kwargs.path = "/no/such/corpus.txt:wikitext"
-    with pytest.raises(UserError) as error:
-        check_training_config(build_task(config, None))
+    with pytest.raises(UserError, match=r"\n  config.optimizer.warmup_steps=\d+ is outside"):
+        check_config(config)  # the schema's rules: at the command's start
+    with pytest.raises(UserError) as error:  # then the trainer's, all of them
+        check_training_config(build_task(config, None), mesh_from_config(config.mesh))
     lines = str(error.value).splitlines()
-    assert len(lines) == 4, lines
+    assert len(lines) == 3, lines
     assert any(line.startswith("  config.data.builder_kwargs.path=") for line in lines)
 
 
@@ -673,7 +692,7 @@ def test_the_choice_and_its_reason_are_logged_once(data_dir, caplog, monkeypatch
     config = tiny_config(data_dir, **{"model.dtype": "auto"})
     with caplog.at_level("INFO", logger="absl"):
         task = build_task(config, None)  # chooses the dtype
-        check_training_config(task)  # checks the model without choosing it again
+        check_training_config(task, mesh_from_config(config.mesh))  # no second choice
         assert task.config.model.dtype == "float32"
     chosen = [r.getMessage() for r in caplog.records if "model.dtype='auto'" in r.getMessage()]
     assert chosen == ["model.dtype='auto' -> float32 (AMD EPYC 7B13 has neither avx512_bf16 "

@@ -31,7 +31,7 @@ from bert_jax.config_schema import choice
 from bert_jax.errors import ConfigError, DamagedFileError
 from bert_jax.modeling.configs import StackConfig
 from bert_jax.auto_dtype import resolve_model_dtype
-from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps
+from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps, saved_model_dtype
 
 Batch = dict[str, Any]
 Sums = dict[str, jax.Array]
@@ -55,12 +55,14 @@ def task_class(name: str) -> type["Task"] | None:
 def build_task(config: ml_collections.ConfigDict, workdir: str | None,
                abstract: bool = False) -> "Task":
     """The task named by `config.task`; `workdir` holds its state (vocabularies).
-    Building reads and writes nothing: the task reads its data, trains its
-    vocabulary and makes its model on first use (`model_config`, `model`, the
-    iterators), so the trainer checks the very task it then trains
-    (`training.validation`). `abstract=True`: the model and batch shapes only,
-    never reading data (ahead-of-time compilation); vocabulary sizes from the config."""
-    config = resolve_model_dtype(config)  # 'auto' -> the local devices' dtype
+    Building reads only the model dtype of a run already in `workdir` (which
+    `model.dtype='auto'` keeps; else the local devices' dtype) and writes nothing:
+    the task reads its data, trains its vocabulary and makes its model on first use
+    (`model_config`, `model`, the iterators), so the trainer checks the very task
+    it then trains (`training.validation`). `abstract=True`: the model and batch
+    shapes only, never reading data (ahead-of-time compilation); vocabulary sizes
+    from the config."""
+    config = resolve_model_dtype(config, saved_dtype=saved_model_dtype(workdir))
     cls = _REGISTRY[choice("config.task", config.task, sorted(_REGISTRY))]
     if abstract and not cls.supports_abstract:
         supported = sorted(name for name, c in _REGISTRY.items() if c.supports_abstract)

@@ -34,7 +34,6 @@ import jax
 import ml_collections
 import optax
 
-from bert_jax.config_schema import OPTIMIZERS, SCHEDULES, choice
 from bert_jax.modeling.layers import SCANNED_LAYERS
 
 NO_DECAY = ("bias", "scale", "output_bias")
@@ -42,26 +41,22 @@ NO_DECAY = ("bias", "scale", "output_bias")
 
 def learning_rate_schedule(name: str, learning_rate: float, warmup_steps: int,
                            total_steps: int, decay_power: float = 0.5) -> optax.Schedule:
-    choice("schedule", name, SCHEDULES)
     if warmup_steps < 0 or total_steps <= 0 or warmup_steps > total_steps:
         raise ValueError(f"need 0 <= warmup_steps ({warmup_steps}) <= total_steps "
                          f"({total_steps}) and total_steps > 0.")
     warmup = optax.linear_schedule(0.0, learning_rate, max(warmup_steps, 1))
     decay_steps = max(total_steps - warmup_steps, 1)
-    if name == "constant":
-        after = optax.constant_schedule(learning_rate)
-    elif name == "linear":
-        after = optax.linear_schedule(learning_rate, 0.0, decay_steps)
-    elif name == "cosine":
-        after = optax.cosine_decay_schedule(learning_rate, decay_steps)
-    elif name == "poly":  # lr * (1 - (count + warmup) / total) ** power, count from the join
-        after = optax.polynomial_schedule(
+    after = {  # `name`: checked by config_schema (SCHEDULES) at the command's start
+        "constant": optax.constant_schedule(learning_rate),
+        "linear": optax.linear_schedule(learning_rate, 0.0, decay_steps),
+        "cosine": optax.cosine_decay_schedule(learning_rate, decay_steps),
+        # lr * (1 - (count + warmup) / total) ** power, count from the join
+        "poly": optax.polynomial_schedule(
             learning_rate * (1 - warmup_steps / total_steps) ** decay_power, 0.0,
-            decay_power, decay_steps)
-    else:
-        def after(count):
-            return learning_rate * jax.numpy.sqrt(
-                max(warmup_steps, 1) / jax.numpy.maximum(count + warmup_steps, 1))
+            decay_power, decay_steps),
+        "rsqrt": lambda count: learning_rate * jax.numpy.sqrt(
+            max(warmup_steps, 1) / jax.numpy.maximum(count + warmup_steps, 1)),
+    }[name]
     if warmup_steps == 0:
         return after
     return optax.join_schedules([warmup, after], [warmup_steps])
@@ -108,11 +103,11 @@ def make_optimizer(name: str, learning_rate: optax.ScalarOrSchedule, *,
     tensor, and per layer of an `nn.scan` stack, so scanning does not change the
     update; one moment tree serves both groups (optax.multi_transform would keep two).
     """
-    choice("optimizer", name, OPTIMIZERS)
     parts = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
     if name == "adamw":
         return optax.chain(*parts, optax.adamw(
             learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask))
+    assert name == "lamb", name  # config_schema.OPTIMIZERS: checked at the command's start
     trust = optax.scale_by_trust_ratio()
     return optax.chain(*parts, optax.chain(
         optax.scale_by_adam(b1=b1, b2=b2, eps=eps),

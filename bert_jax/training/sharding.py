@@ -65,7 +65,7 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None,
         return jax.make_mesh(mesh_shape(shape, len(devices)), MESH_AXES,
                              axis_types=auto, devices=devices)
     ici = mesh_shape(shape, len(devices) // slices)
-    dcn = mesh_shape(dcn_shape, slices)
+    dcn = mesh_shape(dcn_shape, slices, "config.mesh.dcn_shape")
     grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
                                                 allow_split_physical_axes=True)
     return Mesh(grid, MESH_AXES, axis_types=auto)

@@ -32,7 +32,7 @@ would draw the same dropout masks. The masks therefore depend on the number of
 data-parallel devices there (not so in the global view, where they are drawn
 for the whole micro-batch).
 
-`dropout_prng` chooses the generator of the dropout bits (`DROPOUT_PRNGS`,
+`dropout_prng` chooses the generator of the dropout bits (`config_schema.DROPOUT_PRNGS`,
 `jax.random`'s implementations): 'threefry' (JAX's default: the keys above as
 they are); 'rbg'/'unsafe_rbg', whose bits come from XLA's `RngBitGenerator`
 (the TPU's hardware generator; Philox written out on GPUs and CPUs), as
@@ -60,18 +60,12 @@ import optax
 from flax.training import train_state
 from jax.sharding import Mesh, PartitionSpec
 
-from bert_jax.config_schema import DROPOUT_PRNGS, choice
 from bert_jax.modeling.losses import sums_to_means
 from bert_jax.training.sharding import (
     BATCH_AXES, RULES, batch_sharding, logical_shardings, replicated)
 
 LossFn = Callable[[Any, dict[str, jax.Array], jax.Array],
                   tuple[jax.Array, jax.Array, dict[str, jax.Array]]]
-
-
-def check_dropout_prng(name: str) -> str:
-    """`name` if it is one of `DROPOUT_PRNGS`, else a one-line `ConfigError`."""
-    return choice("config.train.dropout_prng", name, DROPOUT_PRNGS)
 
 
 def dropout_key(rng: jax.Array, dropout_prng: str = "threefry") -> jax.Array:
@@ -158,8 +152,8 @@ def make_train_step(loss_fn: LossFn, grad_accum_steps: int = 1,
     (mean over real targets), weight, grad_norm, and the means of the other sums.
     With `grad_accum_steps` > 1 and replicated parameters, it must be traced with
     the mesh in context (`jax.set_mesh`) to reduce once a step (module docstring).
-    `dropout_prng`: the generator of the dropout bits (module docstring)."""
-    check_dropout_prng(dropout_prng)
+    `dropout_prng`: the generator of the dropout bits (module docstring; a name of
+    `config_schema.DROPOUT_PRNGS`, checked at the command's start)."""
 
     def gradients(params, batch, rng):
         def summed(p):

@@ -30,8 +30,8 @@ import ml_collections
 from absl import logging
 from flax import traverse_util
 from jax.experimental import multihost_utils
+from jax.sharding import Mesh
 
-from bert_jax.auto_dtype import AUTO, resolve_model_dtype
 from bert_jax.config_schema import profile_range
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.data.concurrency import DevicePrefetch
@@ -103,13 +103,6 @@ def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
         write_json(os.path.join(workdir, CONFIG_FILE), config_to_json(config), sort_keys=True)
 
 
-def _saved_model_dtype(workdir: str) -> str | None:
-    path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.isfile(path):
-        return None
-    return read_json(path).get("model", {}).get("dtype")
-
-
 def _differences(old: dict, new: dict) -> list[str]:
     old, new = (traverse_util.flatten_dict(tree, sep=".") for tree in (old, new))
     return [f"{key}: {old.get(key)!r} in the workdir, {new.get(key)!r} now"
@@ -167,15 +160,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     (`WorkdirLock`)."""
     check_workdir(workdir)  # before anything reads or writes it
     check_step(workdir, restore_step, "restore_step")  # the step it resumes from
-    if config.model.get("dtype") == AUTO:
-        config = resolve_model_dtype(config, saved_dtype=_saved_model_dtype(workdir))
+    mesh = mesh_from_config(config.mesh)  # its shape checked against the devices
     task = build_task(config, os.path.abspath(workdir))  # its data: read on first use
-    check_training_config(task)
-    workdir = prepare_workdir(workdir, config)
+    check_training_config(task, mesh)
+    workdir = prepare_workdir(workdir, task.config)  # its dtype resolved
     # The watcher closes last: no signal interrupts the final save or the lock's release.
     with PreemptionWatcher(first_step=None) as preemption:
         with _lock(workdir, lock_timeout) as lock:
-            return _train(task, workdir, restore_step, lock, preemption)
+            return _train(task, mesh, workdir, restore_step, lock, preemption)
 
 
 def _lock(workdir: str, timeout: float) -> contextlib.AbstractContextManager:
@@ -200,12 +192,11 @@ def _raise_everywhere(error: UserError | None, elsewhere: str) -> None:
         raise error
 
 
-def _train(task: Task, workdir: str, restore_step: int | None, lock: WorkdirLock | None,
-           preemption: PreemptionWatcher) -> dict[str, float]:
+def _train(task: Task, mesh: Mesh, workdir: str, restore_step: int | None,
+           lock: WorkdirLock | None, preemption: PreemptionWatcher) -> dict[str, float]:
     if restore_step is not None:
         _restore_point(workdir, restore_step)
     config, train = task.config, task.config.train
-    mesh = mesh_from_config(config.mesh)
     init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
     state, shardings = create_train_state(task.init_variables, task.model.apply,
                                           optimizer_from_config(config), mesh, init_rng)

@@ -1,15 +1,17 @@
-"""The checks of a training config that need no data and no workdir, run by the
-trainer on the task it will train (`check_training_config(task)`: built, its
-data not yet read) before anything is written or built, so that a mistake
-costs a second, not a dataset build and a compile.
+"""The checks of a training config that need the task, the files or the devices,
+run by the trainer on the task it will train and the mesh it will train on
+(`check_training_config(task, mesh)`: the task built, its data not yet read;
+the mesh built from `config.mesh`, which checks its shape against the devices)
+before anything is written or built, so that a mistake costs a second, not a
+dataset build and a compile. The rules of the config alone
+(`bert_jax.config_schema`) were applied before, at the command's start
+(`launch/train.py`, a sweep's runs), so the values read here are checked.
 
-They cover the rules of `bert_jax.config_schema` (field by field and across
-fields; `launch/compile.py` applies them too), the profiled steps, the names of
-the evaluators, the files and folders the config names (`config.data.*path`,
-`*_file`, `*_files`, `init_from`; `check_files` alone serves
-launch/build_pretraining_data.py), the model config the task declares (made
-without data where the task can), and the global batch against the processes,
-the gradient-accumulation steps and the mesh's data x fsdp devices
+They cover the names of the evaluators, the files and folders the config names
+(`config.data.*path`, `*_file`, `*_files`, `init_from`; `check_files` alone
+serves launch/build_pretraining_data.py), the model config the task declares
+(made without data where the task can), and the global batch against the
+processes, the gradient-accumulation steps and the mesh's data x fsdp devices
 (`check_batch` alone serves `launch/compile.py`, for a target's mesh). Every
 problem is reported together, one line each, in one `ConfigError`.
 """
@@ -21,58 +23,38 @@ from typing import Iterator
 
 import jax
 import ml_collections
+from jax.sharding import Mesh
 
-from bert_jax.config_schema import config_problems, profile_range, refuse
+from bert_jax.config_schema import refuse
 from bert_jax.convert.pretrained import checkpoint_path
 from bert_jax.evaluation import evaluators
-from bert_jax.errors import ConfigError
+from bert_jax.errors import ConfigError, MissingFileError
 from bert_jax.tasks.base import Task
-from bert_jax.training.sharding import mesh_from_config
 
 # Config fields (anywhere under `config.data`) that name files or folders that
 # must exist; `init_from` is checked too. A `path:FORMAT` suffix is allowed.
 PATH_SUFFIXES = ("path", "_file", "_files")
 
 
-def check_training_config(task: Task) -> None:
+def check_training_config(task: Task, mesh: Mesh) -> None:
     """Raises `ConfigError` listing every problem found in `task`, the one the
-    trainer will train, and its config (none: returns)."""
+    trainer will train on `mesh` (built from `config.mesh`, its shape checked
+    then), and its config (none: returns)."""
     config = task.config
-    problems = [*_step_problems(config),
-                *_name_problems(config), *_missing_files(config)]
+    batch = _batch_problems(task, mesh.shape["data"] * mesh.shape["fsdp"])
+    problems = [*_name_problems(config), *_missing_files(config)]
     if not problems and not config.get("init_from"):  # else the checkpoint's model
         try:
             task.declared_model_config()  # None where the task learns it from its data
         except ConfigError as e:
             problems.extend(e.args)
-    try:
-        mesh = mesh_from_config(config.mesh)
-    except ValueError as e:
-        problems.append(f"config.mesh.shape={tuple(config.mesh.shape)}: {e}")
-    else:
-        problems += _batch_problems(task, mesh.shape["data"] * mesh.shape["fsdp"])
-    refuse(problems)
+    refuse(problems + batch)
 
 
 def check_batch(task: Task, batch_shards: int) -> None:
     """The global batch's rules alone, against `batch_shards` devices (data x
     fsdp) of a mesh that may not be here (`bert_jax.planning.aot`)."""
     refuse(_batch_problems(task, batch_shards))
-
-
-def _step_problems(config: ml_collections.ConfigDict) -> list[str]:
-    """The rules of `config_schema`, and the profiled steps within the run."""
-    problems, train = config_problems(config), config.train
-    try:
-        profile = profile_range(train.get("profile_steps"), "config.train.profile_steps")
-    except ConfigError as e:
-        problems.extend(e.args)  # its message
-    else:
-        if profile and profile[1] > train.num_steps:
-            problems.append(
-                f"config.train.profile_steps={tuple(train.profile_steps)}: the run ends at "
-                f"config.train.num_steps={train.num_steps}; profile steps within it.")
-    return problems
 
 
 def _name_problems(config: ml_collections.ConfigDict) -> list[str]:
@@ -129,7 +111,7 @@ def _missing_files(config: ml_collections.ConfigDict) -> list[str]:
     named, problems = list(_path_fields(config.data, "config.data")), []
     try:  # `package:MODULE` names the folder a Python package ships
         named.append(("config.init_from", checkpoint_path(config.get("init_from", ""))))
-    except ConfigError as e:  # the package is not installed: says how to install it
+    except (ConfigError, MissingFileError) as e:  # no such package: how to install it
         problems.extend(e.args)  # its message
     return problems + [f"{field}={value!r}: no such file or folder; fix the path."
                        for field, value in named

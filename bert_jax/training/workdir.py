@@ -25,9 +25,8 @@ from absl import logging
 
 from bert_jax.errors import CheckpointError, WorkdirError, where
 from bert_jax.workdir_layout import (  # noqa: F401 (re-exported)
-    CHECKPOINT_DIR, checkpoint_steps, is_step_name)
+    CHECKPOINT_DIR, CONFIG_FILE, checkpoint_steps, is_step_name)
 
-CONFIG_FILE = "config.json"     # the resolved config a training run writes
 METRICS_FILE = "metrics.jsonl"  # one JSON object a line: {"step": N, "train/loss": ...}
 VOCAB_DIR = "vocab"             # the vocabulary files (= bert_jax.data.vocabulary.VOCAB_DIR)
 LOCK_FILE = "train.lock"        # the lock of the run writing there: `workdir_lock.WorkdirLock`

@@ -29,7 +29,7 @@ import traceback
 from typing import Any, Callable, Iterable, Sequence
 
 from bert_jax.analysis.sweeps.points import apply_overrides, as_points, validate
-from bert_jax.config_schema import SWEEP_REFUSED, choice, refuse
+from bert_jax.config_schema import SWEEP_REFUSED, check_config, choice, refuse
 from bert_jax.errors import DamagedFileError
 from bert_jax.file_io import jsonable, read_json, write_json
 from bert_jax.training.workdir import read_metrics
@@ -286,6 +286,7 @@ class Sweep:
             write_json(run_file, info)
 
         try:
+            check_config(config)  # the rules of the config alone, as launch/train.py
             if info.get("params") is None:  # shapes only; a bad config fails here
                 info["params"] = count_parameters(config, run.workdir)
                 write_json(run_file, info)
