@@ -34,6 +34,12 @@ COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                   "host:port of process 0, for multi-process runs.")
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+flags.register_multi_flags_validator(
+    ["coordinator_address", "num_processes", "process_id"],
+    lambda given: not given["coordinator_address"] or None not in (
+        given["num_processes"], given["process_id"]),
+    "--coordinator_address needs --num_processes and --process_id (or none of the three: "
+    "TPU VMs and SLURM need none).")
 
 
 def run(main, argv: list[str] | None = None) -> None:

@@ -180,10 +180,13 @@ def test_user_errors_print_one_line_and_bugs_a_traceback(tmp_path):
         assert shown.returncode == 1 and "Traceback" in shown.stderr, shown.stderr
 
 
-def test_a_coordinator_without_the_process_flags_is_a_user_error():
-    from bert_jax.training import distributed
-    with pytest.raises(UserError, match="needs --num_processes and --process_id"):
-        distributed.initialize("127.0.0.1:1234", None, 0)
+def test_a_coordinator_without_the_process_flags_is_a_user_error(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "train.py"), f"--workdir={tmp_path}",
+         f"--config={REPO / 'experiments' / 'pretrain_bert.py'}", "--coordinator_address=127.0.0.1:1234", "--process_id=0"],
+        capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "needs --num_processes and --process_id" in result.stderr
 
 
 def test_a_failed_restore_leaves_no_traceback_noise(tmp_path):

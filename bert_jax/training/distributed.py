@@ -16,8 +16,6 @@ import os
 import jax
 from absl import logging
 
-from bert_jax.errors import ConfigError
-
 
 def present_platforms() -> str:
     """The JAX platforms this machine has hardware for: 'cuda' with an NVIDIA
@@ -41,11 +39,9 @@ def select_platforms() -> None:
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None) -> None:
-    """Connects this process to the others, if there are others."""
+    """Connects this process to the others, if there are others (the three flags
+    together: `launch/common_flags.py` checks them as it parses them)."""
     if coordinator_address:
-        if num_processes is None or process_id is None:
-            raise ConfigError("--coordinator_address needs --num_processes and --process_id "
-                              "(or none of the three: TPU VMs and SLURM need none).")
         jax.distributed.initialize(coordinator_address=coordinator_address,
                                    num_processes=num_processes, process_id=process_id)
     elif (os.environ.get("BERT_JAX_DISTRIBUTED") == "1"
