@@ -211,11 +211,24 @@ def test_ner_reads_conll2003_files_named_by_the_config(tmp_path):
     assert metrics["entity_f1"] == pytest.approx(100 * 5 / 6)
 
 
+def test_a_task_that_needs_its_data_is_refused_ahead_of_time(tmp_path):
+    with pytest.raises(ConfigError, match=r"config\.task='\w+' needs its data; tasks that can"):
+        build_task(experiment("ner", tmp_path, tmp_path), None, abstract=True)
+
+
+def test_an_evaluator_names_the_predictions_the_task_does_not_give():
+    context = evaluators.Context(sums={}, decoded={"index": []}, generate=None,
+                                 split="validation", step=1)
+    with pytest.raises(ConfigError, match=r"config\.evals: 'squad' needs predictions "
+                                          r"\['answers', 'dataset'\]; this task gives \['index'\]"):
+        evaluators.get("squad")(context)
+
+
 def test_a_tagging_format_is_refused_by_name_before_anything_is_read(tmp_path):
     config = experiment("ner", tmp_path, tmp_path, format="conll")
     with pytest.raises(ConfigError, match=r"config\.data\.format='conll': unknown; choose "
                                           r"one of \['conllu', 'conll2003'\]"):
-        check_training_config(build_task(config, None))
+        check_config(config)   # launch/train.py checks the rules first
 
 
 @pytest.mark.slow

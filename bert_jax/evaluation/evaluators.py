@@ -24,8 +24,7 @@ import numpy as np
 
 from bert_jax.evaluation import classification_metrics, squad
 from bert_jax.evaluation.translation_metrics import bleu_and_chrf
-from bert_jax.config_schema import choice
-from bert_jax.errors import ConfigError
+from bert_jax.config_schema import choice, refuse
 from bert_jax.modeling.losses import sums_to_means
 
 
@@ -73,8 +72,8 @@ def _needs(context: Context, name: str, *keys: str) -> dict[str, Any]:
     decoded = context.decoded or {}
     missing = [k for k in keys if k not in decoded]
     if missing:
-        raise ConfigError(f"config.evals: {name!r} needs predictions {missing}; this task "
-                          f"gives {sorted(decoded)}.")
+        refuse([f"config.evals: {name!r} needs predictions {missing}; this task gives "
+                f"{sorted(decoded)}."], "the config cannot evaluate")
     return decoded
 
 

@@ -27,8 +27,8 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-from bert_jax.config_schema import choice
-from bert_jax.errors import ConfigError, DamagedFileError
+from bert_jax.config_schema import choice, refuse
+from bert_jax.errors import DamagedFileError
 from bert_jax.modeling.configs import StackConfig
 from bert_jax.auto_dtype import resolve_model_dtype
 from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps, saved_model_dtype
@@ -66,8 +66,8 @@ def build_task(config: ml_collections.ConfigDict, workdir: str | None,
     cls = _REGISTRY[choice("config.task", config.task, sorted(_REGISTRY))]
     if abstract and not cls.supports_abstract:
         supported = sorted(name for name, c in _REGISTRY.items() if c.supports_abstract)
-        raise ConfigError(f"config.task={config.task!r} cannot be compiled ahead of time "
-                          f"(it needs its data); tasks that can: {supported}.")
+        refuse([f"config.task={config.task!r} needs its data; tasks that can: {supported}."],
+               "the config cannot be compiled ahead of time")
     return cls(config, workdir, abstract=True) if abstract else cls(config, workdir)
 
 
