@@ -62,8 +62,8 @@ def build_task(config: ml_collections.ConfigDict, workdir: str | None,
     it then trains (`training.validation`). `abstract=True`: the model and batch
     shapes only, never reading data (ahead-of-time compilation); vocabulary sizes
     from the config."""
-    config = resolve_model_dtype(config, saved_dtype=saved_model_dtype(workdir))
     cls = _REGISTRY[choice("config.task", config.task, sorted(_REGISTRY))]
+    config = resolve_model_dtype(config, saved_dtype=saved_model_dtype(workdir))
     if abstract and not cls.supports_abstract:
         supported = sorted(name for name, c in _REGISTRY.items() if c.supports_abstract)
         refuse([f"config.task={config.task!r} needs its data; tasks that can: {supported}."],

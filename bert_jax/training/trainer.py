@@ -157,7 +157,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     `restore_step` (later ones are moved to WORKDIR/checkpoints_set_aside/, their
     metrics dropped). Returns the last metrics logged. `lock_timeout`: seconds after
     which another host's lock on the workdir, not renewed, is taken over
-    (`WorkdirLock`)."""
+    (`WorkdirLock`). The rules of the config alone are the caller's to apply first
+    (`config_schema.check_config`, as launch/train.py and the sweeps do); what needs
+    the task, the files or the devices is checked here (`check_training_config`)."""
     check_workdir(workdir)  # before anything reads or writes it
     check_step(workdir, restore_step, "restore_step")  # the step it resumes from
     mesh = mesh_from_config(config.mesh)  # its shape checked against the devices
