@@ -592,9 +592,8 @@ def test_builder_rejects_bad_parameters(tmp_path):
         assert not isinstance(error.value, ConfigError)
     builder = BertPretraining(files=[str(corpus)], vocab_file=vocab_file, eval_documents=2,
                               beam_options=IN_PROCESS, data_dir=str(tmp_path / "tfds"))
-    with pytest.raises(DataError, match=r"eval_documents=2 leaves \d of \d documents") as e:
+    with pytest.raises(DataError, match=r"eval_documents=2 leaves \d of \d documents") as error:
         load_source(builder, "train")  # a fact of the corpus: it names the file
-    error = e
     assert error.value.path == str(corpus.resolve()) and "lower it" in error.value.fix
 
 

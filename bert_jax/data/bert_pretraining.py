@@ -115,7 +115,10 @@ def pretraining_config(files: Sequence[str], vocab_file: str, *, lowercase: bool
     parsed = tuple(parse_file_spec(spec) for spec in files)
     if not os.path.isfile(vocab_file):
         raise MissingFileError(f"{vocab_file}: no such vocab_file; check the path")
-    if problems := pretraining_data_problems(locals(), "bert_pretraining: "):  # args by name
+    options = dict(max_seq_length=max_seq_length, short_seq_prob=short_seq_prob,
+                   dupe_factor=dupe_factor, eval_documents=eval_documents,
+                   documents_per_shard=documents_per_shard, document_sample=document_sample)
+    if problems := pretraining_data_problems(options, "bert_pretraining: "):
         raise ValueError(problems[0])
     fingerprint = {
         "files": [(os.path.basename(p), fmt, os.stat(p).st_size, os.stat(p).st_mtime_ns)
