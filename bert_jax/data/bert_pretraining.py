@@ -28,7 +28,7 @@ SHA-256 of (seed, file name, position) (one pass, no corpus in memory),
 paired among themselves with seed + 1, so none is seen in training.
 
 `beam_options` are Beam's flags (any `--runner`: docs/PRETRAINING_DATA.md).
-Files are `path` or `path:format` (`pretraining_data.DOCUMENT_FORMATS`); a
+Files are `path` or `path:format` (`config_schema.DOCUMENT_FORMATS`); a
 path ending in `.gz` is read as a gzip stream (`text_files.utf8_lines`) and
 gives the instances of the same text uncompressed (`file_key`).
 Empty files and shards left with fewer than 2 documents are skipped and

@@ -63,7 +63,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from bert_jax.config_schema import DOCUMENT_FORMATS  # noqa: F401 (the names it reads)
+from bert_jax.config_schema import DOCUMENT_FORMATS
 from bert_jax.data.text_files import utf8_lines
 from bert_jax.errors import MissingFileError
 
