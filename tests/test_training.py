@@ -2,6 +2,7 @@
 kill -9, preemption (SIGTERM), two processes, evaluation-only, bad inputs."""
 
 import contextlib
+import errno
 import json
 import os
 import pathlib
@@ -545,6 +546,28 @@ def test_a_failed_save_stops_the_run_with_one_line(tmp_path, data_dir):
     assert error[0].endswith("resume from step 10.")
     assert Checkpointer(str(tmp_path), read_only=True).all_steps() == [10]
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(saved_params(tmp_path, 10)))
+
+
+TENSORSTORE_TEXT = ("INTERNAL: Error writing local file \"/x/d/0a1b\":\nFailed to write 215789 "
+                    "bytes to file 8: File too large [os_error_code='27']\n<Future exception=...>")
+
+
+@pytest.mark.parametrize("failure", [ValueError(TENSORSTORE_TEXT),
+                                     OSError(errno.EFBIG, TENSORSTORE_TEXT)])
+def test_a_failed_save_is_reported_by_its_os_error_in_one_line(tmp_path, failure):
+    """TensorStore's error text runs over several lines and quotes Python reprs, whether
+    it comes as a message or as an OSError's strerror: the report names only the OS
+    error its code stands for."""
+    def fail_to_commit():
+        raise failure
+
+    checkpointer = Checkpointer(str(tmp_path), fence=fail_to_commit)
+    checkpointer.save(1, {"w": np.ones(3, np.float32)}, None)
+    with pytest.raises(CheckpointError) as error:
+        checkpointer.check(wait=True)
+    message = str(error.value)
+    assert "\n" not in message and f"({os.strerror(errno.EFBIG)})" in message
+    assert "os_error_code" not in message and message.endswith("start again.")
 
 
 @pytest.mark.slow

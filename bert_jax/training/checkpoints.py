@@ -23,6 +23,7 @@ resuming takes the last complete step.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from typing import Any, Callable
 
@@ -42,6 +43,19 @@ from bert_jax.workdir_layout import CHECKPOINT_DIR, checkpoint_steps, is_step_na
 SET_ASIDE_DIR = "checkpoints_set_aside"
 DIGEST_ITEM = "digest"
 STEP_RECORD = "_CHECKPOINT_METADATA"  # Orbax's: {"item_handlers": {item: handler}, ...}
+
+
+_TENSORSTORE_ERROR_CODE = re.compile(r"os_error_code=\\*'?(\d+)")
+
+
+def _os_error_code(error: BaseException) -> int | None:
+    """The errno behind `error`: an OSError's own, or the code TensorStore writes into
+    its message (`[os_error_code='27']`); None if it has neither. Only the code is
+    reported, so a save's error stays one line whatever the foreign text holds."""
+    if isinstance(error, OSError) and isinstance(error.errno, int):
+        return error.errno
+    found = _TENSORSTORE_ERROR_CODE.search(str(error))
+    return int(found.group(1)) if found else None
 
 
 class Checkpointer:
@@ -119,8 +133,8 @@ class Checkpointer:
         fenced = next((e for e in chain(error) if isinstance(e, UserError)), None)
         if fenced:
             return fenced
-        reason = next((f" ({e.strerror})" for e in chain(error)
-                       if isinstance(e, OSError) and e.strerror), "")
+        code = next(filter(None, map(_os_error_code, chain(error))), None)
+        reason = f" ({os.strerror(code)})" if code else ""
         usage = shutil.disk_usage(self.directory)
         free, total = (f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
                        for n in (usage.free, usage.total))
