@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.modeling import BertModel, lean_attention
+from bert_jax.modeling import BertModel, dropout, lean_attention
 from bert_jax.modeling.attention import dot_product_attention
 
 from tiny_models import BERT, random_variables
@@ -32,8 +32,8 @@ def plain_attention(query, key, value, mask=None, *, dropout_rate=0.0, dropout_r
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1)
     if dropout_rate:
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-        weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+        keep = dropout.keep_mask(dropout_rng, dropout_rate, weights.shape)
+        weights = jnp.where(keep, weights / (1.0 - dropout.effective_rate(dropout_rate)), 0.0)
     out = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value,
                      preferred_element_type=jnp.float32)
     return out.astype(value.dtype)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from bert_jax.modeling import fused_attention, lean_attention, precision
+from bert_jax.modeling import dropout, fused_attention, lean_attention, precision
 from bert_jax.modeling.initializers import Initializer, partitioned
 from bert_jax.modeling.masks import Mask, causal_mask, combine_masks, dense_mask
 
@@ -99,8 +99,8 @@ def dot_product_attention(
     if use_dropout:
         if dropout_rng is None:
             raise ValueError("attention dropout needs a dropout_rng.")
-        keep = lean_attention.dropout_keep(dropout_rng, dropout_rate, weights.shape)
-        weights = lean_attention.dropped(weights, keep, dropout_rate)
+        keep = dropout.keep_mask(dropout_rng, dropout_rate, weights.shape)
+        weights = dropout.dropped(weights, keep, dropout_rate)
     out = precision.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
     return out, (weights if return_weights else None)
 

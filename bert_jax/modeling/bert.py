@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from bert_jax.modeling.masks import AttentionMask
 from bert_jax.config_schema import POOLINGS
 from bert_jax.modeling.configs import ACTIVATIONS, BertConfig
+from bert_jax.modeling.dropout import Dropout
 from bert_jax.modeling.embeddings import PositionEmbedding, token_embedding
 from bert_jax.modeling.initializers import partitioned
 from bert_jax.modeling.layers import EncoderStack, dense, layer_norm
@@ -78,7 +79,7 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = token_embedding(cfg, cfg.type_vocab_size,
                                                      axis_name="type_vocab")
         self.norm = layer_norm(cfg)
-        self.dropout = nn.Dropout(cfg.dropout_rate)
+        self.dropout = Dropout(cfg.dropout_rate)
 
     def __call__(self, input_ids: Array, token_type_ids: Array, position_ids: Array, *,
                  deterministic: bool = True) -> Array:
@@ -160,7 +161,7 @@ class _BertWithHead(nn.Module):
 
     def setup(self):
         self.bert = BertModel(self.config)
-        self.dropout = nn.Dropout(self.config.dropout_rate)
+        self.dropout = Dropout(self.config.dropout_rate)
 
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, *,
                deterministic: bool = True, **bert_kwargs: Any) -> BertOutput:

@@ -39,6 +39,7 @@ from jax.sharding import PartitionSpec
 
 from bert_jax.modeling.attention import MultiHeadAttention
 from bert_jax.modeling.configs import ACTIVATIONS, REMAT_POLICIES, StackConfig
+from bert_jax.modeling.dropout import Dropout
 from bert_jax.modeling.initializers import kernel_init, partitioned
 from bert_jax.modeling.masks import Mask
 from bert_jax.modeling.precision import float32_accumulation
@@ -114,7 +115,7 @@ class FeedForward(nn.Module):
 def residual(config: StackConfig, x: Array, sublayer: Callable[[Array], Array],
              norm: nn.LayerNorm, *, deterministic: bool) -> Array:
     """Dropout, residual add and LayerNorm around `sublayer`, post- or pre-norm."""
-    dropout = nn.Dropout(config.dropout_rate)
+    dropout = Dropout(config.dropout_rate)
     if config.norm_position == "pre":
         return x + dropout(sublayer(norm(x)), deterministic=deterministic)
     return norm(x + dropout(sublayer(x), deterministic=deterministic))

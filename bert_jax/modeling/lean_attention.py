@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.modeling import precision
+from bert_jax.modeling.dropout import dropped, keep_mask
 
 Array = jax.Array
 
@@ -77,26 +78,12 @@ def scores(query: Array, key: Array, mask: Array | None) -> Array:
     return out
 
 
-def dropped(values: Array, keep: Array, rate: float) -> Array:
-    """Inverted dropout: `values / (1 - rate)` where `keep`, 0 elsewhere (the
-    product with the mask, not a `jnp.where` with 0, whose broadcast zeros JAX
-    would hoist out of a layer loop as `scores` explains: the same values for
-    finite `values`)."""
-    return values / (1.0 - rate) * keep
-
-
-def dropout_keep(rng: Array, rate: float, shape: tuple[int, ...]) -> Array:
-    """The attention-dropout keep mask, bool `shape`: True with probability
-    `1 - rate`."""
-    return jax.random.bernoulli(rng, 1.0 - rate, shape)
-
-
 def _probabilities(query: Array, key: Array, mask: Array | None, rng: Array | None,
                    rate: float) -> tuple[Array, Array | None]:
     """Float32 softmax probabilities and the keep mask (None without dropout),
     both `[batch, heads, q_len, kv_len]`."""
     probabilities = jax.nn.softmax(scores(query, key, mask), axis=-1)
-    keep = None if rate == 0.0 else dropout_keep(rng, rate, probabilities.shape)
+    keep = None if rate == 0.0 else keep_mask(rng, rate, probabilities.shape)
     return probabilities, keep
 
 

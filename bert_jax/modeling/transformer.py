@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from bert_jax.modeling.masks import AttentionMask
 from bert_jax.modeling.configs import TransformerConfig
+from bert_jax.modeling.dropout import Dropout
 from bert_jax.modeling.embeddings import PositionEmbedding, token_embedding
 from bert_jax.modeling.layers import DecoderStack, EncoderStack, dense
 
@@ -75,7 +76,7 @@ class Transformer(nn.Module):
         self.encoder = EncoderStack(cfg)
         self.decoder = DecoderStack(cfg, num_layers=cfg.decoder_layers,
                                     decode=self.incremental)
-        self.embedding_dropout = nn.Dropout(cfg.dropout_rate)
+        self.embedding_dropout = Dropout(cfg.dropout_rate)
         if not cfg.tie_output:
             self.logits = dense(cfg, cfg.output_vocab_size, ("embed", "vocab"))
 
