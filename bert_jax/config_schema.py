@@ -11,14 +11,17 @@ a sweep or transfer study (`analysis/sweeps/runner.py`); the trainer's
 `training/validation.py` then checks what needs the task, the files or the
 devices. The evaluation of a workdir's run (`launch/evaluate.py` and friends)
 applies the task rules (`TASK_RULES`) to its saved config after the overrides,
-with what evaluation may not change (`evaluation_problems`).
+with what evaluation may not change (`evaluation_problems`). The model dataclasses
+(`modeling.configs`: `BertConfig`, `TransformerConfig`) check their own fields however
+they are built, by `check_model` (`MODEL_FIELDS`, `MODEL_CHOICES`, the heads and the
+vocabularies), and the lengths they take by `check_length`.
 
 The modules that read a chosen name (the optimizer, the schedule, the dropout
 generator, the attention kernel) read it as checked here: a direct caller's bad
 name is a bug (`KeyError`). `choice` names a value given outside these tables
-(the task and evaluator registries, `input_lines`' `on_error`) in the same
-one-line message. The name tuples live here, beside their rules. This module
-imports only `bert_jax.errors` (and JAX within `platform`, for a rule on
+(the task and evaluator registries, the model presets, `input_lines`' `on_error`)
+in the same one-line message. The name tuples live here, beside their rules. This
+module imports only `bert_jax.errors` (and JAX within `platform`, for a rule on
 'flash'), so every layer may use it.
 """
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 import collections
 import math
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from bert_jax.errors import ConfigError
 
@@ -173,6 +176,15 @@ def platform() -> str:
     return jax.default_backend()
 
 
+def _kernel_name(impl: Any) -> list[str]:
+    """`impl` names one of `ATTENTION_IMPLS` ('fused' was renamed 'xla')."""
+    field = "config.model.attention_impl"
+    if impl == "fused":
+        return [f"{field}='fused': renamed 'xla' (what it computed); 'flash' is the "
+                "platform's flash kernel."]
+    return [] if impl in ATTENTION_IMPLS else [unknown(field, impl, ATTENTION_IMPLS)]
+
+
 def _attention(config) -> list[str]:
     """`model.attention_impl` names a kernel ('fused' was renamed 'xla') that can run
     the run: fused kernels apply no attention dropout; 'flash' is the platform's
@@ -181,11 +193,8 @@ def _attention(config) -> list[str]:
     impl, field = _get(config, "model.attention_impl"), "config.model.attention_impl"
     if impl in (None, "einsum"):
         return []
-    if impl == "fused":
-        return [f"{field}='fused': renamed 'xla' (what it computed); 'flash' is the "
-                "platform's flash kernel."]
-    if impl not in ATTENTION_IMPLS:
-        return [unknown(field, impl, ATTENTION_IMPLS)]
+    if named := _kernel_name(impl):   # 'fused', or no kernel's name
+        return named
     here = platform() if impl == "flash" else None   # 'flash': the platform's kernel
     problems, kernel = [], FLASH_KERNELS.get(here) if here else impl
     if rate := _get(config, "model.attention_dropout_rate"):
@@ -211,6 +220,104 @@ def _attention(config) -> list[str]:
 
 
 MODEL_RULES: tuple[Callable[[Any], list[str]], ...] = (_attention,)
+
+
+# -- Rules of the model dataclasses (bert_jax/modeling/configs.py) -------------------------
+# BertConfig and TransformerConfig check their fields whenever one is built (from
+# config.model, a checkpoint's config.json, a Hugging Face config, a preset, `replace`)
+# by `check_model`; a field the class lacks is not checked.
+
+NORM_POSITIONS = ("post", "pre")
+INITIALIZERS = ("truncated_normal", "normal", "xavier_uniform")
+POSITION_KINDS = ("learned", "sinusoidal")  # TransformerConfig.position
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# field -> (whether a value works, the problem of one that does not).
+MODEL_FIELDS = {
+    **dict.fromkeys(("hidden_size", "num_heads", "mlp_dim", "num_layers", "max_len",
+                     "vocab_size", "type_vocab_size"),
+                    (lambda n: _is_int(n) and n > 0, "must be a positive integer.")),
+    # None: the encoder's (the Transformer's decoder depth and target vocabulary)
+    **dict.fromkeys(("num_decoder_layers", "target_vocab_size"), (
+        lambda n: n is None or _is_int(n) and n > 0, "must be a positive integer.")),
+    "scan_layers": (lambda b: isinstance(b, bool), "must be True or False."),
+    **dict.fromkeys(("dropout_rate", "attention_dropout_rate"),
+                    (lambda p: _is_number(p) and 0 <= p < 1, "must be in [0, 1).")),
+    **dict.fromkeys(("layer_norm_eps", "initializer_range"),
+                    (lambda x: _is_number(x) and x > 0, "must be > 0.")),
+}
+# field -> the names it may take; also `activation` and `remat`, the names of the tables
+# modeling.configs maps them by (ACTIVATIONS, REMAT_POLICIES; passed to `check_model`).
+MODEL_CHOICES = {"norm_position": NORM_POSITIONS, "initializer": INITIALIZERS,
+                 "dtype": DTYPES, "param_dtype": DTYPES, "position": POSITION_KINDS}
+
+
+def _heads(model) -> list[str]:
+    """`num_heads` divides `hidden_size`; the line names the nearest count that does."""
+    hidden, heads = model["hidden_size"], model["num_heads"]
+    if not hidden % heads:
+        return []
+    nearest = min((h for h in range(1, hidden + 1) if hidden % h == 0),
+                  key=lambda h: (abs(h - heads), h))
+    return [f"config.model.num_heads={heads}: does not divide hidden_size={hidden}; the "
+            f"nearest that does is {nearest} (BERT uses hidden_size // 64)."]
+
+
+def _vocabularies(model) -> list[str]:
+    """The Transformer's `share_embeddings` needs one vocabulary; special token ids lie
+    in theirs: BERT's `pad_token_id`, the Transformer's `pad_id` (padding on both
+    sides) and target tokens `bos_id`, `eos_id`."""
+    source = model.get("vocab_size", 0)
+    target = model.get("target_vocab_size") or source
+    problems = [f"config.model.share_embeddings=True: needs one vocabulary, but vocab_size="
+                f"{source} and target_vocab_size={target}; set it False."
+                ] if model.get("share_embeddings") and target != source else []
+    # token id -> (the size of its vocabulary, which that is)
+    sizes = {"pad_token_id": (source, "the vocabulary"),
+             "pad_id": (min(source, target), "both vocabularies"),
+             "bos_id": (target, "the target vocabulary"),
+             "eos_id": (target, "the target vocabulary")}
+    return problems + [
+        f"config.model.{field}={model[field]!r}: must be a token id in [0, {size}) ({which})."
+        for field, (size, which) in sizes.items() if field in model
+        and not (_is_int(model[field]) and 0 <= model[field] < size)]
+
+
+def model_problems(model: Mapping[str, Any], choices: Mapping[str, Any]) -> list[str]:
+    """The lines of the fields of `model` (a model dataclass's, by name) that break
+    `MODEL_FIELDS`, `MODEL_CHOICES` with `choices` or name no attention kernel; when
+    every field is good alone, those of the rules across fields."""
+    problems = [f"config.model.{field}={model[field]!r}: {problem}"
+                for field, (works, problem) in MODEL_FIELDS.items()
+                if field in model and not works(model[field])]
+    problems += [unknown(f"config.model.{field}", model[field], names)
+                 for field, names in {**MODEL_CHOICES, **choices}.items()
+                 if field in model and model[field] not in names]
+    problems += _kernel_name(model["attention_impl"])
+    return problems or _heads(model) + _vocabularies(model)
+
+
+def check_model(model: Mapping[str, Any], choices: Mapping[str, Any]) -> None:
+    """Raises the `model_problems` of `model` (none: returns): their lines alone, so
+    the trainer lists them among the config's (`training.validation`)."""
+    refuse(model_problems(model, choices), "")
+
+
+def check_length(length: int, max_len: int, what: str = "input") -> None:
+    """Raises if a sequence of `length` tokens (of `what`: 'input', 'source', a config
+    field) exceeds `max_len` (config.model.max_len), the positions the model has."""
+    if length > max_len:
+        raise ConfigError(f"{what} length {length} exceeds config.model.max_len={max_len}: "
+                          "shorten it, or raise max_len (learned positions then need training).")
 
 
 # -- Rules of the data fields (config.data: bert_jax/data/) ---------------------------------
@@ -337,9 +444,9 @@ def config_problems(config) -> list[str]:
 
 def refuse(problems: Sequence[str], headline: str = "the config cannot train") -> None:
     """Raises one `ConfigError` of `headline` and `problems`, one a line (none:
-    returns): the one report of every config check."""
+    returns; headline '': the lines alone): the one report of every config check."""
     if problems:
-        raise ConfigError(f"{headline}:\n  " + "\n  ".join(problems))
+        raise ConfigError("\n  ".join(([f"{headline}:"] if headline else []) + list(problems)))
 
 
 def check_config(config) -> None:

@@ -10,11 +10,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bert_jax.errors import DamagedFileError
+from bert_jax.errors import ConfigError, DamagedFileError
 from bert_jax.modeling import BertModel, Transformer
 from bert_jax.modeling.configs import (
     BertConfig,
-    ConfigError,
     TransformerConfig,
     bert_preset,
     transformer_preset,

@@ -1,8 +1,10 @@
 """Model hyperparameters: frozen dataclasses validated at construction.
 
 A bad value fails at once, naming the field (`config.model.<field>`, where the
-launchers set it). `dataclasses.replace(config, field=value)` validates again,
-so train, eval and decode variants of one config stay consistent.
+launchers set it), by the rules `bert_jax.config_schema` declares for the model
+fields (`MODEL_FIELDS`, `MODEL_CHOICES` and the rules across fields: `check_model`).
+`dataclasses.replace(config, field=value)` validates again, so train, eval and
+decode variants of one config stay consistent.
 
 Presets follow the google-research/bert table (BERT tiny ... large) and Vaswani
 et al. 2017, Table 3 (Transformer base and big).
@@ -13,24 +15,20 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.config_schema import ATTENTION_IMPLS
-from bert_jax.errors import ConfigError, DamagedFileError, UserError
+from bert_jax import config_schema
+from bert_jax.errors import DamagedFileError
 
 ACTIVATIONS = {
     "gelu": functools.partial(nn.gelu, approximate=False),
     "gelu_tanh": functools.partial(nn.gelu, approximate=True),
     "relu": nn.relu,
 }
-NORM_POSITIONS = ("post", "pre")
-INITIALIZERS = ("truncated_normal", "normal", "xavier_uniform")
-POSITION_KINDS = ("learned", "sinusoidal")
-DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -38,23 +36,6 @@ REMAT_POLICIES = {
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "attention": None,   # no layer remat: attention.py recomputes the probabilities
 }
-
-
-def _invalid(field: str, value: Any, problem: str) -> ConfigError:
-    return ConfigError(f"config.model.{field}={value!r}: {problem}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_token_id(field: str, value: Any, vocab_size: int, vocab: str) -> None:
-    if not (_is_int(value) and 0 <= value < vocab_size):
-        raise _invalid(field, value, f"must be a token id in [0, {vocab_size}) ({vocab}).")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,45 +91,9 @@ class StackConfig:
     remat: str = "none"
     scan_layers: bool = False
 
-    _positive_ints: ClassVar[tuple[str, ...]] = (
-        "hidden_size", "num_heads", "mlp_dim", "num_layers", "max_len")
-    _optional_ints: ClassVar[tuple[str, ...]] = ()  # may also be None
-    _choices: ClassVar[dict[str, Any]] = {
-        "activation": ACTIVATIONS, "norm_position": NORM_POSITIONS,
-        "attention_impl": ATTENTION_IMPLS, "initializer": INITIALIZERS,
-        "dtype": DTYPES, "param_dtype": DTYPES, "remat": REMAT_POLICIES}
-
-    def __post_init__(self):
-        for field in self._positive_ints:
-            value = getattr(self, field)
-            if value is None and field in self._optional_ints:
-                continue
-            if not (_is_int(value) and value > 0):
-                raise _invalid(field, value, "must be a positive integer.")
-        if self.hidden_size % self.num_heads:
-            divisors = [h for h in range(1, self.hidden_size + 1)
-                        if self.hidden_size % h == 0]
-            nearest = min(divisors, key=lambda h: (abs(h - self.num_heads), h))
-            raise _invalid("num_heads", self.num_heads,
-                           f"does not divide hidden_size={self.hidden_size}; the nearest "
-                           f"that does is {nearest} (BERT uses hidden_size // 64).")
-        if self.attention_impl == "fused":
-            raise _invalid("attention_impl", "fused", "renamed 'xla' (what it computed); "
-                           "'flash' is the platform's flash kernel.")
-        for field, choices in self._choices.items():
-            if getattr(self, field) not in choices:
-                raise _invalid(field, getattr(self, field),
-                               f"unknown; choose one of {list(choices)}.")
-        if not isinstance(self.scan_layers, bool):
-            raise _invalid("scan_layers", self.scan_layers, "must be True or False.")
-        for field in ("dropout_rate", "attention_dropout_rate"):
-            value = getattr(self, field)
-            if not (_is_number(value) and 0.0 <= value < 1.0):
-                raise _invalid(field, value, "must be in [0, 1).")
-        for field in ("layer_norm_eps", "initializer_range"):
-            value = getattr(self, field)
-            if not (_is_number(value) and value > 0):
-                raise _invalid(field, value, "must be > 0.")
+    def __post_init__(self):   # the rules: config_schema.MODEL_FIELDS and on
+        config_schema.check_model(vars(self), {"activation": ACTIVATIONS,
+                                               "remat": REMAT_POLICIES})
 
     @property
     def head_dim(self) -> int:
@@ -164,10 +109,7 @@ class StackConfig:
 
     def check_length(self, length: int, what: str = "input") -> None:
         """Raises if a sequence of `length` tokens exceeds `max_len`."""
-        if length > self.max_len:
-            raise ConfigError(
-                f"{what} length {length} exceeds config.model.max_len={self.max_len}: "
-                "shorten it, or raise max_len (learned positions then need training).")
+        config_schema.check_length(length, self.max_len, what)
 
     def replace(self, **changes: Any):
         return dataclasses.replace(self, **changes)
@@ -228,13 +170,6 @@ class BertConfig(StackConfig):
     type_vocab_size: int = 2
     pad_token_id: int = 0
 
-    _positive_ints: ClassVar[tuple[str, ...]] = StackConfig._positive_ints + (
-        "vocab_size", "type_vocab_size")
-
-    def __post_init__(self):
-        super().__post_init__()
-        _check_token_id("pad_token_id", self.pad_token_id, self.vocab_size, "the vocabulary")
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformerConfig(StackConfig):
@@ -270,24 +205,6 @@ class TransformerConfig(StackConfig):
     bos_id: int = 1
     eos_id: int = 2
 
-    _positive_ints: ClassVar[tuple[str, ...]] = StackConfig._positive_ints + (
-        "vocab_size", "target_vocab_size", "num_decoder_layers")
-    _optional_ints: ClassVar[tuple[str, ...]] = ("target_vocab_size", "num_decoder_layers")
-    _choices: ClassVar[dict[str, Any]] = {
-        **StackConfig._choices, "position": POSITION_KINDS}
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.share_embeddings and self.output_vocab_size != self.vocab_size:
-            raise _invalid("share_embeddings", True,
-                           f"needs one vocabulary, but vocab_size={self.vocab_size} and "
-                           f"target_vocab_size={self.target_vocab_size}; set it False.")
-        _check_token_id("pad_id", self.pad_id, min(self.vocab_size, self.output_vocab_size),
-                        "both vocabularies")
-        for field in ("bos_id", "eos_id"):
-            _check_token_id(field, getattr(self, field), self.output_vocab_size,
-                            "the target vocabulary")
-
     @property
     def output_vocab_size(self) -> int:
         return self.target_vocab_size or self.vocab_size
@@ -313,20 +230,14 @@ TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _preset(presets: Mapping[str, Any], name: str, kind: str):
-    if name not in presets:
-        raise ConfigError(f"unknown {kind} preset {name!r}; choose one of {list(presets)}.")
-    return presets[name]
-
-
 def bert_preset(name: str, **overrides: Any) -> BertConfig:
     """BertConfig for a named size (`tiny` ... `large`), with overrides."""
-    layers, hidden = _preset(BERT_PRESETS, name, "BERT")
+    layers, hidden = BERT_PRESETS[config_schema.choice("BERT preset", name, BERT_PRESETS)]
     return BertConfig(**{"num_layers": layers, "hidden_size": hidden,
                          "num_heads": hidden // 64, "mlp_dim": 4 * hidden, **overrides})
 
 
 def transformer_preset(name: str, **overrides: Any) -> TransformerConfig:
     """TransformerConfig for `base` or `big` (Vaswani et al.), with overrides."""
-    return TransformerConfig(**{**_preset(TRANSFORMER_PRESETS, name, "Transformer"),
-                                **overrides})
+    preset = config_schema.choice("Transformer preset", name, TRANSFORMER_PRESETS)
+    return TransformerConfig(**{**TRANSFORMER_PRESETS[preset], **overrides})
