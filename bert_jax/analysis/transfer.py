@@ -63,7 +63,7 @@ from bert_jax.config_schema import (
     IN_TASK_PREFIX, IN_TASK_TASKS, STUDY_REFUSED, backbones as backbone_specs, numbers, refuse,
     spec)
 from bert_jax.convert.pretrained import PACKAGE_PREFIX, checkpoint_path
-from bert_jax.errors import ConfigError, UserError  # noqa: F401 - transfer.ConfigError
+from bert_jax.errors import UserError
 from bert_jax.file_io import jsonable, write_json
 from bert_jax.modeling import BertConfig
 from bert_jax.tasks import bert_backbone
