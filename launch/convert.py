@@ -22,8 +22,6 @@ _HF_OUTPUT = flags.DEFINE_string("hf_output", None, "Hugging Face folder to writ
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     distributed.select_platforms()  # no start-up error of an absent GPU/TPU plugin
     if _HF_DIR.value and _OUTPUT.value:
         config, params = load_hf_bert(_HF_DIR.value)

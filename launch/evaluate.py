@@ -47,7 +47,7 @@ _SAVE_AVERAGE = flags.DEFINE_string("save_average", None, "New folder for the av
 
 
 def main(argv):
-    launch_flags.start(argv)
+    launch_flags.start()
     averaging = _AVERAGE_LAST.value or _AVERAGE_STEPS.value or _SAVE_AVERAGE.value
     if averaging and (not _SAVE_AVERAGE.value or _STEP.value is not None or bool(
             _AVERAGE_LAST.value) == bool(_AVERAGE_STEPS.value) or not all(

@@ -143,8 +143,6 @@ def visualize(model_dir: str, output_dir: str, *, sentence: str,
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from bert_jax.training import distributed
     distributed.select_platforms()  # no start-up error of an absent GPU/TPU plugin
     if _MODEL.value and _WORKDIR.value:
