@@ -265,8 +265,6 @@ def _probe():
 
 
 def main(argv):
-    from bert_jax.training import distributed
-    distributed.select_platforms()  # no start-up error of an absent GPU/TPU plugin
     output = _OUTPUT.value
     refuse_writing_into({f"--output={output}": output,
                          f"--output={output}: its table": output and (
