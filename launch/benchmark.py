@@ -304,7 +304,6 @@ def time_flax_hf_bert(size: str, batch: dict[str, np.ndarray], steps: int,
 
 
 def main(argv):
-    del argv
     devices = jax.local_devices()
     cpu = devices[0].platform == "cpu"
     peaks = {dtype: peak_flops_per_device(_PEAK.value, dtype) for dtype in _DTYPES.value}

@@ -34,7 +34,6 @@ def report(name: str, params, outputs, seconds: float) -> None:
 
 
 def main(argv):
-    del argv
     rng = jax.random.PRNGKey(0)
     batch, length = _BATCH.value, _LENGTH.value
 
