@@ -310,7 +310,7 @@ def evaluation_problems(config, trained, refused: dict[str, Any], may_change: Se
     problems = [problem for rule in TASK_RULES for problem in rule(config)]
     split = _get(trained, "data.eval_split")
     if _get(config, "data.eval_split") == HELDOUT and split != HELDOUT:
-        problems.append(f"config.data.eval_split='heldout': this run trained on its whole "
+        problems.append("config.data.eval_split='heldout': this run trained on its whole "
                         f"training subset (data.eval_split={split!r} in {saved}), so no "
                         "examples were held out; evaluate another split, or train a run with "
                         "config.data.eval_split='heldout'.")
