@@ -405,14 +405,22 @@ TASK_RULES: tuple[Callable[[Any], list[str]], ...] = (
     _heldout_fraction, _squad, _batch_tokens)
 
 
-def evaluation_problems(config, refused: dict[str, Any], may_change: Sequence[str],
+def evaluation_problems(config, trained, refused: dict[str, Any], may_change: Sequence[str],
                         saved: str) -> list[str]:
     """The rules of evaluating a workdir's run (`training.evaluation.evaluation_config`):
     `config` is its config after the overrides evaluation may make (`may_change`, keys
     or `section.` prefixes), checked by `TASK_RULES` and for a batch of one row at
-    least; `refused` maps the keys changed that define the model, its data or its task
-    to their value in `saved` (the workdir's config.json)."""
+    least; `trained` is the config the run trained with, read from `saved` (the
+    workdir's config.json), where `refused` maps the keys changed that define the
+    model, its data or its task to their value. The 'heldout' split exists only for a
+    run that held it out of training: otherwise it would score examples trained on."""
     problems = [problem for rule in TASK_RULES for problem in rule(config)]
+    split = _get(trained, "data.eval_split")
+    if _get(config, "data.eval_split") == HELDOUT and split != HELDOUT:
+        problems.append("config.data.eval_split='heldout': this run trained on its whole "
+                        f"training subset (data.eval_split={split!r} in {saved}), so no "
+                        "examples were held out; evaluate another split, or train a run with "
+                        "config.data.eval_split='heldout'.")
     if refused:
         changed = ", ".join(f"config.{k} ({v!r} in {saved})" for k, v in refused.items())
         problems.append(f"evaluation cannot change {changed}: it defines the model, its data "

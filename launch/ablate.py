@@ -37,7 +37,7 @@ _IMPORTANCE_BATCHES = flags.DEFINE_integer(
 
 
 def main(argv):
-    launch_flags.start(argv)
+    launch_flags.start()
     config, workdir = launch_flags.workdir_experiment()
     output_dir = _OUTPUT_DIR.value or os.path.normpath(workdir) + "_ablation"
     refuse_writing_into({f"--output_dir={output_dir}": output_dir}, {"--workdir": workdir})

@@ -63,7 +63,6 @@ from bert_jax.modeling import bert_preset, transformer_preset
 from bert_jax.modeling.configs import REMAT_POLICIES
 from bert_jax.modeling.losses import bert_pretraining_sums
 from bert_jax.tasks import Task, build_task
-from bert_jax.training import distributed
 from bert_jax.planning.aot import bound_of, compiled_memory, step_report
 from bert_jax.training.metrics import (
     memory_bandwidth_per_size, peak_flops_per_device, time_matmul_flops)
@@ -305,8 +304,6 @@ def time_flax_hf_bert(size: str, batch: dict[str, np.ndarray], steps: int,
 
 
 def main(argv):
-    del argv
-    distributed.select_platforms()  # no start-up error of an absent GPU/TPU plugin
     devices = jax.local_devices()
     cpu = devices[0].platform == "cpu"
     peaks = {dtype: peak_flops_per_device(_PEAK.value, dtype) for dtype in _DTYPES.value}

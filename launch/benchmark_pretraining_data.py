@@ -165,7 +165,6 @@ def time_iterator():
 
 
 def main(argv):
-    del argv
     if ITERATOR.value:
         return time_iterator()
     if not (CORPUS_DIR.value and DATA_DIR.value):

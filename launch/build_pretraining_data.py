@@ -29,7 +29,7 @@ from bert_jax.training.validation import check_files
 
 
 def main(argv):
-    launch_flags.start(argv)
+    launch_flags.start()
     config = launch_flags.CONFIG.value
     if config.task != "bert_pretraining":
         raise app.UsageError(f"--config is a {config.task!r} experiment; this builds the "

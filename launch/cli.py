@@ -1,7 +1,9 @@
-"""`run(main)` in place of absl's `app.run(main)`: a user error (a `UserError`, absl's
-`UsageError`, a bad flag) prints `error: MESSAGE` and exits with status 2, followed by the
-user's command when the error's `rerun_with` names flags of this script. Any other exception
-is a bug and keeps its traceback; so do user errors with `--debug` or BERT_JAX_DEBUG=1.
+"""`run(main)` in place of absl's `app.run(main)`; it starts JAX on the platforms this
+machine has before `main` (`distributed.select_platforms`). A user error (a `UserError`,
+absl's `UsageError`, a bad flag, an argument left after the flags: no entry point takes one)
+prints `error: MESSAGE` and exits with status 2, followed by the user's command when the
+error's `rerun_with` names flags of this script. Any other exception is a bug and keeps its
+traceback; so do user errors with `--debug` or BERT_JAX_DEBUG=1.
 Ctrl-C (a `KeyboardInterrupt` that reaches here) prints one line and exits with 130; one that
 a callback swallowed (JAX's garbage-collection callback, a `__del__`: "Exception ignored") is
 raised again in the main thread, so a Ctrl-C always stops the command. Once `main` is done,
@@ -107,6 +109,10 @@ def _exit(code) -> None:
 
 
 def _main(main, argv: list[str]):
+    if len(argv) > 1:  # what absl left after the flags
+        raise UserError(f"unexpected arguments: {argv[1:]}")
+    from bert_jax.training import distributed  # imports JAX: not before the flags are parsed
+    distributed.select_platforms()  # no start-up error of an absent GPU/TPU plugin
     try:
         return main(argv)
     except app.UsageError as e:  # app.run would print its whole usage

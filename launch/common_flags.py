@@ -5,12 +5,11 @@ It defines the experiment config (`--config=experiments/NAME.py[:ARG]`, with
 (`--coordinator_address`, `--num_processes`, `--process_id`). `run(main)`
 runs an entry point through `cli.run`, parsing the flags so that a config file
 that fails to load or an override of a field the config lacks is reported as
-one user error naming the flag and the file. `start(argv)` is the entry
-points' common start-up (no stray arguments, quiet library logs, the
-platforms this machine has, `jax.distributed`). The entry points that restore
-a workdir (evaluate, translate, ablate, ...) read their experiment through
-`workdir_argv` and `workdir_experiment`; `print_table` ends the sweeps'
-output.
+one user error naming the flag and the file. `start()` is the entry
+points' common start-up (quiet library logs, `jax.distributed`). The entry
+points that restore a workdir (evaluate, translate, ablate, ...) read their
+experiment through `workdir_argv` and `workdir_experiment`; `print_table`
+ends the sweeps' output.
 """
 
 import difflib
@@ -134,11 +133,7 @@ def print_table(table: str, failed: list[str]) -> int:
     return 0
 
 
-def start(argv) -> None:
-    """Common start-up: no stray arguments, quiet library logs, the platforms
-    this machine has, multi-host."""
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def start() -> None:
+    """Common start-up (after `cli.run`'s): quiet library logs, multi-host."""
     noise.quiet_library_logs()
-    distributed.select_platforms()
     distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)

@@ -33,7 +33,7 @@ from bert_jax.planning import topologies  # imports no JAX
 for _name, _value in topologies.COMPILE_ONLY_ENVIRONMENT.items():
     os.environ.setdefault(_name, _value)
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 import common_flags as launch_flags  # noqa: E402
 from bert_jax.config_schema import check_config  # noqa: E402
@@ -68,8 +68,6 @@ flags.mark_flags_as_required(["config", "topology"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     check_config(config := _CONFIG.value)
     target = topologies.target(_TOPOLOGY.value, _NUM_SLICES.value)
     if _MEMORY_GIB.value:

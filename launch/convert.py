@@ -12,7 +12,6 @@ import cli
 
 from bert_jax.convert import load_hf_bert, load_pretrained, save_hf_bert, save_pretrained
 from bert_jax.modeling.configs import BertConfig
-from bert_jax.training import distributed
 
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "Hugging Face BERT folder to import.")
 _OUTPUT = flags.DEFINE_string("output", None, "bert_jax pretrained folder to write.")
@@ -22,9 +21,6 @@ _HF_OUTPUT = flags.DEFINE_string("hf_output", None, "Hugging Face folder to writ
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    distributed.select_platforms()  # no start-up error of an absent GPU/TPU plugin
     if _HF_DIR.value and _OUTPUT.value:
         config, params = load_hf_bert(_HF_DIR.value)
         save_pretrained(_OUTPUT.value, config, params)

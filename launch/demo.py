@@ -13,7 +13,6 @@ import cli
 
 from bert_jax.modeling import (
     BertForPreTraining, Transformer, bert_preset, transformer_preset)
-from bert_jax.training import distributed
 
 _BERT = flags.DEFINE_enum("bert", "base", ["tiny", "mini", "small", "medium", "base", "large"],
                           "BERT preset.")
@@ -35,8 +34,6 @@ def report(name: str, params, outputs, seconds: float) -> None:
 
 
 def main(argv):
-    del argv
-    distributed.select_platforms()  # no start-up error of an absent GPU/TPU plugin
     rng = jax.random.PRNGKey(0)
     batch, length = _BATCH.value, _LENGTH.value
 

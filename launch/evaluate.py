@@ -4,10 +4,11 @@ r"""Evaluates a checkpoint of a workdir in a fresh process.
       [--config.data.eval_split=test --config.decode.beam_size=8 ...]
 
 The experiment is the one the workdir was trained with (`DIR/config.json`).
-Overrides may change only what evaluation may: the evaluation split, the data
-folder of extra test sets, the number of examples scored, decoding, the batch
-size, the mesh, the evaluators (`config.evals`), BERT pretraining's held-out
-pairs or single segments (`data.next_sentence_prediction`); an override of the model, its
+Overrides may change only what evaluation may: the evaluation split ('heldout'
+only for a run that held it out of training), the data folder of extra test
+sets, the number of examples scored, decoding, the batch size, the mesh, the
+evaluators (`config.evals`), BERT pretraining's held-out pairs or single
+segments (`data.next_sentence_prediction`); an override of the model, its
 vocabulary or its task is refused, naming the key. Restores the parameters of
 step N (default: the latest checkpoint; they must match the model exactly),
 prints `{"step": N, "eval/...": ...}` as one JSON line on stdout as soon as it
@@ -47,7 +48,7 @@ _SAVE_AVERAGE = flags.DEFINE_string("save_average", None, "New folder for the av
 
 
 def main(argv):
-    launch_flags.start(argv)
+    launch_flags.start()
     averaging = _AVERAGE_LAST.value or _AVERAGE_STEPS.value or _SAVE_AVERAGE.value
     if averaging and (not _SAVE_AVERAGE.value or _STEP.value is not None or bool(
             _AVERAGE_LAST.value) == bool(_AVERAGE_STEPS.value) or not all(

@@ -265,10 +265,6 @@ def _probe():
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from bert_jax.training import distributed
-    distributed.select_platforms()  # no start-up error of an absent GPU/TPU plugin
     output = _OUTPUT.value
     refuse_writing_into({f"--output={output}": output,
                          f"--output={output}: its table": output and (

@@ -50,7 +50,7 @@ STOP_ON_ERROR = flags.DEFINE_bool("stop_on_error", False,
 
 
 def main(argv):
-    launch_flags.start(argv)
+    launch_flags.start()
     config = launch_flags.CONFIG.value
     workdir = launch_flags.WORKDIR.value
     config_flag = flags.FLAGS["config"]

@@ -31,7 +31,7 @@ _LOCK_TIMEOUT = flags.DEFINE_integer(
 
 
 def main(argv):
-    launch_flags.start(argv)
+    launch_flags.start()
     check_config(config := launch_flags.CONFIG.value)  # the rules of the config alone
     trainer.train_and_evaluate(config, launch_flags.WORKDIR.value,
                                restore_step=_RESTORE_STEP.value,

@@ -69,7 +69,7 @@ STOP_ON_ERROR = flags.DEFINE_bool("stop_on_error", False, "Stop at the first fai
 
 
 def main(argv):
-    launch_flags.start(argv)
+    launch_flags.start()
     workdir = launch_flags.WORKDIR.value
     config_flag = flags.FLAGS["config"]
     config_file, _, argument = config_flags.get_config_filename(config_flag).partition(":")

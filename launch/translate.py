@@ -28,7 +28,7 @@ _ON_ERROR = flags.DEFINE_enum("on_error", "fail", ON_ERROR, "A bad input line (e
 
 
 def main(argv):
-    launch_flags.start(argv)
+    launch_flags.start()
     sys.stdin.reconfigure(encoding="utf-8", errors="surrogateescape")  # screened below
     try:
         stream = (open(_INPUT.value, encoding="utf-8", errors="surrogateescape")

@@ -143,10 +143,6 @@ def visualize(model_dir: str, output_dir: str, *, sentence: str,
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from bert_jax.training import distributed
-    distributed.select_platforms()  # no start-up error of an absent GPU/TPU plugin
     if _MODEL.value and _WORKDIR.value:
         raise app.UsageError("give --model or --workdir, not both.")
     model_dir = _WORKDIR.value or _MODEL.value or default_model_dir()

@@ -382,7 +382,7 @@ def test_squad_splits_are_rules_of_the_config(tmp_path):
         "config.data.path='': the catalog's squad/v1.1 splits are whole; set "
         "data.train_articles=':' and data.eval_articles=':', or give data.path a JSON file."]
     # The same rules when launch/evaluate.py restores a workdir's config (an override).
-    assert evaluation_problems(config, {}, (), "w/config.json") == config_problems(config)
+    assert evaluation_problems(config, config, {}, (), "w/config.json") == config_problems(config)
     config.data.update(dict(eval_split="validation", train_articles=":", eval_articles=" : "))
     assert config_problems(config) == []
 
@@ -469,6 +469,30 @@ def test_the_heldout_split_is_carved_from_the_training_subset(glue_dirs, tmp_pat
                        r"the 40 .*; use more training examples") as error:
         carve_heldout(subset, 0.99, 0, "data")   # all 40 held out: a fact of the data
     assert error.value.path == "data"
+
+
+def test_the_heldout_split_of_a_run_that_trained_on_it_is_refused(glue_dirs, tmp_path):
+    """evaluate.py --config.data.eval_split=heldout on a run that held nothing out
+    would score examples it trained on: refused before anything is read, naming the
+    field; a run that held it out evaluates it."""
+    for split in ("validation", "heldout"):
+        workdir = tmp_path / split
+        workdir.mkdir()
+        (workdir / "config.json").write_text(experiment(
+            "sst2", glue_dirs["sst2"], tmp_path, eval_split=split).to_json_best_effort())
+    requested = evaluation.saved_config(str(tmp_path / "validation"))
+    requested.data.eval_split = "heldout"
+    with pytest.raises(ConfigError, match=r"^cannot evaluate .*:\n  config.data.eval_split="
+                       r"'heldout': this run trained on its whole training subset "
+                       r"\(data.eval_split='validation' in .*config.json\)"):
+        evaluation.evaluation_config(str(tmp_path / "validation"), requested)
+    assert evaluation.evaluation_config(str(tmp_path / "heldout"), requested).data.eval_split \
+        == "heldout"
+    code, out = finish(launch("evaluate.py", tmp_path / "validation", {
+        "data.eval_split": "heldout"}, config=None))
+    errors = [line for line in out.splitlines() if line.startswith("  config.data.")]
+    assert code == 2 and "Traceback" not in out and len(errors) == 1, out
+    assert errors[0].startswith("  config.data.eval_split='heldout': "), out
 
 
 def test_squad_subsets_questions_and_their_windows_follow(tmp_path):

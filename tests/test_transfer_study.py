@@ -17,7 +17,7 @@ import pytest
 
 from bert_jax.analysis import sweeps, transfer
 from bert_jax.data.wordpiece import SPECIAL_TOKENS
-from bert_jax.errors import WorkdirError
+from bert_jax.errors import ConfigError, WorkdirError
 from bert_jax.modeling import BertConfig
 from bert_jax.tasks import build_task
 from bert_jax.training import trainer
@@ -143,7 +143,7 @@ def test_a_finished_run_is_not_rerun_and_an_interrupted_one_resumes(sst2, backbo
     # A metric override, by the task's name.
     _, rows = transfer.report(str(tmp_path), transfer.parse_metric_flags(["sst2=eval/loss"]))
     assert rows[0]["metric"] == "eval/loss" and rows[0]["mean"] == 0.5
-    with pytest.raises(transfer.ConfigError, match="'mrpc'"):
+    with pytest.raises(ConfigError, match="'mrpc'"):
         transfer.report(str(tmp_path), {"mrpc": "eval/f1"})
 
 
@@ -168,19 +168,19 @@ def test_the_scratch_backbone_copies_the_architecture_and_vocabulary(sst2, backb
 
     # A field the fine-tuning config cannot set is named, not dropped.
     del config.model["norm_position"]
-    with pytest.raises(transfer.ConfigError, match="norm_position='pre'"):
+    with pytest.raises(ConfigError, match="norm_position='pre'"):
         transfer.scratch_overrides(backbone, config)
     # Scratch needs a pretrained backbone to copy; groups name given backbones.
-    with pytest.raises(transfer.ConfigError, match="first pretrained"):
+    with pytest.raises(ConfigError, match="first pretrained"):
         study(tmp_path / "x", {"scratch": ""}, data=sst2)
-    with pytest.raises(transfer.ConfigError, match=r"\['minilm'\]"):
+    with pytest.raises(ConfigError, match=r"\['minilm'\]"):
         transfer.Study(str(tmp_path), {"pre": backbone},
                        [{"tasks": [TASK], "backbones": ["minilm"]}], config_file=FINETUNE)
 
 
 def test_in_task_pretraining_is_refused_for_a_task_without_its_text(backbone, tmp_path):
     """SQuAD gives no unlabelled texts: refused before anything is written."""
-    with pytest.raises(transfer.ConfigError, match="^the transfer study cannot run:\n  squad: "
+    with pytest.raises(ConfigError, match="^the transfer study cannot run:\n  squad: "
                        "in-task masked-LM pretraining reads the text of GLUE and tagging "
                        "tasks, not of task 'squad'$"):
         transfer.Study(str(tmp_path / "study"), {"itm": transfer.IN_TASK_PREFIX + backbone},
@@ -269,14 +269,14 @@ def test_the_study_file_and_flags_give_groups(tmp_path):
     for bad, match in ((dict(tasks=()), "tasks"), (dict(tasks=["a b"]), "tasks"),
                        (dict(tasks=["mrpc"], seeds=["x"]), "seeds"),
                        (dict(tasks=["mrpc"], train_examples=[-1]), "at least 0")):
-        with pytest.raises(transfer.ConfigError, match=match):
+        with pytest.raises(ConfigError, match=match):
             transfer.Group(**bad)
-    with pytest.raises(transfer.ConfigError, match="'size'"):
+    with pytest.raises(ConfigError, match="'size'"):
         transfer.as_groups([{"tasks": ["mrpc"], "size": [1]}])
     assert transfer.parse_backbones(["a=rel/dir", "b=", "c=''", "d=package:x"]) == {
         "a": os.path.abspath("rel/dir"), "b": "", "c": "", "d": "package:x"}
     for bad in (["a"], ["a=x", "a=y"], ["a b=x"], []):
-        with pytest.raises(transfer.ConfigError):
+        with pytest.raises(ConfigError):
             transfer.parse_backbones(bad)
 
 
@@ -329,7 +329,7 @@ def test_the_learning_rate_is_chosen_on_held_out_training_examples(sst2, backbon
                    config_file=FINETUNE, base_overrides=base_overrides(sst2), train_fn=again,
                    log=lambda line: None, lr_grid=grid).run()
     assert again.calls == []
-    with pytest.raises(transfer.ConfigError, match="lr_grid"):
+    with pytest.raises(ConfigError, match="lr_grid"):
         transfer.Study(str(tmp_path), {"pre": backbone}, [{"tasks": (TASK,)}],
                        config_file=FINETUNE, base_overrides=base_overrides(sst2),
                        lr_grid=(1e-4, 1e-4))

@@ -172,6 +172,8 @@ def test_user_errors_print_one_line_and_bugs_a_traceback(tmp_path):
     other = _run_script(tmp_path, "raise UserError('bad', rerun_with={'step': 10})")
     assert other.stderr.splitlines() == ["error: bad"]  # no --step flag: no command
     assert _run_script(tmp_path, "return 3").returncode == 3  # main's exit status
+    stray = _run_script(tmp_path, "return 0", "stray")  # no entry point takes arguments
+    assert (stray.returncode, stray.stderr) == (2, "error: unexpected arguments: ['stray']\n")
     bug = _run_script(tmp_path, "raise KeyError('oops')")
     assert bug.returncode == 1 and "Traceback" in bug.stderr and "KeyError: 'oops'" in bug.stderr
     for debug in ({"env": {cli.DEBUG_ENV: "1"}}, {"args": ("--debug",)}):

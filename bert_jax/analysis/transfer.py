@@ -60,15 +60,14 @@ from bert_jax.analysis.sweeps.results import (
     collect as collect_runs, human_seconds, markdown_table, number, write_csv)
 from bert_jax.analysis.sweeps.runner import SWEEP_FILE, Sweep, is_finished, read_record
 from bert_jax.config_schema import (
-    IN_TASK_PREFIX, IN_TASK_TASKS, STUDY_REFUSED, backbones as backbone_specs, numbers, refuse,
-    spec)
+    HELDOUT, IN_TASK_PREFIX, IN_TASK_TASKS, STUDY_REFUSED, backbones as backbone_specs, numbers,
+    refuse, spec)
 from bert_jax.convert.pretrained import PACKAGE_PREFIX, checkpoint_path
-from bert_jax.errors import ConfigError, UserError  # noqa: F401 - transfer.ConfigError
+from bert_jax.errors import UserError
 from bert_jax.file_io import jsonable, write_json
 from bert_jax.modeling import BertConfig
 from bert_jax.tasks import bert_backbone
 from bert_jax.tasks.bert_backbone import RUNTIME_FIELDS
-from bert_jax.tasks.finetune import HELDOUT
 from bert_jax.training.workdir import refuse_writing_into
 
 STUDY_FILE = "study.json"

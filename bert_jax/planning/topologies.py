@@ -22,9 +22,9 @@ within a slice or node (ICI, NVLink) and the network between them (DCN,
 InfiniBand), cited where they are set.
 
 A name, `num_slices` or memory share (`MEMORY_FRACTION_VARIABLES`) that cannot
-form a slice is a command-line error (`launch/compile.py`'s --topology,
---num_slices and environment): absl's `app.UsageError`, which `launch/cli.py`
-reports as one line.
+form a slice is the user's error (`launch/compile.py`'s --topology, --num_slices
+and environment): a `UserError` naming the value, which `launch/cli.py` reports
+as one line.
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ import math
 import os
 import re
 from typing import Sequence
-
-from absl import app
 
 from bert_jax.errors import UserError
 from bert_jax.planning.step_bound import Interconnect, Machine, Place
@@ -136,7 +134,7 @@ def gpu_memory_fraction() -> float:
         except ValueError:
             fraction = -1.0
         if not 0.0 < fraction <= 1.0:
-            raise app.UsageError(f"{variable}={text!r}: give a share in (0, 1], e.g. 0.9.")
+            raise UserError(f"{variable}={text!r}: give a share in (0, 1], e.g. 0.9.")
         return fraction
     return DEFAULT_MEMORY_FRACTION
 
@@ -147,8 +145,8 @@ def tpu_grid(chips: int, dims: int) -> tuple[int, ...]:
     (v4-8: 2x2x1, v4-32: 2x2x4, v5p-128: 4x4x4, v5e-8: 2x4, v5e-256: 16x16)."""
     smallest_slice = 4 if dims == 3 else 1
     if chips < smallest_slice or chips & (chips - 1):
-        raise app.UsageError(f"{chips} chips: a slice by size is a power of two (3-D: 4 or "
-                             "more); give the grid instead, e.g. v5e:4x8.")
+        raise UserError(f"{chips} chips: a slice by size is a power of two (3-D: 4 or "
+                        "more); give the grid instead, e.g. v5e:4x8.")
     grid = [2, 2, 1] if dims == 3 else [1] * dims
     while math.prod(grid) < chips:
         smallest = min(grid)
@@ -169,11 +167,11 @@ def target(name: str, num_slices: int = 1) -> Target:
     match = _GPU.match(name)
     if match and match.group(1) in GPUS:
         if num_slices != 1:
-            raise app.UsageError(f"--num_slices is for TPUs; name the GPUs instead "
-                                 f"({match.group(1)}-16: two nodes).")
+            raise UserError(f"--num_slices is for TPUs; name the GPUs instead "
+                            f"({match.group(1)}-16: two nodes).")
         return _gpu(match.group(1), int(match.group(2)))
-    raise app.UsageError(f"unknown accelerator {name!r}: use a TPU slice (v5e-256, "
-                         f"v5e:16x16) or GPU nodes ({', '.join(GPUS)} with -8, -16, ...).")
+    raise UserError(f"unknown accelerator {name!r}: use a TPU slice (v5e-256, "
+                    f"v5e:16x16) or GPU nodes ({', '.join(GPUS)} with -8, -16, ...).")
 
 
 def _tpu(name: str, num_slices: int) -> Target:
@@ -183,12 +181,12 @@ def _tpu(name: str, num_slices: int) -> Target:
     if sized:
         cores = int(sized.group(2))
         if cores % chip.cores_per_chip:
-            raise app.UsageError(f"{name}: {kind} counts {chip.cores_per_chip} cores a chip.")
+            raise UserError(f"{name}: {kind} counts {chip.cores_per_chip} cores a chip.")
         grid = tpu_grid(cores // chip.cores_per_chip, chip.dims)
     else:
         grid = tuple(int(g) for g in _GRID.match(name).group(2).split("x"))
         if len(grid) != chip.dims:
-            raise app.UsageError(f"{name}: a {kind} grid has {chip.dims} sides.")
+            raise UserError(f"{name}: a {kind} grid has {chip.dims} sides.")
     topology = f"{chip.prefix}:{'x'.join(map(str, grid))}"
     options = {"chip_config_name": "megacore"} if chip.cores_per_chip == 2 else {}
     devices = _topology_devices(dict(topology_name=topology, platform="tpu",
@@ -216,7 +214,7 @@ def _gpu(kind: str, count: int) -> Target:
     elif count % GPUS_PER_NODE == 0:
         layout = f"1x{count // GPUS_PER_NODE}x{GPUS_PER_NODE}"
     else:
-        raise app.UsageError(f"{kind}-{count}: use whole nodes of {GPUS_PER_NODE} GPUs.")
+        raise UserError(f"{kind}-{count}: use whole nodes of {GPUS_PER_NODE} GPUs.")
     spec = GPUS[kind]
     devices = _topology_devices(dict(platform="cuda", topology=layout,
                                      target_config=gpu_target_config(spec)),

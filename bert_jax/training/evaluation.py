@@ -196,7 +196,7 @@ def evaluation_config(workdir: str, requested: ml_collections.ConfigDict | None 
                 target[section] = ml_collections.ConfigDict()
             target = target[section]
         target[name] = source[name]
-    refuse(evaluation_problems(config, refused, overrides, f"{workdir}/{CONFIG_FILE}"),
+    refuse(evaluation_problems(config, saved, refused, overrides, f"{workdir}/{CONFIG_FILE}"),
            f"cannot evaluate {workdir}")
     return config
 
