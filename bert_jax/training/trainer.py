@@ -33,7 +33,6 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from bert_jax.config_schema import profile_range
-from bert_jax.data.concurrency import DevicePrefetch
 from bert_jax.errors import TrainingDiverged, UserError
 from bert_jax.file_io import read_json, write_json
 from bert_jax.modeling.embeddings import tile_learned_positions
@@ -41,6 +40,7 @@ from bert_jax.tasks import Task, build_task
 from bert_jax.tasks.base import check_saved_config, fill_saved_defaults
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, set_aside_steps_after)
+from bert_jax.training.device_prefetch import DevicePrefetch
 from bert_jax.training.evaluation import make_evaluator
 from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
