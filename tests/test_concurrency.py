@@ -19,8 +19,9 @@ import grain
 import numpy as np
 import pytest
 
-from bert_jax.data.concurrency import BlockWorkers, DevicePrefetch, ThreadPrefetch
+from bert_jax.data.concurrency import BlockWorkers, ThreadPrefetch
 from bert_jax.data.pipeline import train_iterator
+from bert_jax.training.device_prefetch import DevicePrefetch
 
 SOURCE = [{"inputs": np.full(3 + i % 5, 3 + i, np.int32),
            "targets": np.full(2 + i % 4, 3 + i, np.int32)} for i in range(50)]

@@ -349,6 +349,27 @@ def test_an_evaluation_error_keeps_the_training_before_it(tmp_path, data_dir):
     assert os.listdir(tmp_path / "run" / "checkpoints") == ["5"]  # resume from there
 
 
+def test_the_checks_hand_the_trainer_the_folder_init_from_names(tmp_path, data_dir,
+                                                                monkeypatch):
+    """`package:NAME` is resolved once, by the checks: the trainer restores from the
+    folder they return ('' without init_from)."""
+    from bert_jax.convert import pretrained
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "counted_backbone.py").write_text(
+        f"calls = []\ndef get_model_path():\n    calls.append(1)\n    return {str(tmp_path)!r}\n")
+    monkeypatch.syspath_prepend(str(code))
+    monkeypatch.setitem(pretrained.BACKBONE_PACKAGES, "counted_backbone",
+                        "counted_backbone:get_model_path")
+    config = tiny_config(data_dir)
+    mesh = mesh_from_config(config.mesh)
+    assert check_training_config(build_task(config, None), mesh) == ""
+    config.init_from = "package:counted_backbone"
+    assert check_training_config(build_task(config, None), mesh) == str(tmp_path)
+    assert sys.modules["counted_backbone"].calls == [1]
+    del sys.modules["counted_backbone"]
+
+
 def test_several_problems_are_reported_together(data_dir):
     config = tiny_config(data_dir, **{"train.batch_size": 60, "train.num_steps": 10})
     config.data.builder_kwargs.path = "/no/such/corpus.txt:wikitext"

@@ -12,8 +12,8 @@ which features a batch holds. Nothing here imports from `bert_jax.modeling` or
 `bert_jax.training`.
 
   sources, splits          datasets by name and their splits
-  pipeline, concurrency    the input pipelines, and the threads, worker
-                           processes and device copies that run them ahead
+  pipeline, concurrency    the input pipelines, and the threads and worker
+                           processes that run them ahead
   vocabulary, wordpiece    SentencePiece (translation) and WordPiece (BERT)
   synthetic_reverse, synthetic_translation, synthetic_documents
                            built-in corpora that let every experiment run anywhere

@@ -1,5 +1,5 @@
-"""The input's concurrency: batches made ahead in a thread, in worker processes,
-and copied to the devices ahead of their step.
+"""The input's concurrency: batches made ahead in a thread or in worker processes
+(the trainer's `training.device_prefetch` copies them to the devices ahead).
 
 `pipeline.train_iterator` makes a local batch, a dict of numpy arrays
 `[local_batch, length]` (scalar features `[local_batch]`), from one row stream
@@ -15,9 +15,6 @@ change when and where batches are made, never which ones:
   any number of workers. Workers ignore Ctrl-C (the trainer answers it with a
   checkpoint and needs batches meanwhile); a worker's exception is raised
   again, with its type, by the `next` that reads it.
-- `DevicePrefetch` (the trainer's): `to_device` applied ahead, so the copy of
-  batch k+1 to the devices overlaps step k; it passes whatever `to_device`
-  returns (e.g. global `jax.Array`s `[global_batch, length]`).
 
 All are grain `DatasetIterator`s whose state is that of the last batch
 *returned*, however many are in flight, so a checkpoint after step k resumes at
@@ -210,42 +207,3 @@ class BlockWorkers(grain.DatasetIterator):
             self._closed = True
             self._stop()
 
-
-class DevicePrefetch(grain.DatasetIterator):
-    """`to_device` (e.g. `sharding.global_batch`) runs `size` batches ahead of
-    `parent`'s (a grain `DatasetIterator`); 0: when a batch is asked for."""
-
-    def __init__(self, parent: grain.DatasetIterator, to_device: Callable[[Any], Any],
-                 size: int):
-        super().__init__(parent)
-        self._queue: collections.deque[tuple[Any, Any]] = collections.deque()  # close() needs it
-        if size < 0:
-            raise ValueError(f"device prefetch size must be >= 0, got {size}")
-        self._to_device = to_device
-        self._size = size
-        self._state = parent.get_state()
-
-    def _enqueue(self) -> None:
-        batch = self._to_device(next(self._parent))
-        self._queue.append((batch, copy.deepcopy(self._parent.get_state())))
-
-    def __next__(self) -> Any:
-        while len(self._queue) <= self._size:
-            self._enqueue()
-        batch, self._state = self._queue.popleft()
-        return batch
-
-    def get_state(self) -> dict[str, Any]:
-        return copy.deepcopy(self._state)
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._queue.clear()
-        self._parent.set_state(state)
-        self._state = self._parent.get_state()
-
-    def close(self) -> None:
-        self._queue.clear()
-        super().close()  # closes the parent
-
-    def __str__(self) -> str:
-        return f"DevicePrefetch(size={self._size})"

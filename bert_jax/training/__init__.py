@@ -9,6 +9,7 @@ and writes checkpoints and metrics to the workdir.
   trainer          the train loop (`launch/train.py`)
   train_step       the sharded train state and the one jit-compiled train step
   sharding         the device mesh and the logical-axis sharding rules
+  device_prefetch  the training batches copied to the devices ahead of their step
   optimizer        AdamW or LAMB, learning-rate schedules, clipping
   evaluation       the evaluators over one pass of the evaluation split, during
                    training or from a workdir's checkpoint (`launch/evaluate.py`)

@@ -62,18 +62,16 @@ def jit_predict(task: Task, mesh) -> Callable:
     return jax.jit(task.predict, out_shardings=replicated(mesh))
 
 
-def evaluator_specs(task: Task) -> dict[str, dict[str, Any]]:
-    """name -> options: `config.evals` (a dict, or names taking the task's default
-    options), else the task's `default_evals()`."""
+def evaluator_specs(task: Task) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
+    """name -> (the evaluator, its options), looked up once: `config.evals` (a dict,
+    or names taking the task's default options), else the task's `default_evals()`.
+    An unknown name fails here, naming the known ones."""
     defaults = task.default_evals()
     evals = task.config.get("evals") or defaults
     if isinstance(evals, (list, tuple)):
         evals = {name: defaults.get(name, {}) for name in evals}
-    specs = {}
-    for name, options in dict(evals).items():
-        evaluators_lib.get(name)   # an unknown name fails here, naming the known ones
-        specs[name] = dict(options or {})
-    return specs
+    return {name: (evaluators_lib.get(name), dict(options or {}))
+            for name, options in dict(evals).items()}
 
 
 def _write(directory: str, files: dict[str, Any]) -> None:
@@ -127,8 +125,8 @@ def make_evaluator(task: Task, mesh, files_dir: str | None = None,
             generate=None if model_kwargs else task.generator(params, mesh),
             split=split, step=step)
         metrics, files = {}, {}
-        for name, options in specs.items():
-            result = evaluators_lib.get(name)(context, **options)
+        for evaluator, options in specs.values():
+            result = evaluator(context, **options)
             metrics.update(result.metrics)
             files.update(result.files)
         metrics = {f"eval/{k}": v for k, v in metrics.items()}

@@ -33,8 +33,6 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from bert_jax.config_schema import profile_range
-from bert_jax.convert.pretrained import checkpoint_path
-from bert_jax.data.concurrency import DevicePrefetch
 from bert_jax.errors import TrainingDiverged, UserError
 from bert_jax.file_io import read_json, write_json
 from bert_jax.modeling.embeddings import tile_learned_positions
@@ -42,6 +40,7 @@ from bert_jax.tasks import Task, build_task
 from bert_jax.tasks.base import check_saved_config, fill_saved_defaults
 from bert_jax.training.checkpoints import (
     CheckpointError, Checkpointer, restore_params, set_aside_steps_after)
+from bert_jax.training.device_prefetch import DevicePrefetch
 from bert_jax.training.evaluation import make_evaluator
 from bert_jax.training.metrics import (
     MetricWriter, Progress, log_progress, peak_flops_per_device)
@@ -111,11 +110,11 @@ def _differences(old: dict, new: dict) -> list[str]:
 
 def initialise_from(state: TrainState, path: str, workdir: str,
                     tile_positions: int = 0) -> TrainState:
-    """`state` with the parameters of checkpoint `path` where it has them (the
-    rest as initialised; both listed in WORKDIR/init_from.json). `tile_positions`
-    > 0: then the learned position rows from that one on are copies of the rows
-    before it (`embeddings.tile_learned_positions`)."""
-    path = checkpoint_path(path)
+    """`state` with the parameters of checkpoint `path` (`config.init_from`, as
+    `check_training_config` resolved it) where it has them (the rest as initialised;
+    both listed in WORKDIR/init_from.json). `tile_positions` > 0: then the learned
+    position rows from that one on are copies of the rows before it
+    (`embeddings.tile_learned_positions`)."""
     restored, names, missing = restore_params(path, abstract_like(state.params))
     flat = traverse_util.flatten_dict(state.params)
     flat.update(traverse_util.flatten_dict(restored))
@@ -164,12 +163,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     check_step(workdir, restore_step, "restore_step")  # the step it resumes from
     mesh = mesh_from_config(config.mesh)  # its shape checked against the devices
     task = build_task(config, os.path.abspath(workdir))  # its data: read on first use
-    check_training_config(task, mesh)
+    init_from = check_training_config(task, mesh)  # '' or the folder it names
     workdir = prepare_workdir(workdir, task.config)  # its dtype resolved
     # The watcher closes last: no signal interrupts the final save or the lock's release.
     with PreemptionWatcher(first_step=None) as preemption:
         with _lock(workdir, lock_timeout) as lock:
-            return _train(task, mesh, workdir, restore_step, lock, preemption)
+            return _train(task, mesh, workdir, restore_step, lock, preemption, init_from)
 
 
 def _lock(workdir: str, timeout: float) -> contextlib.AbstractContextManager:
@@ -195,7 +194,8 @@ def _raise_everywhere(error: UserError | None, elsewhere: str) -> None:
 
 
 def _train(task: Task, mesh: Mesh, workdir: str, restore_step: int | None,
-           lock: WorkdirLock | None, preemption: PreemptionWatcher) -> dict[str, float]:
+           lock: WorkdirLock | None, preemption: PreemptionWatcher, init_from: str
+           ) -> dict[str, float]:
     if restore_step is not None:
         _restore_point(workdir, restore_step)
     config, train = task.config, task.config.train
@@ -217,9 +217,8 @@ def _train(task: Task, mesh: Mesh, workdir: str, restore_step: int | None,
     if latest is not None:
         state = checkpointer.restore(latest, abstract_like(state), train_iter)
         logging.info("resumed from %s/%d", checkpointer.directory, latest)
-    elif config.get("init_from"):
-        state = initialise_from(state, config.init_from, workdir,
-                                config.get("init_tile_positions", 0))
+    elif init_from:
+        state = initialise_from(state, init_from, workdir, config.get("init_tile_positions", 0))
     first_step = int(state.step)
 
     writer = MetricWriter(workdir, resume_step=first_step)

@@ -8,12 +8,13 @@ dataset build and a compile. The rules of the config alone
 (`launch/train.py`, a sweep's runs), so the values read here are checked.
 
 They cover the names of the evaluators, the files and folders the config names
-(`config.data.*path`, `*_file`, `*_files`, `init_from`; `check_files` alone
-serves launch/build_pretraining_data.py), the model config the task declares
-(made without data where the task can), and the global batch against the
-processes, the gradient-accumulation steps and the mesh's data x fsdp devices
-(`check_batch` alone serves `launch/compile.py`, for a target's mesh). Every
-problem is reported together, one line each, in one `ConfigError`.
+(`config.data.*path`, `*_file`, `*_files`, `init_from`, whose folder the trainer
+is handed back; `check_files` alone serves launch/build_pretraining_data.py),
+the model config the task declares (made without data where the task can), and
+the global batch against the processes, the gradient-accumulation steps and the
+mesh's data x fsdp devices (`check_batch` alone serves `launch/compile.py`, for
+a target's mesh). Every problem is reported together, one line each, in one
+`ConfigError`.
 """
 
 from __future__ import annotations
@@ -36,19 +37,24 @@ from bert_jax.tasks.base import Task
 PATH_SUFFIXES = ("path", "_file", "_files")
 
 
-def check_training_config(task: Task, mesh: Mesh) -> None:
+def check_training_config(task: Task, mesh: Mesh) -> str:
     """Raises `ConfigError` listing every problem found in `task`, the one the
     trainer will train on `mesh` (built from `config.mesh`, its shape checked
-    then), and its config (none: returns)."""
+    then), and its config. With none, returns the folder `config.init_from` names
+    ('' for none), resolved here once (`package:NAME` imports its package) for the
+    trainer to restore from."""
     config = task.config
     batch = _batch_problems(task, mesh.shape["data"] * mesh.shape["fsdp"])
-    problems = [*_name_problems(config), *_missing_files(config)]
+    problems = _name_problems(config)
+    missing, init_from = _missing_files(config)
+    problems += missing
     if not problems and not config.get("init_from"):  # else the checkpoint's model
         try:
             task.declared_model_config()  # None where the task learns it from its data
         except ConfigError as e:
             problems.extend(e.args)
     refuse(problems + batch)
+    return init_from
 
 
 def check_batch(task: Task, batch_shards: int) -> None:
@@ -104,18 +110,21 @@ def _batch_problems(task: Task, batch_shards: int) -> list[str]:
 
 def check_files(config: ml_collections.ConfigDict) -> None:
     """What a data build needs: the files and folders the config names exist."""
-    refuse(_missing_files(config), "the config names files that do not exist")
+    refuse(_missing_files(config)[0], "the config names files that do not exist")
 
 
-def _missing_files(config: ml_collections.ConfigDict) -> list[str]:
-    named, problems = list(_path_fields(config.data, "config.data")), []
+def _missing_files(config: ml_collections.ConfigDict) -> tuple[list[str], str]:
+    """(the problems of the files and folders named, the folder `init_from` names:
+    '' for none, or where it cannot be resolved)."""
+    named, problems, init_from = list(_path_fields(config.data, "config.data")), [], ""
     try:  # `package:MODULE` names the folder a Python package ships
-        named.append(("config.init_from", checkpoint_path(config.get("init_from", ""))))
+        init_from = checkpoint_path(config.get("init_from", ""))
+        named.append(("config.init_from", init_from))
     except (ConfigError, MissingFileError) as e:  # no such package: how to install it
         problems.extend(e.args)  # its message
     return problems + [f"{field}={value!r}: no such file or folder; fix the path."
                        for field, value in named
-                       if value and "://" not in value and not _exists(value)]
+                       if value and "://" not in value and not _exists(value)], init_from
 
 
 def _path_fields(section: ml_collections.ConfigDict, prefix: str
