@@ -25,6 +25,15 @@ def test_the_rate_is_rounded_to_the_bits_it_is_drawn_from(rate, expected):
     assert abs(dropped_share - expected) < 5 * np.sqrt(expected * (1 - expected) / n)
 
 
+@pytest.mark.parametrize("prng", ["rbg", "unsafe_rbg"])
+def test_the_generators_words_drop_at_the_same_rate(prng):
+    """An `rbg` key compares a whole word per element with the threshold in its
+    top bits: the same rounded rate as threefry's bytes."""
+    keep = np.asarray(keep_mask(jax.random.key(3, impl=prng), 0.1, (64, 256, 512)))
+    p = effective_rate(0.1)
+    assert abs(1.0 - keep.mean() - p) < 5 * np.sqrt(p * (1 - p) / keep.size)
+
+
 def test_dropout_is_unbiased_and_zero_where_dropped():
     values = jax.random.normal(jax.random.PRNGKey(1), (32, 128, 256))
     keep = keep_mask(KEY, 0.1, values.shape)
