@@ -20,6 +20,8 @@ Their parts:
   embeddings       token, segment and position embeddings (learned or sinusoidal)
   layers           feed-forward, residual sublayers, encoder/decoder layers and stacks
   attention        scaled dot-product and multi-head attention
+  lean_attention   attention's hand-written backward pass (no float32 scores kept)
+  dropout          dropout masks drawn from random bytes (hidden and attention)
   masks            attention masks, dense or structured (`AttentionMask`)
   fused_attention  the fused kernels (XLA, cuDNN, splash) behind `attention_impl`
   splash           TPU splash attention under `jax.shard_map`
