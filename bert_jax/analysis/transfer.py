@@ -626,13 +626,11 @@ def collect(directory: str) -> tuple[list[dict], dict]:
                         if os.path.isfile(os.path.join(directory, d, SWEEP_FILE)))
     except OSError:
         others = []
-    records = []
-    for task in dict.fromkeys([*study.get("tasks", []), *others]):
-        for row in collect_runs(os.path.join(directory, task)):
-            if all(k in row["labels"] for k in LABELS):
-                records.append({"task": task, **{k: row["labels"][k] for k in LABELS},
-                                **{k: row[k] for k in ("status", "metrics", "wall_seconds",
-                                                       "config", "workdir")}})
+    records = [{"task": task, **{k: row["labels"][k] for k in LABELS},
+                **{k: row[k] for k in ("status", "metrics", "wall_seconds", "config", "workdir")}}
+               for task in dict.fromkeys([*study.get("tasks", []), *others])
+               for row in collect_runs(os.path.join(directory, task))
+               if all(k in row["labels"] for k in LABELS)]
     return records, study
 
 
