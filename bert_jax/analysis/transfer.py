@@ -210,12 +210,7 @@ def write_in_task_text(config: Any, path: str) -> int:
     `config`, without labels, as a pretraining corpus (one text a line, a
     blank line after every `EXAMPLES_PER_DOCUMENT` examples) to `path`,
     atomically; returns the number of examples."""
-    from bert_jax.tasks import build_task
-
-    if SIZE_KEY.split(".")[1] in config.data:   # the whole split, whatever the runs use
-        config = apply_overrides(config, {SIZE_KEY: 0})
-    with tempfile.TemporaryDirectory() as workdir:
-        texts = build_task(config, workdir).unlabelled_texts()
+    texts = _whole_train_split(config, lambda task: task.unlabelled_texts())
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=os.path.dirname(path),
                                      delete=False) as f:
@@ -231,12 +226,19 @@ def write_in_task_text(config: Any, path: str) -> int:
 def train_split_size(config: Any) -> int:
     """The training split's number of examples as the task reads it (with
     `data.train_examples` 0), from a fine-tuning config."""
+    return len(_whole_train_split(config, lambda task: task.examples("train")))
+
+
+def _whole_train_split(config: Any, read: Callable[[Any], Any]) -> Any:
+    """`read(task)` of the fine-tuning task of `config` (built in a scratch
+    workdir) reading the whole training split, whatever `data.train_examples`
+    the runs use."""
     from bert_jax.tasks import build_task
 
     if SIZE_KEY.split(".")[1] in config.data:
         config = apply_overrides(config, {SIZE_KEY: 0})
     with tempfile.TemporaryDirectory() as workdir:
-        return len(build_task(config, workdir).examples("train"))
+        return read(build_task(config, workdir))
 
 
 # -- running ------------------------------------------------------------------------------
@@ -624,13 +626,11 @@ def collect(directory: str) -> tuple[list[dict], dict]:
                         if os.path.isfile(os.path.join(directory, d, SWEEP_FILE)))
     except OSError:
         others = []
-    records = []
-    for task in dict.fromkeys([*study.get("tasks", []), *others]):
-        for row in collect_runs(os.path.join(directory, task)):
-            if all(k in row["labels"] for k in LABELS):
-                records.append({"task": task, **{k: row["labels"][k] for k in LABELS},
-                                **{k: row[k] for k in ("status", "metrics", "wall_seconds",
-                                                       "config", "workdir")}})
+    records = [{"task": task, **{k: row["labels"][k] for k in LABELS},
+                **{k: row[k] for k in ("status", "metrics", "wall_seconds", "config", "workdir")}}
+               for task in dict.fromkeys([*study.get("tasks", []), *others])
+               for row in collect_runs(os.path.join(directory, task))
+               if all(k in row["labels"] for k in LABELS)]
     return records, study
 
 

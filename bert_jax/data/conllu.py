@@ -107,13 +107,13 @@ def read_conllu(path: str | os.PathLike, column: str | int | None = None,
         if not line.strip():
             finish()
             continue
+        if start is None:   # the sentence's first line (a -DOCSTART- line: finish resets it)
+            start = lineno
         if format == "conll2003":
             fields = line.split()
             if fields[0] == "-DOCSTART-":
                 finish()
                 continue
-            if start is None:
-                start = lineno
             if width is None:
                 width = (len(fields), lineno)
                 for name, i in (("column", index), ("word_column", word_column)):
@@ -126,8 +126,6 @@ def read_conllu(path: str | os.PathLike, column: str | int | None = None,
             words.append(fields[word_column])
             tags.append(fields[index])
             continue
-        if start is None:
-            start = lineno
         if line.startswith("#"):
             match = _SENT_ID.match(line)
             if match:

@@ -80,12 +80,9 @@ class Instruction:
 
     def callees(self) -> list[tuple[str, str]]:
         """(attribute, computation name) of each computation it calls."""
-        found = []
-        for attribute, value in _CALLEES.findall(self.text):
-            for name in value.strip("{}").split(","):
-                if name.strip():
-                    found.append((attribute, name.strip().lstrip("%")))
-        return found
+        return [(attribute, name.strip().lstrip("%"))
+                for attribute, value in _CALLEES.findall(self.text)
+                for name in value.strip("{}").split(",") if name.strip()]
 
 
 @dataclasses.dataclass

@@ -296,10 +296,8 @@ def _cudnn_attention_flops(instruction: Instruction, defined: dict[str, Instruct
     batch, heads, q_len, kv_len = (int(d.strip().strip('"')) for d in
                                    scores.group(1).split(","))
     mask = _MASK_TYPE.search(instruction.text)
-    if mask and "CAUSAL" in mask.group(1):   # query i sees keys 0..i (top-left aligned)
-        visible = sum(min(i + 1, kv_len) for i in range(q_len))
-    else:
-        visible = q_len * kv_len
+    causal = mask and "CAUSAL" in mask.group(1)   # query i sees keys 0..i (top-left aligned)
+    visible = sum(min(i + 1, kv_len) for i in range(q_len)) if causal else q_len * kv_len
     per_score = 10 if kernel.group(1).endswith("Backward") else 4
     return float(per_score * batch * heads * visible * query[-1])
 

@@ -200,8 +200,7 @@ class TranslationTask(Task):
 
     def loss_fn(self, params, batch, rng):
         sums = self._sums(params, batch, rng, self.config.data.label_smoothing)
-        loss, weight = sums.pop("loss"), sums.pop("weight")
-        return loss, weight, sums
+        return sums.pop("loss"), sums.pop("weight"), sums
 
     def predict(self, params, batch, model_kwargs=None):
         """Per-token sums: nll (unsmoothed), accuracy; BLEU comes from `generator`."""

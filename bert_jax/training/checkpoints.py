@@ -366,11 +366,6 @@ def _match(saved_shapes: dict[tuple[str, ...], tuple[int, ...]], wanted: dict,
     return target, restored_paths, missing
 
 
-def _is_huggingface_folder(path: str) -> bool:
-    return all(os.path.isfile(os.path.join(path, name))
-               for name in ("config.json", "model.safetensors"))
-
-
 def _restore_huggingface(path: str, abstract_params: Any, strict: bool):
     """`restore_params` for a Hugging Face BERT folder (safetensors, never pickles)."""
     from flax import traverse_util
@@ -402,7 +397,8 @@ def restore_params(path: str, abstract_params: Any, strict: bool = False,
     `--step_flag`=the last earlier step (`rerun_with`), when there is one."""
     from flax import traverse_util
 
-    if _is_huggingface_folder(path):
+    if all(os.path.isfile(os.path.join(path, name))   # a Hugging Face BERT folder
+           for name in ("config.json", "model.safetensors")):
         return _restore_huggingface(path, abstract_params, strict)
     directory, prefix = _params_location(path)
     checkpointer = ocp.PyTreeCheckpointer()

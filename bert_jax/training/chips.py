@@ -132,10 +132,8 @@ DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5p
 
 def chip(device_kind: str) -> TpuChip | GpuSpec | None:
     """The `TPUS` or `GPUS` entry of a `jax.Device.device_kind` (None: unknown)."""
-    for prefix, name in DEVICE_KINDS.items():
-        if device_kind.startswith(prefix):
-            return TPUS.get(name) or GPUS[name]
-    return None
+    return next((TPUS.get(name) or GPUS[name] for prefix, name in DEVICE_KINDS.items()
+                 if device_kind.startswith(prefix)), None)
 
 
 def peak_flops(device_kind: str) -> float | None:

@@ -64,10 +64,8 @@ def _heatmap(array: np.ndarray, path: str, title: str, *, diverging: bool,
     for l in range(layers):
         for h in range(heads):
             value = array[l, h]
-            if diverging:
-                dark = abs(value) > 0.6 * max(abs(low), abs(high))
-            else:
-                dark = value < low + 0.5 * (high - low)
+            dark = (abs(value) > 0.6 * max(abs(low), abs(high)) if diverging
+                    else value < low + 0.5 * (high - low))
             ax.text(h, l, f"{value:.2g}", ha="center", va="center", fontsize=7,
                     color="white" if dark else "black")
     fig.colorbar(image, ax=ax, label=colorbar_label)

@@ -221,6 +221,11 @@ def plot(rows: Sequence[dict], directory: str, metric: str, x: str | None = None
     paths = {}
     tag = re.sub(r"[^A-Za-z0-9._-]+", "_", metric).strip("_")
 
+    def save(fig, kind: str, name: str) -> None:   # as DIRECTORY/NAME_TAG.png, paths[kind]
+        fig.tight_layout()
+        paths[kind] = os.path.join(directory, f"{name}_{tag}.png")
+        fig.savefig(paths[kind], dpi=100)
+
     # Heatmap.
     xs, ys = _axis_values(rows, x), _axis_values(rows, y)
     grid = np.full((len(ys), len(xs)), np.nan)
@@ -259,9 +264,7 @@ def plot(rows: Sequence[dict], directory: str, metric: str, x: str | None = None
     others = [names[k] for k in keys if k not in (x, y)]
     ax.set_title(metric + (f" (best over {', '.join(others)})"
                            if others and counts.max() > 1 else ""))
-    fig.tight_layout()
-    paths["heatmap"] = os.path.join(directory, f"heatmap_{tag}.png")
-    fig.savefig(paths["heatmap"], dpi=100)
+    save(fig, "heatmap", "heatmap")
 
     # Metric against parameters.
     points = [(row["params"], row["metrics"][metric], row["name"]) for row in rows
@@ -279,9 +282,7 @@ def plot(rows: Sequence[dict], directory: str, metric: str, x: str | None = None
         ax.margins(x=0.3, y=0.1)
         ax.set(xlabel="parameters", ylabel=metric, title=f"{metric} against model size")
         ax.grid(alpha=0.3)
-        fig.tight_layout()
-        paths["scatter"] = os.path.join(directory, f"params_{tag}.png")
-        fig.savefig(paths["scatter"], dpi=100)
+        save(fig, "scatter", "params")
 
     # Training curves.
     fig = Figure(figsize=(11, 4))
@@ -300,7 +301,5 @@ def plot(rows: Sequence[dict], directory: str, metric: str, x: str | None = None
         ax.grid(alpha=0.3)
     if drawn:
         axes[1].legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    paths["curves"] = os.path.join(directory, f"curves_{tag}.png")
-    fig.savefig(paths["curves"], dpi=100)
+    save(fig, "curves", "curves")
     return paths
