@@ -16,8 +16,8 @@ from bert_jax.modeling.dropout import Dropout, dropped, effective_rate, keep_mas
 KEY = jax.random.PRNGKey(7)
 
 
-@pytest.mark.parametrize("rate,expected", [(0.1, 26 / 256), (0.5, 0.5),
-                                           (0.01, 655 / 65536), (0.3, 77 / 256)])
+@pytest.mark.parametrize("rate,expected", [(0.1, 26 / 256), (0.5, 0.5), (0.01, 655 / 65536),
+                                           (0.3, 77 / 256), (0.999, 255 / 256)])
 def test_the_rate_is_rounded_to_the_bits_it_is_drawn_from(rate, expected):
     assert effective_rate(rate) == expected
     keep = np.asarray(keep_mask(KEY, rate, (64, 256, 512)))
@@ -25,12 +25,13 @@ def test_the_rate_is_rounded_to_the_bits_it_is_drawn_from(rate, expected):
     assert abs(dropped_share - expected) < 5 * np.sqrt(expected * (1 - expected) / n)
 
 
-@pytest.mark.parametrize("prng", ["rbg", "unsafe_rbg"])
-def test_the_generators_words_drop_at_the_same_rate(prng):
+@pytest.mark.parametrize("prng,rate", [("rbg", 0.1), ("unsafe_rbg", 0.1), ("rbg", 0.6)])
+def test_the_generators_words_drop_at_the_same_rate(prng, rate):
     """An `rbg` key compares a whole word per element with the threshold in its
-    top bits: the same rounded rate as threefry's bytes."""
-    keep = np.asarray(keep_mask(jax.random.key(3, impl=prng), 0.1, (64, 256, 512)))
-    p = effective_rate(0.1)
+    top bits (above 2**31 for rates over 1/2): the same rounded rate as threefry's
+    bytes."""
+    keep = np.asarray(keep_mask(jax.random.key(3, impl=prng), rate, (64, 256, 512)))
+    p = effective_rate(rate)
     assert abs(1.0 - keep.mean() - p) < 5 * np.sqrt(p * (1 - p) / keep.size)
 
 

@@ -37,16 +37,21 @@ Array = jax.Array
 BYTE_TOLERANCE = 0.02   # the largest relative change of a rate drawn from bytes
 
 
-def _bits(rate: float) -> int:
-    """8, or 16 where rounding `rate` to a multiple of 1/256 moves it too far."""
-    byte_rate = round(rate * 256) / 256
-    return 8 if abs(byte_rate - rate) <= BYTE_TOLERANCE * rate else 16
+def _threshold(rate: float) -> tuple[int, int]:
+    """(bits, threshold): the integers drawn are of 8 bits, or of 16 where rounding
+    `rate` to a multiple of 1/256 moves it by more than `BYTE_TOLERANCE`; an
+    integer below the threshold (`rate` times 2**bits, below 2**bits) drops."""
+    for bits in (8, 16):
+        threshold = min(round(rate * (1 << bits)), (1 << bits) - 1)
+        if abs(threshold / (1 << bits) - rate) <= BYTE_TOLERANCE * rate:
+            break
+    return bits, threshold
 
 
 def effective_rate(rate: float) -> float:
     """The rate `keep_mask` drops at: `rate` rounded to its bits' resolution."""
-    levels = 1 << _bits(rate)
-    return round(rate * levels) / levels
+    bits, threshold = _threshold(rate)
+    return threshold / (1 << bits)
 
 
 def _hashed(rng: Array) -> bool:
@@ -63,10 +68,9 @@ def keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> Array:
     whose words cost about an operation each, give each element a word of its
     own, compared with the same threshold in its top bits (the same rate), which
     spares the unpacking."""
-    bits = _bits(rate)
-    threshold = round(rate * (1 << bits))
+    bits, threshold = _threshold(rate)
     if not _hashed(rng):
-        return jax.random.bits(rng, shape, jnp.uint32) >= threshold << (32 - bits)
+        return jax.random.bits(rng, shape, jnp.uint32) >= jnp.uint32(threshold << (32 - bits))
     per_word = 32 // bits
     *lead, last = shape
     words = jax.random.bits(rng, (*lead, -(-last // per_word), 1), jnp.uint32)
