@@ -17,8 +17,9 @@ unpacking would cost them more than it saves.
 The rate is therefore a multiple of 1/256: `effective_rate` rounds it (0.1 ->
 26/256 = 0.1016), and the kept values are scaled by `1 / (1 - effective_rate)`,
 so dropout stays unbiased. A rate that rounding would move by more than
-`BYTE_TOLERANCE` of itself (those below about 0.03, e.g. 0.01 -> 0.0117) is
-drawn from 16-bit halves instead (two a word; rounded to a multiple of 1/65536).
+`BYTE_TOLERANCE` of itself (only rates below 0.1 can be: 0.01 -> 0.0117,
+0.06 -> 0.0586) is drawn from 16-bit halves instead (two a word; rounded to a
+multiple of 1/65536).
 
 Shapes: any; the mask is drawn along the last axis in groups of the elements a
 word holds, so a mask sharded along its leading axes draws its bits where it
